@@ -1,0 +1,536 @@
+"""One safetensors file's header: bytes in, a frozen, validated description out.
+
+The rules follow the safetensors format and its reference implementation, and are stricter
+where the format says so (duplicate keys, ``__metadata__`` as a tensor name, bools or floats
+where integers belong).  Every check uses the header bytes and the file size only; no tensor
+data is read.  No torch import here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import NamedTuple
+
+from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
+
+__all__ = [
+    "DTYPES",
+    "MAX_HEADER_LENGTH",
+    "DtypeInfo",
+    "FileHeader",
+    "FileStamp",
+    "TensorEntry",
+    "decode_strict_json",
+    "parse_header",
+    "read_header",
+    "strict_json",
+]
+
+#: The reference implementation refuses headers longer than this many bytes.
+MAX_HEADER_LENGTH = 100_000_000
+_LENGTH_PREFIX = 8
+_MAX_ELEMENT_BITS = 2**64  # the reference computes elements x bits in 64-bit arithmetic
+METADATA_KEY = "__metadata__"
+_ENTRY_KEYS = frozenset({"dtype", "shape", "data_offsets"})
+
+
+class DtypeInfo(NamedTuple):
+    """What a safetensors dtype code means.
+
+    Attributes:
+        bits: Bits per element.
+        torch_name: Name of the matching ``torch`` dtype attribute, or ``None`` when torch
+            has none.  ``F4`` maps to ``float4_e2m1fn_x2``, which packs two elements a byte.
+    """
+
+    bits: int
+    torch_name: str | None
+
+
+#: Every dtype code of safetensors 0.8, case-sensitive, in the format's own order.
+DTYPES: Mapping[str, DtypeInfo] = MappingProxyType(
+    {
+        "BOOL": DtypeInfo(8, "bool"),
+        "U8": DtypeInfo(8, "uint8"),
+        "I8": DtypeInfo(8, "int8"),
+        "F8_E5M2": DtypeInfo(8, "float8_e5m2"),
+        "F8_E4M3": DtypeInfo(8, "float8_e4m3fn"),
+        "F8_E8M0": DtypeInfo(8, "float8_e8m0fnu"),
+        "F8_E4M3FNUZ": DtypeInfo(8, "float8_e4m3fnuz"),
+        "F8_E5M2FNUZ": DtypeInfo(8, "float8_e5m2fnuz"),
+        "I16": DtypeInfo(16, "int16"),
+        "U16": DtypeInfo(16, "uint16"),
+        "F16": DtypeInfo(16, "float16"),
+        "BF16": DtypeInfo(16, "bfloat16"),
+        "I32": DtypeInfo(32, "int32"),
+        "U32": DtypeInfo(32, "uint32"),
+        "F32": DtypeInfo(32, "float32"),
+        "I64": DtypeInfo(64, "int64"),
+        "U64": DtypeInfo(64, "uint64"),
+        "F64": DtypeInfo(64, "float64"),
+        "C64": DtypeInfo(64, "complex64"),
+        "F4": DtypeInfo(4, "float4_e2m1fn_x2"),
+        "F6_E2M3": DtypeInfo(6, None),
+        "F6_E3M2": DtypeInfo(6, None),
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class FileStamp:
+    """Identity of a file when its header was read, to notice a change before reading data.
+
+    Attributes:
+        size: File size in bytes.
+        mtime_ns: Modification time in nanoseconds since the epoch.
+        inode: Inode number (a replaced file gets a new one).
+        device: Device number of the file system holding it.
+    """
+
+    size: int
+    mtime_ns: int
+    inode: int
+    device: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileStamp:
+        """The stamp of a ``stat`` result."""
+        return cls(st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorEntry:
+    """One tensor in a safetensors file.
+
+    Attributes:
+        name: The tensor's key in the header.
+        dtype: The safetensors dtype code, e.g. ``"BF16"``.
+        shape: Size of each dimension, in elements; ``()`` for a 0-d tensor.
+        start: First byte of the data, absolute in the file (header included).
+        stop: One past the last byte, absolute in the file (half-open ``[start, stop)``).
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    start: int
+    stop: int
+
+    @property
+    def nbytes(self) -> int:
+        """Length of the data in bytes."""
+        return self.stop - self.start
+
+
+@dataclass(frozen=True, slots=True)
+class FileHeader:
+    """A validated safetensors header.
+
+    Attributes:
+        name: The file as named in messages (relative to the checkpoint directory).
+        path: The file's path on disk.
+        stamp: The file's identity when the header was read.
+        header_length: Length of the JSON header in bytes (the 8-byte prefix excluded).
+        tensors: Every tensor, keyed by name, ordered by position in the file.
+        metadata: The ``__metadata__`` mapping, or ``None`` when absent or null.
+    """
+
+    name: str
+    path: str
+    stamp: FileStamp
+    header_length: int
+    tensors: Mapping[str, TensorEntry]
+    metadata: Mapping[str, str] | None
+
+    @property
+    def data_start(self) -> int:
+        """Absolute offset of the data buffer (8-byte prefix plus header)."""
+        return _LENGTH_PREFIX + self.header_length
+
+
+def read_header(path: str | os.PathLike[str], *, name: str | None = None) -> FileHeader:
+    """Read and validate the header of the safetensors file at ``path``.
+
+    Only the 8-byte prefix and the header are read; the data is never touched.
+
+    Args:
+        path: The file (symlinks are followed).
+        name: How messages name the file; defaults to ``path``.
+
+    Returns:
+        The validated header.
+
+    Raises:
+        CheckpointNotFoundError: The file does not exist (or is a broken symlink).
+        CheckpointError: The file is unreadable, not a regular file, or breaks a rule.
+    """
+    path = os.fspath(path)
+    shown = path if name is None else name
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError as err:
+        raise CheckpointNotFoundError(
+            f"{shown}: no such file (or a broken symlink); a file of the checkpoint is missing",
+            path=shown,
+        ) from err
+    except OSError as err:
+        raise CheckpointError(f"{shown}: cannot open: {err.strerror or err}", path=shown) from err
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CheckpointError(
+                f"{shown}: not a regular file; a safetensors file is expected here", path=shown
+            )
+        size = st.st_size
+        prefix = _pread_exact(fd, min(size, _LENGTH_PREFIX), 0, shown)
+        length = _check_prefix(prefix, size, shown)
+        raw = _pread_exact(fd, length, _LENGTH_PREFIX, shown)
+    finally:
+        os.close(fd)
+    header = parse_header(prefix + raw, size, name=shown, path=path)
+    return _with_stamp(header, FileStamp.of(st))
+
+
+def parse_header(data: bytes, file_size: int, *, name: str, path: str | None = None) -> FileHeader:
+    """Validate a safetensors header given the file's leading bytes and its size.
+
+    Args:
+        data: The file's first bytes: at least the 8-byte prefix and the whole header.
+        file_size: The file's size in bytes.
+        name: How messages name the file.
+        path: The file's path on disk; defaults to ``name``.
+
+    Returns:
+        The validated header (its stamp carries ``file_size`` and zeros).
+
+    Raises:
+        CheckpointError: The header breaks a rule of the format.
+    """
+    length = _check_prefix(bytes(data[:_LENGTH_PREFIX]), file_size, name)
+    raw = bytes(data[_LENGTH_PREFIX : _LENGTH_PREFIX + length])
+    if len(raw) != length:
+        raise CheckpointError(
+            f"{name}: {len(raw)} header bytes given, {length} expected", path=name
+        )
+    document = _decode_json(raw, name)
+    metadata = _check_metadata(document.pop(METADATA_KEY, None), name)
+    entries = [_check_entry(key, value, name) for key, value in document.items()]
+    data_start = _LENGTH_PREFIX + length
+    tensors = _check_offsets(entries, name, data_start, file_size)
+    return FileHeader(
+        name=name,
+        path=name if path is None else path,
+        stamp=FileStamp(file_size, 0, 0, 0),
+        header_length=length,
+        tensors=MappingProxyType(tensors),
+        metadata=None if metadata is None else MappingProxyType(metadata),
+    )
+
+
+def _with_stamp(header: FileHeader, stamp: FileStamp) -> FileHeader:
+    return FileHeader(
+        header.name, header.path, stamp, header.header_length, header.tensors, header.metadata
+    )
+
+
+def _pread_exact(fd: int, length: int, offset: int, name: str) -> bytes:
+    try:
+        chunk = os.pread(fd, length, offset)
+    except OSError as err:
+        raise CheckpointError(f"{name}: cannot read: {err.strerror or err}", path=name) from err
+    if len(chunk) != length:
+        raise CheckpointError(
+            f"{name}: file shrank while its header was read; is it still being written?",
+            path=name,
+        )
+    return chunk
+
+
+def _check_prefix(prefix: bytes, file_size: int, name: str) -> int:
+    if file_size < _LENGTH_PREFIX or len(prefix) < _LENGTH_PREFIX:
+        raise CheckpointError(
+            f"{name}: {file_size} bytes is too small for a safetensors file (at least the "
+            f"{_LENGTH_PREFIX}-byte header length is needed); the file is empty or truncated",
+            path=name,
+        )
+    length = int.from_bytes(prefix[:_LENGTH_PREFIX], "little")
+    if length > MAX_HEADER_LENGTH:
+        raise CheckpointError(
+            f"{name}: header length {length} exceeds the format's limit of {MAX_HEADER_LENGTH} "
+            f"bytes; this is not a safetensors file, or its first 8 bytes are damaged",
+            path=name,
+        )
+    if _LENGTH_PREFIX + length > file_size:
+        raise CheckpointError(
+            f"{name}: header length {length} runs past the end of the {file_size}-byte file; "
+            f"the file is truncated or not a safetensors file",
+            path=name,
+        )
+    return length
+
+
+class DuplicateKeyError(ValueError):
+    """A JSON object holds the same key twice."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    result: dict[str, object] = {}
+    for key, value in pairs:
+        if key in result:
+            raise DuplicateKeyError(key)
+        result[key] = value
+    return result
+
+
+def _refuse_constant(token: str) -> object:
+    raise ValueError(f"{token} is not a JSON number")
+
+
+def strict_json(text: str) -> object:
+    """Parse JSON, refusing duplicate keys at any level and ``NaN``/``Infinity``.
+
+    Raises:
+        DuplicateKeyError: An object has the same key twice.
+        RecursionError: The document nests too deeply.
+        ValueError: The text is not JSON (``json.JSONDecodeError``) or holds an integer
+            too long to convert.
+    """
+    return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_refuse_constant)
+
+
+def _decode_json(raw: bytes, name: str) -> dict[str, object]:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise CheckpointError(
+            f"{name}: header is not valid UTF-8 (byte {err.start}); the file is damaged or "
+            f"not a safetensors file",
+            path=name,
+        ) from err
+    document = decode_strict_json(text, name, "header")
+    if not isinstance(document, dict):
+        raise CheckpointError(
+            f"{name}: header is a JSON {_json_type(document)}, not an object of tensors",
+            path=name,
+        )
+    return document
+
+
+def decode_strict_json(text: str, name: str, what: str) -> object:
+    """:func:`strict_json`, with every failure turned into a :class:`CheckpointError`.
+
+    Args:
+        text: The JSON text.
+        name: The file, as messages name it.
+        what: What the text is, e.g. ``"header"`` or ``"DCP_SHARDING_INFO"``.
+    """
+    try:
+        return strict_json(text)
+    except DuplicateKeyError as err:
+        raise CheckpointError(
+            f"{name}: {what} has the key {err.key!r} twice; duplicate keys are not allowed "
+            f"(readers disagree on which one wins)",
+            path=name,
+            tensor=err.key,
+        ) from err
+    except RecursionError as err:
+        raise CheckpointError(
+            f"{name}: {what} JSON is nested too deeply to be what it claims", path=name
+        ) from err
+    except ValueError as err:
+        raise CheckpointError(f"{name}: {what} is not valid JSON: {err}", path=name) from err
+
+
+def _check_metadata(value: object, name: str) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise CheckpointError(
+            f"{name}: {METADATA_KEY} must be an object of strings or null, not a JSON "
+            f"{_json_type(value)}; note that {METADATA_KEY} is reserved and never a tensor name",
+            path=name,
+        )
+    for key, item in value.items():
+        if not isinstance(item, str):
+            raise CheckpointError(
+                f"{name}: {METADATA_KEY}[{key!r}] must be a string, not a JSON {_json_type(item)}",
+                path=name,
+            )
+    return value
+
+
+def _check_entry(key: str, value: object, name: str) -> tuple[str, str, tuple[int, ...], int, int]:
+    where = f"{name}: tensor {key!r}"
+    _check_tensor_name(key, name)
+    if not isinstance(value, dict):
+        raise CheckpointError(
+            f"{where}: entry must be an object with dtype, shape and data_offsets, not a JSON "
+            f"{_json_type(value)}",
+            path=name,
+            tensor=key,
+        )
+    if value.keys() != _ENTRY_KEYS:
+        missing = sorted(_ENTRY_KEYS - value.keys())
+        extra = sorted(value.keys() - _ENTRY_KEYS)
+        raise CheckpointError(
+            f"{where}: entry must have exactly dtype, shape and data_offsets"
+            + (f"; missing {', '.join(missing)}" if missing else "")
+            + (f"; unexpected {', '.join(repr(k) for k in extra)}" if extra else ""),
+            path=name,
+            tensor=key,
+        )
+    dtype = value["dtype"]
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise CheckpointError(
+            f"{where}: unknown dtype {dtype!r}; codes are case-sensitive, one of "
+            f"{', '.join(DTYPES)}",
+            path=name,
+            tensor=key,
+        )
+    info = DTYPES[dtype]
+    if info.torch_name is None:
+        raise CheckpointError(
+            f"{where}: dtype {dtype} is valid safetensors but torch has no dtype for it, so it "
+            f"cannot be loaded into a tensor; convert the checkpoint or drop this tensor",
+            path=name,
+            tensor=key,
+        )
+    shape = _int_list(value["shape"], where, "shape", name, key)
+    offsets = _int_list(value["data_offsets"], where, "data_offsets", name, key)
+    if len(offsets) != 2:
+        raise CheckpointError(
+            f"{where}: data_offsets must be [begin, end], got {len(offsets)} numbers",
+            path=name,
+            tensor=key,
+        )
+    elements = 1
+    for size in shape:
+        elements *= size
+    bits = elements * info.bits
+    if bits >= _MAX_ELEMENT_BITS:
+        raise CheckpointError(
+            f"{where}: shape {list(shape)} of {dtype} overflows 64-bit size arithmetic",
+            path=name,
+            tensor=key,
+        )
+    if bits % 8:
+        raise CheckpointError(
+            f"{where}: shape {list(shape)} of {dtype} is {bits} bits, not a whole number of bytes",
+            path=name,
+            tensor=key,
+        )
+    if dtype == "F4" and (not shape or shape[-1] % 2):
+        raise CheckpointError(
+            f"{where}: F4 shape {list(shape)} needs an even last dimension to load as torch's "
+            f"float4_e2m1fn_x2 (two elements a byte)",
+            path=name,
+            tensor=key,
+        )
+    begin, end = offsets
+    if end - begin != bits // 8:
+        raise CheckpointError(
+            f"{where}: data_offsets [{begin}, {end}] span {end - begin} bytes, but shape "
+            f"{list(shape)} of {dtype} needs {bits // 8}",
+            path=name,
+            tensor=key,
+        )
+    return key, dtype, shape, begin, end
+
+
+def _check_tensor_name(key: str, name: str) -> None:
+    if not key:
+        raise CheckpointError(f"{name}: a tensor has an empty name", path=name, tensor=key)
+    if "\x00" in key:
+        raise CheckpointError(
+            f"{name}: tensor name {key!r} contains a NUL character", path=name, tensor=key
+        )
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise CheckpointError(
+            f"{name}: tensor name {key!r} is not valid Unicode (a lone surrogate escape)",
+            path=name,
+            tensor=key,
+        ) from err
+
+
+def _int_list(value: object, where: str, field: str, name: str, key: str) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise CheckpointError(
+            f"{where}: {field} must be a list of non-negative integers, not a JSON "
+            f"{_json_type(value)}",
+            path=name,
+            tensor=key,
+        )
+    for item in value:
+        # bool is a subclass of int: refuse it explicitly, like floats and negatives.
+        if type(item) is not int or item < 0 or item >= _MAX_ELEMENT_BITS:
+            raise CheckpointError(
+                f"{where}: {field} must hold non-negative 64-bit integers, got "
+                f"{json.dumps(item)[:40]} in {json.dumps(value)[:80]}",
+                path=name,
+                tensor=key,
+            )
+    return tuple(value)
+
+
+def _check_offsets(
+    entries: list[tuple[str, str, tuple[int, ...], int, int]],
+    name: str,
+    data_start: int,
+    file_size: int,
+) -> dict[str, TensorEntry]:
+    ordered = sorted(entries, key=lambda e: (e[3], e[4]))
+    position = 0
+    previous: str | None = None
+    for key, _dtype, _shape, begin, end in ordered:
+        if begin != position:
+            if begin > position:
+                problem = f"leaves a hole of {begin - position} bytes at [{position}, {begin})"
+            else:
+                problem = f"overlaps [{begin}, {min(end, position)})"
+            after = f"after tensor {previous!r}" if previous else "at the start of the data"
+            raise CheckpointError(
+                f"{name}: tensor {key!r} starts at data offset {begin}, but the previous data "
+                f"ends at {position} ({after}); it {problem}; tensors must tile the data buffer "
+                f"contiguously from 0",
+                path=name,
+                tensor=key,
+            )
+        position = end
+        previous = key
+    expected = data_start + position
+    if expected != file_size:
+        how = "truncated" if file_size < expected else f"{file_size - expected} trailing bytes"
+        raise CheckpointError(
+            f"{name}: header and tensors describe {expected} bytes but the file has "
+            f"{file_size} ({how}); the file is damaged or was not completely written",
+            path=name,
+        )
+    return {
+        key: TensorEntry(key, dtype, shape, data_start + begin, data_start + end)
+        for key, dtype, shape, begin, end in ordered
+    }
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"

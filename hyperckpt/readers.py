@@ -1,0 +1,167 @@
+"""The two ``FileSystemReader`` subclasses: a validated layout as DCP metadata, and reads.
+
+``read_metadata`` describes the checkpoint from its headers (see :mod:`hyperckpt.layout`)
+and hands DCP one chunk per stored piece; DCP's planner then asks each rank for the
+sub-boxes it needs, and ``read_data`` reads exactly those bytes (see :mod:`hyperckpt.io`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import ClassVar
+
+import torch
+from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
+from torch.futures import Future
+
+from hyperckpt.dtypes import to_torch_dtype, to_torch_shape
+from hyperckpt.errors import CheckpointError
+from hyperckpt.io import DEFAULT_STAGING_BYTES, LoadStats, ReadEngine, StorageInfo, default_threads
+from hyperckpt.layout import CheckpointLayout, huggingface_layout, torch_sharded_layout
+
+__all__ = ["HuggingFaceStorageReader", "TorchShardedSafetensorsReader", "to_metadata"]
+
+logger = logging.getLogger(__name__)
+
+
+class _SafetensorsReader(FileSystemReader):
+    """What both readers share; subclasses say how a directory becomes a layout."""
+
+    _describe: ClassVar[staticmethod[[str | os.PathLike[str]], CheckpointLayout]]
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        thread_count: int | None = None,
+        staging_bytes: int = DEFAULT_STAGING_BYTES,
+    ) -> None:
+        """Point the reader at a checkpoint; nothing is read until DCP asks.
+
+        Args:
+            path: The checkpoint directory.
+            thread_count: Reads in flight per rank; by default the node's cores shared among
+                its ranks (``LOCAL_WORLD_SIZE``), at most 8.
+            staging_bytes: Memory for staging reads that cannot land in place (dtype
+                conversion, non-contiguous or non-CPU destinations), all threads together.
+        """
+        super().__init__(path)
+        if thread_count is not None and thread_count < 1:
+            raise ValueError(f"thread_count must be at least 1, got {thread_count}")
+        if staging_bytes < 1:
+            raise ValueError(f"staging_bytes must be positive, got {staging_bytes}")
+        self.thread_count = thread_count
+        self.staging_bytes = staging_bytes
+        self.layout: CheckpointLayout | None = None
+        self.last_stats: LoadStats | None = None
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        """Forget the previous load; point at ``checkpoint_id`` when one is given."""
+        super().reset(checkpoint_id)
+        self.layout = None
+        self.last_stats = None
+
+    def read_metadata(self) -> Metadata:
+        """Validate the checkpoint from its headers and describe it for DCP.
+
+        Takes no ``**kwargs`` on purpose: DCP would then retry a failure as "rank local
+        metadata" and log a misleading warning.
+
+        Raises:
+            CheckpointError: The checkpoint breaks a rule; the message stands on its own.
+        """
+        layout = self._describe(self.path)
+        self.layout = layout
+        metadata = to_metadata(layout)
+        metadata.storage_meta = StorageMeta(checkpoint_id=str(self.path), load_id=self.load_id)
+        return metadata
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """Read this rank's sub-boxes into the planner's destinations and commit them."""
+        if self.layout is None:
+            raise CheckpointError(
+                f"{self.path}: read_data before read_metadata; let dcp.load drive the reader",
+                path=str(self.path),
+            )
+        engine = ReadEngine(
+            str(self.layout.root),
+            {name: header.stamp for name, header in self.layout.files.items()},
+            threads=self.thread_count or default_threads(),
+            staging_bytes=self.staging_bytes,
+        )
+        self.last_stats = engine.run(plan.items, self.storage_data, planner)
+        logger.debug("hyperckpt read: %s", self.last_stats)
+        future: Future[None] = Future()
+        future.set_result(None)
+        return future
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        """Whether ``checkpoint_id`` looks like this reader's kind of checkpoint (cheap)."""
+        return os.path.isdir(checkpoint_id) or str(checkpoint_id).endswith(".safetensors")
+
+
+class HuggingFaceStorageReader(_SafetensorsReader):
+    """Reads a Hugging Face checkpoint: ``model.safetensors`` or the files its index names.
+
+    With ``model.safetensors.index.json`` exactly the files of its ``weight_map`` are read,
+    nothing else in the directory; the index and the headers must agree tensor by tensor.
+    Used as ``dcp.load(state_dict, storage_reader=HuggingFaceStorageReader(path))``.
+    """
+
+    _describe = staticmethod(huggingface_layout)
+
+
+class TorchShardedSafetensorsReader(_SafetensorsReader):
+    """Reads the per-rank files torch's ``HuggingFaceStorageWriter(save_distributed=True)``
+    writes (torchtitan's ``sharded/`` folder).
+
+    Every ``*.safetensors`` file in the directory belongs to the checkpoint and carries
+    ``DCP_SHARDING_INFO``; each tensor's pieces must tile it exactly, without overlap or gap.
+    """
+
+    _describe = staticmethod(torch_sharded_layout)
+
+
+def to_metadata(layout: CheckpointLayout) -> Metadata:
+    """DCP metadata for a layout: one chunk per stored piece, our own storage info per chunk.
+
+    Raises:
+        CheckpointError: An ``F4`` piece starts at an odd column (torch packs F4 in pairs).
+    """
+    state: dict[str, TensorStorageMetadata] = {}
+    storage: dict[MetadataIndex, StorageInfo] = {}
+    for tensor in layout.tensors.values():
+        chunks = []
+        for piece in tensor.pieces:
+            offsets = to_torch_shape(tensor.dtype, piece.offsets)
+            if tensor.dtype == "F4" and piece.offsets and piece.offsets[-1] % 2:
+                raise CheckpointError(
+                    f"{piece.file}: tensor {tensor.name!r}: F4 piece at offsets "
+                    f"{list(piece.offsets)} starts mid-byte; torch packs F4 two elements a byte",
+                    path=piece.file,
+                    tensor=tensor.name,
+                )
+            sizes = to_torch_shape(tensor.dtype, piece.shape)
+            chunks.append(
+                ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))
+            )
+            storage[MetadataIndex(tensor.name, offsets)] = StorageInfo(
+                piece.file, piece.start, piece.nbytes, tensor.dtype, sizes
+            )
+        state[tensor.name] = TensorStorageMetadata(
+            properties=TensorProperties(dtype=to_torch_dtype(tensor.dtype)),
+            size=torch.Size(to_torch_shape(tensor.dtype, tensor.shape)),
+            chunks=chunks,
+        )
+    return Metadata(state_dict_metadata=state, storage_data=storage)  # type: ignore[arg-type]

@@ -1,0 +1,148 @@
+"""How the pieces of one tensor tile it: no repeats, no overlaps, no gaps.
+
+The whole tensor is the union of its pieces (a torch sharded directory records no global
+shape).  A volume count alone is fooled by an overlap plus a gap of equal size, so
+disjointness is checked box by box, then the volumes.  No torch import here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from typing import Protocol, TypeVar
+
+from hyperckpt.errors import CheckpointError
+
+__all__ = ["Box", "tile"]
+
+_GAP_SEARCH_BUDGET = 2_000_000  # cells x pieces examined to name a gap in an error message
+_STRIDED_HINT = (
+    " If the checkpoint was saved by torch's writer from FSDPxTP (_StridedShard) DTensors, "
+    "its pieces are wrong: torch records one chunk per rank at its first row although the "
+    "rank's rows are not contiguous; such a checkpoint cannot be loaded correctly, save it "
+    "again from full tensors."
+)
+
+
+class Box(Protocol):
+    """A piece as far as tiling is concerned: where it is, how big, which file."""
+
+    @property
+    def file(self) -> str: ...
+
+    @property
+    def offsets(self) -> tuple[int, ...]: ...
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+
+P = TypeVar("P", bound=Box)
+
+
+def tile(name: str, pieces: Sequence[P]) -> tuple[tuple[int, ...], tuple[P, ...]]:
+    """Check that ``pieces`` tile one tensor exactly and return its shape.
+
+    The shape is the extent of the pieces that hold elements.  Pieces without elements
+    carry no data: they are dropped (and may sit anywhere), unless every piece is empty.
+
+    Args:
+        name: The tensor, for messages.
+        pieces: Its pieces, all of the same rank.
+
+    Returns:
+        The whole tensor's shape and the pieces kept, ordered by offsets.
+
+    Raises:
+        CheckpointError: Two pieces start at the same place, two overlap, or the pieces
+            leave a gap; the message names the files and the box involved.
+    """
+    full = [p for p in pieces if all(size > 0 for size in p.shape)]
+    if not full:
+        first = min(pieces, key=lambda p: (p.offsets, p.file))
+        return tuple(o + s for o, s in zip(first.offsets, first.shape, strict=True)), (first,)
+    ndim = len(full[0].shape)
+    shape = tuple(max(p.offsets[d] + p.shape[d] for p in full) for d in range(ndim))
+    ordered = sorted(full, key=lambda p: (p.offsets, p.file))
+    for a, b in itertools.pairwise(ordered):
+        if a.offsets == b.offsets:
+            raise CheckpointError(
+                f"tensor {name!r}: {a.file} and {b.file} both hold a piece at offsets "
+                f"{list(a.offsets)} (shapes {list(a.shape)} and {list(b.shape)}); each part of a "
+                f"tensor must be stored once (a duplicate or stray shard file?).{_STRIDED_HINT}",
+                path=b.file,
+                tensor=name,
+            )
+    _check_disjoint(name, ordered, ndim)
+    covered = sum(math.prod(p.shape) for p in ordered)
+    if covered != math.prod(shape):
+        raise CheckpointError(
+            f"tensor {name!r}: its pieces cover {covered} of the {math.prod(shape)} elements of "
+            f"shape {list(shape)}{_describe_gap(shape, ordered)}; a shard file is probably "
+            f"missing.{_STRIDED_HINT}",
+            path=ordered[0].file,
+            tensor=name,
+        )
+    return shape, tuple(ordered)
+
+
+def _check_disjoint(name: str, pieces: Sequence[Box], ndim: int) -> None:
+    if ndim == 0:
+        return  # a 0-d tensor has one non-empty piece at most, or the offsets repeat
+    # Sweep along the dimension with the most distinct starts: pieces can only overlap if
+    # their intervals along it overlap, and tilings are usually cut finely along one axis.
+    axis = max(range(ndim), key=lambda d: len({p.offsets[d] for p in pieces}))
+    order = sorted(pieces, key=lambda p: p.offsets[axis])
+    active: list[Box] = []
+    for piece in order:
+        start = piece.offsets[axis]
+        active = [q for q in active if q.offsets[axis] + q.shape[axis] > start]
+        for other in active:
+            overlap = _intersection(other, piece)
+            if overlap is not None:
+                box = ", ".join(f"{lo}:{hi}" for lo, hi in overlap)
+                raise CheckpointError(
+                    f"tensor {name!r}: the piece in {other.file} at offsets "
+                    f"{list(other.offsets)} (shape {list(other.shape)}) and the piece in "
+                    f"{piece.file} at offsets {list(piece.offsets)} (shape {list(piece.shape)}) "
+                    f"overlap in [{box}]; each element must be stored once.{_STRIDED_HINT}",
+                    path=piece.file,
+                    tensor=name,
+                )
+        active.append(piece)
+
+
+def _intersection(a: Box, b: Box) -> list[tuple[int, int]] | None:
+    box = []
+    for lo_a, size_a, lo_b, size_b in zip(a.offsets, a.shape, b.offsets, b.shape, strict=True):
+        lo, hi = max(lo_a, lo_b), min(lo_a + size_a, lo_b + size_b)
+        if lo >= hi:
+            return None
+        box.append((lo, hi))
+    return box
+
+
+def _describe_gap(shape: tuple[int, ...], pieces: Sequence[Box]) -> str:
+    """Name one uncovered box, searching the grid the pieces' edges cut, within a budget."""
+    edges = [
+        sorted(
+            {0, shape[d]}
+            | {p.offsets[d] for p in pieces}
+            | {p.offsets[d] + p.shape[d] for p in pieces}
+        )
+        for d in range(len(shape))
+    ]
+    cells = math.prod(len(e) - 1 for e in edges)
+    if cells * len(pieces) > _GAP_SEARCH_BUDGET:
+        return ""
+    for index in itertools.product(*(range(len(e) - 1) for e in edges)):
+        low = [edges[d][i] for d, i in enumerate(index)]
+        inside = any(
+            all(p.offsets[d] <= low[d] < p.offsets[d] + p.shape[d] for d in range(len(shape)))
+            for p in pieces
+        )
+        if not inside:
+            box = ", ".join(f"{edges[d][i]}:{edges[d][i + 1]}" for d, i in enumerate(index))
+            return f"; nothing holds [{box}]"
+    return ""

@@ -1,0 +1,21 @@
+"""A first end-to-end check: a file written by safetensors loads bit-exact."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import save_file
+
+from hyperckpt import HuggingFaceStorageReader, describe
+
+
+def test_a_single_file_checkpoint_loads_bit_exact(tmp_path: Path) -> None:
+    tensors = {"w": torch.randn(13, 7).to(torch.bfloat16), "b": torch.arange(5)}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    state = {"w": torch.full((13, 7), float("nan")).to(torch.bfloat16), "b": torch.full((5,), -1)}
+    dcp.load(state, storage_reader=HuggingFaceStorageReader(tmp_path))
+    assert torch.equal(state["w"], tensors["w"])
+    assert torch.equal(state["b"], tensors["b"])
+    assert describe(tmp_path).tensors["w"].shape == (13, 7)
