@@ -283,7 +283,7 @@ def _safetensors_names(root: Path) -> list[str]:
         raise CheckpointError(
             f"{root}: cannot list: {err.strerror or err}", path=str(root)
         ) from err
-    return [name for name in entries if name.endswith(_SUFFIX) and not name.startswith(".")]
+    return [name for name in entries if name.endswith(_SUFFIX)]
 
 
 def _read_headers(root: Path, names: Iterable[str]) -> dict[str, FileHeader]:
