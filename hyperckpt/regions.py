@@ -1,0 +1,202 @@
+"""Which disjoint boxes of a global tensor one mesh coordinate holds, and where they sit locally.
+
+A DTensor's local tensor is not always one box of the global tensor.  Under
+``_StridedShard(dim, split_factor=k)`` the dimension is first cut into ``k`` pieces
+(``torch.chunk``), each piece is cut over the mesh dimension, and a rank holds its part of
+every piece, concatenated: with 8 rows, a mesh of 2 and ``k = 2``, rank 0 holds rows
+``[0, 1, 4, 5]``.  Placements apply left to right, each to what the previous ones left
+(DTensor's semantics, ``order="dtensor"``).
+
+FSDP2 over tensor parallelism labels its parameters ``[_StridedShard(d, k), Shard(d)]`` but
+lays them out right to left: ``torch.chunk`` over the TP ranks, then over the DP ranks
+(``order="fsdp"``).  Both orders agree when the sizes divide evenly; they can differ when
+they do not.
+
+Pure arithmetic, no process group::
+
+    >>> from torch.distributed.tensor.placement_types import _StridedShard
+    >>> [r.offsets[0] for r in local_regions((8, 3), (2,), [_StridedShard(0, split_factor=2)], (0,))]
+    [0, 4]
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from torch.distributed.tensor import Placement
+
+from hyperckpt._placements import PlacementSpec, placement_specs
+
+__all__ = ["DTENSOR", "FSDP", "Order", "Region", "fsdp_order_applies", "local_regions"]
+
+Order = Literal["dtensor", "fsdp"]
+DTENSOR: Final = "dtensor"
+FSDP: Final = "fsdp"
+
+# One dimension of a local tensor: the global index ranges it holds, in local order, as
+# (global start, length) pairs.
+_Ranges = list[tuple[int, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    """One box of the global tensor that a rank holds as one box of its local tensor.
+
+    Attributes:
+        offsets: Where the box starts in the global tensor, in elements per dimension.
+        sizes: The box's size per dimension, in elements (all positive).
+        local_offsets: Where the box starts in the rank's local tensor, per dimension.
+    """
+
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    local_offsets: tuple[int, ...]
+
+
+def local_regions(
+    global_shape: Sequence[int],
+    mesh_shape: Sequence[int],
+    placements: Sequence[Placement],
+    coordinate: Sequence[int],
+    *,
+    order: Order = DTENSOR,
+) -> tuple[Region, ...]:
+    """The disjoint global boxes the rank at ``coordinate`` holds, in row-major local order.
+
+    Adjacent ranges are merged, so an ordinary ``Shard``/``Replicate`` layout gives one
+    region (or none when the rank holds no element).  The regions' ``local_offsets`` and
+    ``sizes`` tile the local tensor exactly.
+
+    Args:
+        global_shape: The DTensor's global shape.
+        mesh_shape: The device mesh's shape, one size per mesh dimension.
+        placements: One placement per mesh dimension: ``Shard``, ``_StridedShard`` or
+            ``Replicate``.
+        coordinate: The rank's coordinate in the mesh.
+        order: ``"dtensor"`` for DTensor's left-to-right semantics (what
+            ``distribute_tensor`` and ``full_tensor()`` use); ``"fsdp"`` for FSDP2's
+            layout of a tensor-parallel parameter: every placement except the
+            ``_StridedShard`` ones first, then those as plain ``Shard`` (see
+            :func:`fsdp_order_applies`).
+
+    Returns:
+        The regions; empty when the rank holds no element.
+
+    Raises:
+        ValueError: The lengths of ``mesh_shape``, ``placements`` and ``coordinate`` differ,
+            a coordinate is out of range, or a placement is ``Partial`` or names a
+            dimension the tensor lacks.
+    """
+    ndim = len(global_shape)
+    specs = placement_specs(placements, ndim)
+    if not len(mesh_shape) == len(specs) == len(coordinate):
+        raise ValueError(
+            f"mesh shape {list(mesh_shape)}, placements {list(placements)} and coordinate "
+            f"{list(coordinate)} must have one entry per mesh dimension"
+        )
+    for size, index in zip(mesh_shape, coordinate, strict=True):
+        if not 0 <= index < size:
+            raise ValueError(f"coordinate {list(coordinate)} is outside mesh {list(mesh_shape)}")
+    steps = list(zip(specs, mesh_shape, coordinate, strict=True))
+    if order == FSDP:
+        steps = [s for s in steps if s[0].split_factor == 1] + [
+            (PlacementSpec(s[0].dim), s[1], s[2]) for s in steps if s[0].split_factor > 1
+        ]
+    elif order != DTENSOR:
+        raise ValueError(f"order must be {DTENSOR!r} or {FSDP!r}, got {order!r}")
+    ranges: list[_Ranges] = [_merge([(0, size)]) for size in global_shape]
+    for spec, size, index in steps:
+        if spec.dim is not None:
+            ranges[spec.dim] = _split(ranges[spec.dim], size, index, spec.split_factor)
+    return _boxes(ranges)
+
+
+def fsdp_order_applies(
+    mesh_shape: Sequence[int], placements: Sequence[Placement], ndim: int
+) -> bool:
+    """Whether the placements have the form FSDP2 gives a tensor-parallel parameter.
+
+    That is: some ``_StridedShard(d, k)``, and for each, ``k`` equals the product of the
+    sizes of the later mesh dimensions that shard ``d``.  Only then can the ``"fsdp"``
+    order describe the tensor.
+    """
+    specs = placement_specs(placements, ndim)
+    found = False
+    for mesh_dim, spec in enumerate(specs):
+        if spec.split_factor == 1:
+            continue
+        found = True
+        later = math.prod(
+            size
+            for size, other in zip(mesh_shape[mesh_dim + 1 :], specs[mesh_dim + 1 :], strict=True)
+            if other.dim == spec.dim
+        )
+        if later != spec.split_factor:
+            return False
+    return found
+
+
+def chunk_range(length: int, chunks: int, index: int) -> tuple[int, int]:
+    """``torch.chunk(length, chunks)[index]`` as ``(start, length)``; empty past the end."""
+    size = -(-length // chunks)
+    start = min(length, size * index)
+    return start, min(length, start + size) - start
+
+
+def _split(ranges: _Ranges, mesh_size: int, index: int, split_factor: int) -> _Ranges:
+    total = sum(length for _, length in ranges)
+    picked: _Ranges = []
+    for piece in range(split_factor):
+        piece_start, piece_length = chunk_range(total, split_factor, piece)
+        start, length = chunk_range(piece_length, mesh_size, index)
+        picked.extend(_slice(ranges, piece_start + start, length))
+    return _merge(picked)
+
+
+def _slice(ranges: _Ranges, start: int, length: int) -> _Ranges:
+    """Local positions ``[start, start + length)`` of ``ranges`` as global ranges."""
+    out: _Ranges = []
+    position = 0
+    stop = start + length
+    for begin, size in ranges:
+        lo, hi = max(start, position), min(stop, position + size)
+        if lo < hi:
+            out.append((begin + lo - position, hi - lo))
+        position += size
+        if position >= stop:
+            break
+    return out
+
+
+def _merge(ranges: _Ranges) -> _Ranges:
+    merged: _Ranges = []
+    for begin, size in ranges:
+        if size == 0:
+            continue
+        if merged and merged[-1][0] + merged[-1][1] == begin:
+            merged[-1] = (merged[-1][0], merged[-1][1] + size)
+        else:
+            merged.append((begin, size))
+    return merged
+
+
+def _boxes(ranges: list[_Ranges]) -> tuple[Region, ...]:
+    if any(not dim for dim in ranges):
+        return ()
+    local: list[list[int]] = [
+        list(itertools.accumulate((size for _, size in dim[:-1]), initial=0)) for dim in ranges
+    ]
+    regions = []
+    for picks in itertools.product(*(range(len(dim)) for dim in ranges)):
+        regions.append(
+            Region(
+                offsets=tuple(ranges[d][i][0] for d, i in enumerate(picks)),
+                sizes=tuple(ranges[d][i][1] for d, i in enumerate(picks)),
+                local_offsets=tuple(local[d][i] for d, i in enumerate(picks)),
+            )
+        )
+    return tuple(regions)
