@@ -45,7 +45,8 @@ def tile(name: str, pieces: Sequence[P]) -> tuple[tuple[int, ...], tuple[P, ...]
     """Check that ``pieces`` tile one tensor exactly and return its shape.
 
     The shape is the extent of the pieces that hold elements.  Pieces without elements
-    carry no data: they are dropped (and may sit anywhere), unless every piece is empty.
+    carry no data: they are dropped (and may sit anywhere), unless every piece is empty:
+    then the shape is the extent of them all and the first one is kept.
 
     Args:
         name: The tensor, for messages.
@@ -60,8 +61,12 @@ def tile(name: str, pieces: Sequence[P]) -> tuple[tuple[int, ...], tuple[P, ...]
     """
     full = [p for p in pieces if all(size > 0 for size in p.shape)]
     if not full:
+        # An empty tensor's extent is that of all its pieces together, not of one of them.
         first = min(pieces, key=lambda p: (p.offsets, p.file))
-        return tuple(o + s for o, s in zip(first.offsets, first.shape, strict=True)), (first,)
+        extent = tuple(
+            max(p.offsets[d] + p.shape[d] for p in pieces) for d in range(len(first.shape))
+        )
+        return extent, (first,)
     ndim = len(full[0].shape)
     shape = tuple(max(p.offsets[d] + p.shape[d] for p in full) for d in range(ndim))
     ordered = sorted(full, key=lambda p: (p.offsets, p.file))
