@@ -359,6 +359,12 @@ def _check_metadata(value: object, name: str) -> dict[str, str] | None:
             f"{_json_type(value)}; note that {METADATA_KEY} is reserved and never a tensor name",
             path=name,
         )
+    if value.keys() & _ENTRY_KEYS and not all(isinstance(v, str) for v in value.values()):
+        raise CheckpointError(
+            f"{name}: {METADATA_KEY} looks like a tensor entry ({', '.join(sorted(value))}), but "
+            f"{METADATA_KEY} is reserved: never a tensor name, only an object of strings or null",
+            path=name,
+        )
     for key, item in value.items():
         if not isinstance(item, str):
             raise CheckpointError(
