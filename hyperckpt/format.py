@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -36,6 +37,14 @@ MAX_HEADER_LENGTH = 100_000_000
 _LENGTH_PREFIX = 8
 _MAX_ELEMENT_BITS = 2**64  # the reference computes elements x bits in 64-bit arithmetic
 METADATA_KEY = "__metadata__"
+# Token budget of large headers (see _check_token_budget): the smallest tensor entry,
+# '"a":{"dtype":"U8","shape":[],"data_offsets":[0,0]},', is 51 bytes for 3 containers and
+# 10 quotes; DCP_SHARDING_INFO adds escaped quotes at about the same rate.
+_TOKEN_CHECK_BYTES = 2**20
+_BYTES_PER_CONTAINER = 16
+_BYTES_PER_QUOTE = 4
+_TOKEN_SLACK = 1024
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _ENTRY_KEYS = frozenset({"dtype", "shape", "data_offsets"})
 
 
@@ -192,7 +201,7 @@ def read_header(path: str | os.PathLike[str], *, name: str | None = None) -> Fil
         raw = _pread_exact(fd, length, _LENGTH_PREFIX, shown)
     finally:
         os.close(fd)
-    header = parse_header(prefix + raw, size, name=shown, path=path)
+    header = _parse(raw, size, name=shown, path=path)
     return _with_stamp(header, FileStamp.of(st))
 
 
@@ -217,6 +226,12 @@ def parse_header(data: bytes, file_size: int, *, name: str, path: str | None = N
         raise CheckpointError(
             f"{name}: {len(raw)} header bytes given, {length} expected", path=name
         )
+    return _parse(raw, file_size, name=name, path=path)
+
+
+def _parse(raw: bytes, file_size: int, *, name: str, path: str | None) -> FileHeader:
+    """Validate the header bytes ``raw`` (the prefix already checked against ``file_size``)."""
+    length = len(raw)
     document = _decode_json(raw, name)
     metadata = _check_metadata(document.pop(METADATA_KEY, None), name)
     entries = [_check_entry(key, value, name) for key, value in document.items()]
@@ -307,7 +322,39 @@ def strict_json(text: str) -> object:
     return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_refuse_constant)
 
 
+def _check_token_budget(raw: bytes, name: str) -> None:
+    """Refuse a large header whose token counts no real header reaches, before parsing it.
+
+    Parsed JSON costs tens of bytes per array, object or string, so a header of tiny tokens
+    (``[[],[],...]``) would take twenty times its size in memory.  Every tensor entry spends
+    at least 17 bytes per array or object and 4 per quote character, so beyond those ratios
+    the header cannot be valid.  Quick byte counts first; brackets inside strings (allowed in
+    names) are only excluded, by a slower exact count, when the quick one trips.
+    """
+    if len(raw) < _TOKEN_CHECK_BYTES:
+        return
+    quotes = raw.count(b'"')
+    if quotes * _BYTES_PER_QUOTE > len(raw) + _TOKEN_SLACK:
+        raise CheckpointError(
+            f"{name}: header of {len(raw)} bytes holds {quotes} quote characters, far more "
+            f"strings than a safetensors header can hold; the file is damaged or hostile",
+            path=name,
+        )
+    containers = raw.count(b"[") + raw.count(b"{")
+    if containers * _BYTES_PER_CONTAINER > len(raw) + _TOKEN_SLACK:
+        outside = _STRING.sub(b'""', raw)
+        containers = outside.count(b"[") + outside.count(b"{")
+        if containers * _BYTES_PER_CONTAINER > len(raw) + _TOKEN_SLACK:
+            raise CheckpointError(
+                f"{name}: header of {len(raw)} bytes holds {containers} JSON arrays and "
+                f"objects, far more than the 3 per tensor of a safetensors header; the file "
+                f"is damaged or hostile",
+                path=name,
+            )
+
+
 def _decode_json(raw: bytes, name: str) -> dict[str, object]:
+    _check_token_budget(raw, name)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -371,7 +418,21 @@ def _check_metadata(value: object, name: str) -> dict[str, str] | None:
                 f"{name}: {METADATA_KEY}[{key!r}] must be a string, not a JSON {_json_type(item)}",
                 path=name,
             )
+        if not _is_unicode(key) or not _is_unicode(item):
+            raise CheckpointError(
+                f"{name}: {METADATA_KEY}[{key!r}] holds a lone surrogate escape (\\ud800 to "
+                f"\\udfff), which is not Unicode; the reference implementation refuses it too",
+                path=name,
+            )
     return value
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _check_entry(key: str, value: object, name: str) -> tuple[str, str, tuple[int, ...], int, int]:
