@@ -1,0 +1,372 @@
+"""The catalogue of every rule hyperckpt enforces, each with a minimal checkpoint breaking it.
+
+``docs/rules.md`` is generated from it (``python -m hyperckpt.testing.rules docs/rules.md``)
+and a test checks the page is current, so the examples there are real messages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
+from hyperckpt.format import DTYPES
+from hyperckpt.layout import describe, huggingface_layout, torch_sharded_layout
+from hyperckpt.testing._directories import INDEX_NAME, write_files
+from hyperckpt.testing._files import Pairs, encode_file
+
+__all__ = ["RULES", "Rule", "provoke", "render_rules_page"]
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One rule and how to break it.
+
+    Attributes:
+        id: Stable id, e.g. ``"offsets.span"``; mutations name the rule they break by it.
+        summary: The rule in a sentence.
+        error: The error type raised when it is broken.
+        pattern: A regular expression every message for this rule matches.
+        trigger: Writes a checkpoint breaking the rule into a fresh directory and loads it.
+    """
+
+    id: str
+    summary: str
+    error: type[CheckpointError]
+    pattern: str
+    trigger: Callable[[Path], object]
+
+    def matches(self, err: BaseException) -> bool:
+        """Whether ``err`` is this rule's error with a message of this rule."""
+        return isinstance(err, self.error) and re.search(self.pattern, str(err)) is not None
+
+
+_ENTRY = {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}
+
+
+def _one_file(
+    header: Mapping[str, object] | Pairs | str | bytes,
+    data: bytes = b"\0\0",
+    *,
+    length: int | None = None,
+) -> Callable[[Path], object]:
+    def trigger(root: Path) -> object:
+        write_files(root, {"model.safetensors": encode_file(header, data, length=length)})
+        return describe(root)
+
+    return trigger
+
+
+def _raw_file(data: bytes) -> Callable[[Path], object]:
+    def trigger(root: Path) -> object:
+        write_files(root, {"model.safetensors": data})
+        return describe(root)
+
+    return trigger
+
+
+def _tensor(header: object) -> Callable[[Path], object]:
+    return _one_file(Pairs([("w", header)]), b"")
+
+
+def _shard(tensors: Mapping[str, tuple[str, list[int], list[int]]], info: object = None) -> bytes:
+    """A shard file: name -> (dtype, shape, saved_offsets); ``info`` overrides the metadata."""
+    header: dict[str, object] = {}
+    position = 0
+    for name, (dtype, shape, _) in tensors.items():
+        size = DTYPES[dtype].bits
+        for s in shape:
+            size *= s
+        header[name] = {
+            "dtype": dtype,
+            "shape": shape,
+            "data_offsets": [position, position + size // 8],
+        }
+        position += size // 8
+    if info is None:
+        info = json.dumps({n: {"saved_offsets": at} for n, (_, _, at) in tensors.items()})
+    header = {"__metadata__": {"DCP_SHARDING_INFO": info}, **header}
+    return encode_file(header, b"\0" * position)
+
+
+def _sharded(files: Mapping[str, bytes]) -> Callable[[Path], object]:
+    def trigger(root: Path) -> object:
+        write_files(root, files)
+        return torch_sharded_layout(root)
+
+    return trigger
+
+
+def _hf(files: Mapping[str, bytes], index: object = None) -> Callable[[Path], object]:
+    def trigger(root: Path) -> object:
+        extra = {}
+        if index is not None:
+            raw = index if isinstance(index, bytes) else json.dumps(index).encode()
+            extra[INDEX_NAME] = raw
+        write_files(root, {**files, **extra})
+        return huggingface_layout(root)
+
+    return trigger
+
+
+def _two_files(index: object, b: Mapping[str, object] | None = None) -> Callable[[Path], object]:
+    a_bytes = encode_file({"a": _ENTRY}, b"\0\0")
+    b_bytes = encode_file({"b": _ENTRY} if b is None else b, b"\0\0")
+    return _hf({"m-1.safetensors": a_bytes, "m-2.safetensors": b_bytes}, index)
+
+
+def _broken_symlink(root: Path) -> object:
+    root.mkdir(parents=True)
+    os.symlink(root / "gone.safetensors", root / "shard-00001-model-00001-of-00001.safetensors")
+    return torch_sharded_layout(root)
+
+
+def _not_regular(root: Path) -> object:
+    (root / "shard-00001-model-00001-of-00001.safetensors").mkdir(parents=True)
+    return torch_sharded_layout(root)
+
+
+def _fifo(root: Path) -> object:
+    os.mkfifo(root)
+    return describe(root)
+
+
+def _big_index(root: Path) -> object:
+    root.mkdir(parents=True)
+    with open(root / INDEX_NAME, "wb") as f:
+        f.truncate(100_000_001)  # sparse: costs no disk
+    return describe(root)
+
+
+def _f4_mid_byte(root: Path) -> object:
+    from hyperckpt.readers import TorchShardedSafetensorsReader
+
+    # Only an empty F4 tensor can have a piece at an odd column: even widths tile from 0.
+    write_files(root, {"shard-00001-a.safetensors": _shard({"w": ("F4", [0, 2], [0, 1])})})
+    return TorchShardedSafetensorsReader(root).read_metadata()
+
+
+_SHARD_A = "shard-00001-model-00001-of-00001.safetensors"
+_SHARD_B = "shard-00002-model-00001-of-00001.safetensors"
+_SHARD_D = "shard-00004-model-00001-of-00001.safetensors"
+_INFO = '{"w": {"saved_offsets": [0]}}'
+_MAP = {"weight_map": {"a": "m-1.safetensors", "b": "m-2.safetensors"}}
+
+_E = CheckpointError
+_NF = CheckpointNotFoundError
+
+#: Every rule, in the order the checks run: one file, then the directory kinds.
+RULES: tuple[Rule, ...] = (
+    Rule("file.too_small", "A file holds at least the 8-byte header length.", _E,
+         r"is too small for a safetensors file", _raw_file(b"\x02\0\0")),
+    Rule("header.too_long", "The header length is at most 100,000,000 bytes.", _E,
+         r"exceeds the format's limit", _one_file("{}", length=100_000_001)),
+    Rule("header.past_end", "The header lies within the file.", _E,
+         r"runs past the end of the", _one_file("{}", b"", length=40)),
+    Rule("header.not_utf8", "The header is UTF-8.", _E,
+         r"header is not valid UTF-8", _one_file(b'{"\xff": 1}', b"")),
+    Rule("header.not_json", "The header is JSON (no NaN or Infinity).", _E,
+         r"header is not valid JSON", _one_file('{"w": ', b"")),
+    Rule("header.not_object", "The header is a JSON object.", _E,
+         r"header is a JSON \w+, not an object", _one_file("[]", b"")),
+    Rule("json.duplicate_key", "No JSON object repeats a key, at any level.", _E,
+         r"has the key .* twice",
+         _one_file(Pairs([("w", _ENTRY), ("w", _ENTRY)]))),
+    Rule("json.too_deep", "The header is not absurdly nested.", _E,
+         r"nested too deeply", _one_file("[" * 100_000 + "]" * 100_000, b"")),
+    Rule("metadata.not_object", "__metadata__ is absent, null or an object, never a tensor.", _E,
+         r"__metadata__ (must be an object of strings or null|looks like a tensor entry)",
+         _one_file({"__metadata__": {"dtype": "U8", "shape": [0], "data_offsets": [0, 0]}}, b"")),
+    Rule("metadata.not_string", "Every __metadata__ value is a string.", _E,
+         r"__metadata__\[.*\] must be a string", _one_file({"__metadata__": {"step": 10}}, b"")),
+    Rule("entry.not_object", "Each tensor entry is an object.", _E,
+         r"entry must be an object with dtype, shape and data_offsets", _tensor(["U8", [0], [0, 0]])),
+    Rule("entry.keys", "Each entry has exactly dtype, shape and data_offsets.", _E,
+         r"entry must have exactly dtype, shape and data_offsets",
+         _tensor({"dtype": "U8", "shape": [0], "offsets": [0, 0]})),
+    Rule("entry.name", "Tensor names are non-empty, without NUL.", _E,
+         r"empty name|contains a NUL character|not valid Unicode",
+         _one_file({"": {"dtype": "U8", "shape": [0], "data_offsets": [0, 0]}}, b"")),
+    Rule("dtype.unknown", "The dtype is one of the 22 codes, case-sensitive.", _E,
+         r"unknown dtype", _tensor({"dtype": "bf16", "shape": [0], "data_offsets": [0, 0]})),
+    Rule("dtype.no_torch", "The dtype has a torch dtype (F6 codes have none).", _E,
+         r"torch has no dtype for it",
+         _tensor({"dtype": "F6_E2M3", "shape": [0], "data_offsets": [0, 0]})),
+    Rule("entry.not_ints", "shape and data_offsets hold non-negative integers (no bools/floats).", _E,
+         r"must be a list of non-negative integers|must hold non-negative 64-bit integers",
+         _tensor({"dtype": "U8", "shape": [True], "data_offsets": [0, 1]})),
+    Rule("offsets.not_pair", "data_offsets has exactly two numbers.", _E,
+         r"data_offsets must be \[begin, end\]",
+         _tensor({"dtype": "U8", "shape": [0], "data_offsets": [0, 0, 0]})),
+    Rule("size.overflow", "elements x bits fits 64-bit arithmetic.", _E,
+         r"overflows 64-bit size arithmetic",
+         _tensor({"dtype": "F32", "shape": [2**32, 2**30], "data_offsets": [0, 0]})),
+    Rule("size.partial_byte", "A tensor is a whole number of bytes.", _E,
+         r"not a whole number of bytes",
+         _tensor({"dtype": "F4", "shape": [3], "data_offsets": [0, 2]})),
+    Rule("f4.odd_last_dim", "F4 tensors have an even last dimension (torch packs pairs).", _E,
+         r"needs an even last dimension",
+         _tensor({"dtype": "F4", "shape": [2, 1], "data_offsets": [0, 1]})),
+    Rule("offsets.span", "end - begin = elements x bits / 8.", _E,
+         r"span \d+ bytes, but shape", _one_file({"w": {**_ENTRY, "shape": [3]}})),
+    Rule("offsets.not_contiguous", "Data is tiled from 0: no holes, overlaps or shared ranges.", _E,
+         r"tensors must tile the data buffer contiguously",
+         _one_file({"w": _ENTRY, "v": _ENTRY})),
+    Rule("file.size_mismatch", "Last end + 8 + header length = file size.", _E,
+         r"header and tensors describe \d+ bytes but the file has",
+         _one_file({"w": _ENTRY}, b"\0\0\0")),
+    Rule("file.missing", "Every file of the checkpoint exists.", _NF,
+         r"no such file \(or a broken symlink\)", _broken_symlink),
+    Rule("file.not_regular", "Every file of the checkpoint is a regular file.", _E,
+         r"not a regular file", _not_regular),
+    Rule("dir.not_found", "The checkpoint path exists.", _NF,
+         r"no such file or directory", describe),
+    Rule("dir.not_directory", "The checkpoint is a directory or a .safetensors file.", _E,
+         r"not a directory or a regular file", _fifo),
+    Rule("dir.empty", "A directory holds a checkpoint (hints at a sharded/ folder).", _NF,
+         r"this is not a checkpoint directory", lambda root: describe(write_files(root, {}))),
+    Rule("dir.unknown_kind", "Safetensors files need an index, model.safetensors or "
+         "DCP_SHARDING_INFO to say which belong.", _E,
+         r"so which files form the checkpoint is unknown",
+         lambda root: describe(write_files(root, {"a.safetensors": encode_file({})}))),
+    Rule("hf.no_checkpoint", "A Hugging Face directory has the index or model.safetensors.", _NF,
+         r"neither model.safetensors.index.json nor model.safetensors is there",
+         _hf({"a.safetensors": encode_file({})})),
+    Rule("index.too_big", "The index is at most 100,000,000 bytes.", _E,
+         r"more than any real index", _big_index),
+    Rule("index.not_utf8", "The index is UTF-8.", _E,
+         r"model.safetensors.index.json: not valid UTF-8", _two_files(b"\xff")),
+    Rule("index.not_json", "The index is JSON without duplicate keys.", _E,
+         r"index (is not valid JSON|has the key .* twice|JSON is nested)", _two_files(b"{")),
+    Rule("index.no_weight_map", "The index is an object with a weight_map.", _E,
+         r'must be a JSON object with a "weight_map"', _two_files({"metadata": {}})),
+    Rule("index.weight_map_not_object", "weight_map is a non-empty object.", _E,
+         r'"weight_map" must be a non-empty object', _two_files({"weight_map": {}})),
+    Rule("index.file_not_string", "weight_map values are file names.", _E,
+         r"must be a file name string", _two_files({"weight_map": {"a": 1}})),
+    Rule("index.not_plain_name", "Index file names are plain names inside the directory.", _E,
+         r"not a plain file name", _two_files({"weight_map": {"a": "../m-1.safetensors"}})),
+    Rule("index.file_missing", "Every file the index names exists.", _NF,
+         r"named by model.safetensors.index.json for tensor",
+         _two_files({"weight_map": {"a": "m-1.safetensors", "c": "m-3.safetensors"}})),
+    Rule("index.tensor_not_in_file", "Each tensor is in the file the index names.", _E,
+         r"places tensor .* but .* lacks it",
+         _two_files({"weight_map": {"a": "m-2.safetensors", "b": "m-2.safetensors"}})),
+    Rule("index.omits_tensor", "The index lists every tensor the files hold.", _E,
+         r"which model.safetensors.index.json omits",
+         _hf({"m-1.safetensors": encode_file({"a": _ENTRY, "x": {**_ENTRY, "data_offsets": [2, 4]}}, b"\0" * 4)},
+             {"weight_map": {"a": "m-1.safetensors"}})),
+    Rule("hf.tensor_in_two_files", "A Hugging Face checkpoint holds each tensor once.", _E,
+         r"is in two files", _two_files(_MAP, {"a": _ENTRY})),
+    Rule("hf.sharded_piece", "DCP_SHARDING_INFO offsets in a Hugging Face file are all zero.", _E,
+         r"this is a torch sharded directory: use TorchShardedSafetensorsReader",
+         _hf({"model.safetensors": _shard({"w": ("U8", [2], [2])})})),
+    Rule("sharded.index_present", "A torch sharded directory has no index.", _E,
+         r"so it is a Hugging Face checkpoint, not a torch sharded directory; use "
+         r"HuggingFaceStorageReader", _sharded({INDEX_NAME: b"{}", _SHARD_A: _shard({})})),
+    Rule("sharded.no_files", "A torch sharded directory has *.safetensors files.", _NF,
+         r"no \*.safetensors files, so no torch sharded checkpoint is here", _sharded({})),
+    Rule("sharded.no_info", "Every shard file carries DCP_SHARDING_INFO.", _E,
+         r"no DCP_SHARDING_INFO in __metadata__",
+         _sharded({_SHARD_A: _shard({"w": ("U8", [2], [0])}), "extra.safetensors": encode_file({})})),
+    Rule("sharded.info_not_json", "DCP_SHARDING_INFO is JSON without duplicate keys.", _E,
+         r"DCP_SHARDING_INFO (is not valid JSON|has the key .* twice|JSON is nested)",
+         _sharded({_SHARD_A: _shard({"w": ("U8", [2], [0])}, info=_INFO[:-1])})),
+    Rule("sharded.info_not_object", "DCP_SHARDING_INFO is a JSON object.", _E,
+         r"DCP_SHARDING_INFO must be a JSON object",
+         _sharded({_SHARD_A: _shard({"w": ("U8", [2], [0])}, info="[]")})),
+    Rule("sharded.info_missing_tensor", "DCP_SHARDING_INFO describes every tensor of the file.", _E,
+         r"has no entry in DCP_SHARDING_INFO",
+         _sharded({_SHARD_A: _shard({"w": ("U8", [2], [0])}, info="{}")})),
+    Rule("sharded.info_extra_tensor", "DCP_SHARDING_INFO describes only tensors of the file.", _E,
+         r"describes tensor .*, which the file does not hold",
+         _sharded({_SHARD_A: _shard({}, info=_INFO)})),
+    Rule("sharded.info_bad_offsets", "saved_offsets holds one non-negative integer per dimension.", _E,
+         r'must be \{"saved_offsets": \[\.\.\.\]\}',
+         _sharded({_SHARD_A: _shard({"w": ("U8", [2], [0, 0])})})),
+    Rule("sharded.dtype_mismatch", "All pieces of a tensor share one dtype.", _E,
+         r"all pieces of a tensor share one dtype",
+         _sharded({_SHARD_A: _shard({"w": ("U8", [2], [0])}), _SHARD_B: _shard({"w": ("F32", [2], [2])})})),
+    Rule("sharded.ndim_mismatch", "All pieces of a tensor share one number of dimensions.", _E,
+         r"share one rank",
+         _sharded({_SHARD_A: _shard({"w": ("U8", [2], [0])}), _SHARD_B: _shard({"w": ("U8", [2, 1], [2, 0])})})),
+    Rule("tiling.duplicate", "No two pieces of a tensor start at the same offsets.", _E,
+         r"both hold a piece at offsets",
+         _sharded({_SHARD_A: _shard({"w": ("U8", [2], [0])}), _SHARD_B: _shard({"w": ("U8", [2], [0])})})),
+    Rule("tiling.overlap", "Pieces of a tensor are pairwise disjoint.", _E,
+         r"overlap in \[",
+         _sharded({_SHARD_A: _shard({"w": ("U8", [3], [0])}), _SHARD_B: _shard({"w": ("U8", [2], [2])})})),
+    Rule("tiling.gap", "Pieces of a tensor cover all of it (checked box by box, not by volume).", _E,
+         r"a shard file is probably missing",
+         _sharded({_SHARD_A: _shard({"w": ("U8", [2, 2], [0, 0])}), _SHARD_D: _shard({"w": ("U8", [2, 2], [2, 2])})})),
+    Rule("reader.f4_mid_byte", "An F4 piece starts at an even column (torch packs F4 pairs).", _E,
+         r"starts mid-byte", _f4_mid_byte),
+)  # fmt: skip
+
+
+def provoke(rule: Rule) -> CheckpointError:
+    """Break ``rule`` in a fresh temporary directory and return the error raised.
+
+    Paths in the message and attributes are shown relative to that directory (the
+    checkpoint itself is ``ckpt``).
+
+    Raises:
+        AssertionError: The trigger raised nothing, or not a :class:`CheckpointError`.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            rule.trigger(Path(tmp) / "ckpt")
+        except CheckpointError as err:
+            prefix = tmp + os.sep
+            text = str(err).replace(prefix, "")
+            path = None if err.path is None else err.path.replace(prefix, "")
+            copy = type(err)(text, path=path, tensor=err.tensor)
+            return copy
+    raise AssertionError(f"{rule.id}: the trigger raised no CheckpointError")
+
+
+_INTRO = """\
+# The rules hyperckpt enforces
+
+Every rule below is checked from the safetensors headers and the directory listing alone,
+before any tensor data is read; `describe(path)` runs them all and raises the typed error,
+while inside `dcp.load` torch keeps only the message text, so each message stands alone.
+`CheckpointNotFoundError` is a `CheckpointError` and a `FileNotFoundError`.  The error's
+`path` attribute names the file (relative to the checkpoint) and `tensor` the tensor.
+
+Mutations from `hyperckpt.testing.file_faults` name the rule id they break.  Each example
+message is real: this page is generated by `python -m hyperckpt.testing.rules docs/rules.md`
+from `hyperckpt/testing/rules.py`, and `tests/unit/test_rules_doc.py` fails when it is stale.
+The checkpoint directory in the examples is `ckpt`.
+
+| id | rule | error | example message |
+|---|---|---|---|
+"""
+
+
+def render_rules_page() -> str:
+    """The Markdown text of ``docs/rules.md``: every rule with a real example message."""
+    rows = []
+    for rule in RULES:
+        err = provoke(rule)
+        cells = [f"`{rule.id}`", rule.summary, f"`{type(err).__name__}`", str(err)]
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return _INTRO + "\n".join(rows) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write the rules page to the path given (default ``docs/rules.md``)."""
+    args = sys.argv[1:] if argv is None else argv
+    target = Path(args[0] if args else "docs/rules.md")
+    target.write_text(render_rules_page(), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
