@@ -83,13 +83,18 @@ def tile(name: str, pieces: Sequence[P]) -> tuple[tuple[int, ...], tuple[P, ...]
     covered = sum(math.prod(p.shape) for p in ordered)
     if covered != math.prod(shape):
         raise CheckpointError(
-            f"tensor {name!r}: its pieces cover {covered} of the {math.prod(shape)} elements of "
-            f"shape {list(shape)}{_describe_gap(shape, ordered)}; a shard file is probably "
-            f"missing.{_STRIDED_HINT}",
+            f"tensor {name!r}: its pieces in {_files(ordered)} cover {covered} of the "
+            f"{math.prod(shape)} elements of shape {list(shape)}{_describe_gap(shape, ordered)}; "
+            f"a shard file is probably missing.{_STRIDED_HINT}",
             path=ordered[0].file,
             tensor=name,
         )
     return shape, tuple(ordered)
+
+
+def _files(pieces: Sequence[Box], most: int = 4) -> str:
+    names = sorted({p.file for p in pieces})
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def _check_disjoint(name: str, pieces: Sequence[Box], ndim: int) -> None:
