@@ -383,11 +383,22 @@ def decode_strict_json(text: str, name: str, what: str) -> object:
     try:
         return strict_json(text)
     except DuplicateKeyError as err:
+        located, owner = _duplicate_owner(text, err.key)
+        inside = "" if owner is None else f" inside {owner!r}"
+        # Top-level keys are tensor names, except in the index (tensors are in its weight_map).
+        if not located:
+            tensor = None
+        elif what == "index":
+            tensor = err.key if owner == "weight_map" else None
+        else:
+            tensor = err.key if owner is None else owner
+        if tensor == METADATA_KEY:
+            tensor = None
         raise CheckpointError(
-            f"{name}: {what} has the key {err.key!r} twice; duplicate keys are not allowed "
-            f"(readers disagree on which one wins)",
+            f"{name}: {what} has the key {err.key!r} twice{inside}; duplicate keys are not "
+            f"allowed (readers disagree on which one wins)",
             path=name,
-            tensor=err.key,
+            tensor=tensor,
         ) from err
     except RecursionError as err:
         raise CheckpointError(
@@ -395,6 +406,36 @@ def decode_strict_json(text: str, name: str, what: str) -> object:
         ) from err
     except ValueError as err:
         raise CheckpointError(f"{name}: {what} is not valid JSON: {err}", path=name) from err
+
+
+class _Pairs(list[tuple[str, object]]):
+    """A JSON object's pairs, duplicates kept (to locate a duplicate key for a message)."""
+
+
+def _duplicate_owner(text: str, key: str) -> tuple[bool, str | None]:
+    """Where ``key`` repeats: ``(True, None)`` at the top level, ``(True, k)`` inside the
+    value of the top-level key ``k``, ``(False, None)`` when that cannot be told."""
+    try:
+        document = json.loads(text, object_pairs_hook=_Pairs)
+        if not isinstance(document, _Pairs):
+            return False, None
+        if [k for k, _ in document].count(key) > 1:
+            return True, None
+        for owner, value in document:
+            if _repeats(value, key):
+                return True, owner
+    except (ValueError, RecursionError):  # the text goes bad after the duplicate
+        pass
+    return False, None
+
+
+def _repeats(value: object, key: str) -> bool:
+    if isinstance(value, _Pairs):
+        keys = [k for k, _ in value]
+        return keys.count(key) > 1 or any(_repeats(v, key) for _, v in value)
+    if isinstance(value, list):
+        return any(_repeats(v, key) for v in value)
+    return False
 
 
 def _check_metadata(value: object, name: str) -> dict[str, str] | None:
