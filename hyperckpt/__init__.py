@@ -8,10 +8,12 @@ dcp.load(state_dict, storage_reader=HuggingFaceStorageReader("/models/Llama-3-8B
 
 from __future__ import annotations
 
+from hyperckpt.api import LoadReport, load
 from hyperckpt.errors import CheckpointChangedError, CheckpointError, CheckpointNotFoundError
 from hyperckpt.format import FileHeader, FileStamp, TensorEntry
 from hyperckpt.io import LoadStats, StorageInfo
 from hyperckpt.layout import CheckpointLayout, Piece, TensorLayout, describe
+from hyperckpt.planner import LoadPlanner
 from hyperckpt.readers import HuggingFaceStorageReader, TorchShardedSafetensorsReader
 
 __all__ = [
@@ -22,6 +24,8 @@ __all__ = [
     "FileHeader",
     "FileStamp",
     "HuggingFaceStorageReader",
+    "LoadPlanner",
+    "LoadReport",
     "LoadStats",
     "Piece",
     "StorageInfo",
@@ -30,6 +34,7 @@ __all__ = [
     "TorchShardedSafetensorsReader",
     "__version__",
     "describe",
+    "load",
 ]
 
 __version__ = "0.1.0"

@@ -21,6 +21,7 @@ Pure arithmetic, no process group::
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -31,7 +32,16 @@ from torch.distributed.tensor import Placement
 
 from hyperckpt._placements import PlacementSpec, placement_specs
 
-__all__ = ["DTENSOR", "FSDP", "Order", "Region", "fsdp_order_applies", "local_regions"]
+__all__ = [
+    "DTENSOR",
+    "FSDP",
+    "Order",
+    "Region",
+    "chunk_range",
+    "fsdp_order_applies",
+    "local_regions",
+    "orders_differ",
+]
 
 Order = Literal["dtensor", "fsdp"]
 DTENSOR: Final = "dtensor"
@@ -101,43 +111,83 @@ def local_regions(
     for size, index in zip(mesh_shape, coordinate, strict=True):
         if not 0 <= index < size:
             raise ValueError(f"coordinate {list(coordinate)} is outside mesh {list(mesh_shape)}")
-    steps = list(zip(specs, mesh_shape, coordinate, strict=True))
-    if order == FSDP:
-        steps = [s for s in steps if s[0].split_factor == 1] + [
-            (PlacementSpec(s[0].dim), s[1], s[2]) for s in steps if s[0].split_factor > 1
-        ]
-    elif order != DTENSOR:
+    if order not in (DTENSOR, FSDP):
         raise ValueError(f"order must be {DTENSOR!r} or {FSDP!r}, got {order!r}")
-    ranges: list[_Ranges] = [_merge([(0, size)]) for size in global_shape]
-    for spec, size, index in steps:
-        if spec.dim is not None:
-            ranges[spec.dim] = _split(ranges[spec.dim], size, index, spec.split_factor)
-    return _boxes(ranges)
+    return _regions(tuple(global_shape), tuple(mesh_shape), specs, tuple(coordinate), order)
 
 
 def fsdp_order_applies(
     mesh_shape: Sequence[int], placements: Sequence[Placement], ndim: int
 ) -> bool:
-    """Whether the placements have the form FSDP2 gives a tensor-parallel parameter.
+    """Whether some placement has the form FSDP2 gives a tensor-parallel parameter.
 
-    That is: some ``_StridedShard(d, k)``, and for each, ``k`` equals the product of the
-    sizes of the later mesh dimensions that shard ``d``.  Only then can the ``"fsdp"``
-    order describe the tensor.
+    That is a ``_StridedShard(d, k)`` whose ``k`` equals the product of the sizes of the
+    later mesh dimensions that shard ``d`` (FSDP2's mesh dimension comes first, tensor
+    parallelism after it).  Only such placements are reordered by ``order="fsdp"``.
     """
-    specs = placement_specs(placements, ndim)
-    found = False
+    return bool(_fsdp_dims(tuple(mesh_shape), placement_specs(placements, ndim)))
+
+
+def orders_differ(
+    global_shape: Sequence[int], mesh_shape: Sequence[int], placements: Sequence[Placement]
+) -> bool:
+    """Whether the ``"dtensor"`` and ``"fsdp"`` orders give some coordinate other regions.
+
+    Depends on global facts only, so every rank of the mesh gets the same answer.
+    """
+    specs = placement_specs(placements, len(global_shape))
+    return _orders_differ(tuple(global_shape), tuple(mesh_shape), specs)
+
+
+@functools.lru_cache(maxsize=1024)
+def _orders_differ(
+    global_shape: tuple[int, ...], mesh_shape: tuple[int, ...], specs: tuple[PlacementSpec, ...]
+) -> bool:
+    if not _fsdp_dims(mesh_shape, specs):
+        return False
+    for coordinate in itertools.product(*(range(size) for size in mesh_shape)):
+        plain = _regions(global_shape, mesh_shape, specs, coordinate, DTENSOR)
+        if plain != _regions(global_shape, mesh_shape, specs, coordinate, FSDP):
+            return True
+    return False
+
+
+def _fsdp_dims(mesh_shape: tuple[int, ...], specs: tuple[PlacementSpec, ...]) -> frozenset[int]:
+    """Mesh dimensions whose ``_StridedShard`` has FSDP2's form (see fsdp_order_applies)."""
+    found = set()
     for mesh_dim, spec in enumerate(specs):
         if spec.split_factor == 1:
             continue
-        found = True
         later = math.prod(
             size
             for size, other in zip(mesh_shape[mesh_dim + 1 :], specs[mesh_dim + 1 :], strict=True)
             if other.dim == spec.dim
         )
-        if later != spec.split_factor:
-            return False
-    return found
+        if later == spec.split_factor:
+            found.add(mesh_dim)
+    return frozenset(found)
+
+
+def _regions(
+    global_shape: tuple[int, ...],
+    mesh_shape: tuple[int, ...],
+    specs: tuple[PlacementSpec, ...],
+    coordinate: tuple[int, ...],
+    order: Order,
+) -> tuple[Region, ...]:
+    steps = list(zip(specs, mesh_shape, coordinate, strict=True))
+    if order == FSDP:
+        fsdp = _fsdp_dims(mesh_shape, specs)
+        steps = [step for i, step in enumerate(steps) if i not in fsdp] + [
+            (PlacementSpec(step[0].dim), step[1], step[2])
+            for i, step in enumerate(steps)
+            if i in fsdp
+        ]
+    ranges: list[_Ranges] = [_merge([(0, size)]) for size in global_shape]
+    for spec, size, index in steps:
+        if spec.dim is not None:
+            ranges[spec.dim] = _split(ranges[spec.dim], size, index, spec.split_factor)
+    return _boxes(ranges)
 
 
 def chunk_range(length: int, chunks: int, index: int) -> tuple[int, int]:

@@ -1,0 +1,159 @@
+"""``hyperckpt.load``: validate a checkpoint, load it with the right reader and planner, report."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.planner import LoadPlanner as DcpLoadPlanner
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+
+from hyperckpt.dtypes import to_torch_shape
+from hyperckpt.errors import CheckpointError
+from hyperckpt.layout import TORCH_SHARDED, CheckpointLayout, Kind, describe
+from hyperckpt.planner import LoadPlanner
+from hyperckpt.readers import HuggingFaceStorageReader, TorchShardedSafetensorsReader
+
+__all__ = ["LoadReport", "load"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadReport:
+    """What :func:`load` did.
+
+    Attributes:
+        kind: The checkpoint's kind, ``"huggingface"`` or ``"torch-sharded"``.
+        tensors: State-dict entries loaded (the same on every rank).
+        bytes_read: Bytes each rank read from the checkpoint's files, by rank of the
+            process group (one entry when not distributed).
+        seconds: Wall time of the whole load on this rank, validation included, in seconds.
+        skipped: State-dict keys the checkpoint lacks that were left untouched because
+            ``allow_missing`` allowed it (tied weights such as ``lm_head.weight``), sorted.
+        unused: Tensors of the checkpoint that no state-dict key asked for, sorted.
+    """
+
+    kind: Kind
+    tensors: int
+    bytes_read: tuple[int, ...]
+    seconds: float
+    skipped: tuple[str, ...]
+    unused: tuple[str, ...]
+
+
+def load(
+    state_dict: Mapping[str, torch.Tensor],
+    path: str | os.PathLike[str],
+    *,
+    process_group: dist.ProcessGroup | None = None,
+    planner: DcpLoadPlanner | None = None,
+    allow_missing: bool | Collection[str] = False,
+    thread_count: int | None = None,
+    reader_options: Mapping[str, object] | None = None,
+) -> LoadReport:
+    """Load a safetensors checkpoint of either kind into ``state_dict``, in place.
+
+    The directory's kind is detected and the checkpoint validated from its headers first,
+    so problems surface as our typed errors (inside ``dcp.load`` torch keeps only their
+    text); shapes are compared key by key.  Then ``dcp.load`` runs with the matching reader
+    and :class:`~hyperckpt.LoadPlanner`, which loads ``_StridedShard`` DTensors (FSDP2 over
+    tensor parallelism, packed weights) into the right rows.  Every rank of the process
+    group must call this with the same keys.
+
+    Args:
+        state_dict: Flat mapping of names to tensors or DTensors, e.g.
+            ``model.state_dict()``.  Loaded in place.
+        path: The checkpoint directory (or a single ``.safetensors`` file).
+        process_group: The ranks taking part; the default group by default.
+        planner: A DCP load planner; :class:`~hyperckpt.LoadPlanner` by default.
+        allow_missing: State-dict keys the checkpoint may lack, left untouched and listed
+            in :attr:`LoadReport.skipped`; ``True`` allows any key.  Typically tied weights:
+            ``allow_missing={"lm_head.weight"}``.
+        thread_count: Reads in flight per rank (see the readers).
+        reader_options: Further keyword options for the reader's constructor.
+
+    Returns:
+        A :class:`LoadReport` (``bytes_read`` gathered from every rank).
+
+    Raises:
+        CheckpointNotFoundError: The checkpoint, or a file it needs, does not exist.
+        CheckpointError: The checkpoint breaks a rule, lacks keys not allowed to be
+            missing, or a tensor's shape differs from the state dict's.
+    """
+    begin = time.perf_counter()
+    layout = describe(path)
+    tensor_shapes = {
+        name: to_torch_shape(tensor.dtype, tensor.shape) for name, tensor in layout.tensors.items()
+    }
+    missing = sorted(name for name in state_dict if name not in tensor_shapes)
+    allowed = (
+        missing if allow_missing is True else [] if allow_missing is False else list(allow_missing)
+    )
+    refused = [name for name in missing if name not in allowed]
+    if refused:
+        raise CheckpointError(
+            f"{layout.root}: the checkpoint lacks {len(refused)} tensor(s) the state dict "
+            f"has: {_preview(refused)}; if they are tied to another weight (lm_head.weight "
+            f"and embed_tokens.weight), pass allow_missing={{...}} naming them, otherwise the "
+            f"checkpoint belongs to another model",
+            path=layout.root,
+            tensor=refused[0],
+        )
+    skipped = [name for name in missing if name in allowed]
+    if skipped:
+        logger.warning("hyperckpt.load: skipped keys the checkpoint lacks: %s", skipped)
+    wanted = {name: value for name, value in state_dict.items() if name in tensor_shapes}
+    for name, value in wanted.items():
+        if tuple(value.shape) != tensor_shapes[name]:
+            raise CheckpointError(
+                f"{_file_of(layout, name)}: tensor {name!r} has shape "
+                f"{list(tensor_shapes[name])} in the checkpoint but {list(value.shape)} in the "
+                f"state dict; the checkpoint belongs to another model configuration",
+                path=_file_of(layout, name),
+                tensor=name,
+            )
+    options: dict[str, Any] = dict(reader_options or {})
+    options.setdefault("thread_count", thread_count)
+    reader_type = (
+        TorchShardedSafetensorsReader if layout.kind == TORCH_SHARDED else HuggingFaceStorageReader
+    )
+    reader = reader_type(path, **options)
+    dcp_load(
+        cast(dict[str, Any], wanted),
+        storage_reader=reader,
+        planner=planner if planner is not None else LoadPlanner(),
+        process_group=process_group,
+    )
+    own = reader.last_stats.bytes_read if reader.last_stats is not None else 0
+    return LoadReport(
+        kind=layout.kind,
+        tensors=len(wanted),
+        bytes_read=_gather(own, process_group),
+        seconds=time.perf_counter() - begin,
+        skipped=tuple(skipped),
+        unused=tuple(sorted(set(tensor_shapes) - set(state_dict))),
+    )
+
+
+def _gather(value: int, group: dist.ProcessGroup | None) -> tuple[int, ...]:
+    if not (dist.is_available() and dist.is_initialized()):
+        return (value,)
+    values: list[object] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(values, value, group=group)
+    return tuple(cast(int, v) for v in values)
+
+
+def _file_of(layout: CheckpointLayout, name: str) -> str:
+    return layout.tensors[name].pieces[0].file
+
+
+def _preview(names: list[str]) -> str:
+    shown = ", ".join(repr(n) for n in names[:10])
+    return shown + (f", ... ({len(names) - 10} more)" if len(names) > 10 else "")

@@ -1,0 +1,228 @@
+"""A DCP load planner that reads each DTensor region into the local rows that really hold it.
+
+torch's ``DefaultLoadPlanner`` describes every DTensor's local tensor as one box of the
+global tensor starting at its first element.  Under ``_StridedShard`` (packed weights such
+as ``gate_up_proj`` under tensor parallelism, FSDP2 over tensor parallelism) the local rows
+are several boxes, so the default plan reads the wrong rows without any error.
+:class:`LoadPlanner` plans such tensors region by region (see :mod:`hyperckpt.regions`)
+and everything else exactly as the default planner does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, TensorStorageMetadata
+from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
+from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+from torch.distributed.tensor import DTensor, Partial
+
+from hyperckpt._placements import is_strided
+from hyperckpt.errors import CheckpointError
+from hyperckpt.regions import DTENSOR, FSDP, Order, Region, local_regions, orders_differ
+
+__all__ = ["LoadPlanner", "StridedLayout"]
+
+#: How to read ``_StridedShard`` placements; see :class:`LoadPlanner`.
+StridedLayout = Literal["auto", "dtensor", "fsdp"]
+_ORDERS: tuple[Order, ...] = (FSDP, DTENSOR)
+
+
+class LoadPlanner(DefaultLoadPlanner):
+    """``DefaultLoadPlanner`` that loads ``_StridedShard`` DTensors into the right rows.
+
+    For every DTensor with a ``_StridedShard`` placement, the planner computes the disjoint
+    global regions the rank holds, checks before any I/O that they tile ``to_local()``,
+    and asks DCP for one chunk per region, each mapped to its rows of the local tensor.
+    Plain tensors and other DTensors are planned exactly as ``DefaultLoadPlanner`` plans
+    them.  ``Partial`` DTensors are refused.
+
+    FSDP2 over tensor parallelism lays parameters out ``torch.chunk`` over TP, then over
+    DP.  With uneven sizes, or a packed weight that TP already holds as ``_StridedShard``,
+    those rows differ from DTensor's reading of the same placements (torch's own
+    ``full_tensor()`` is then wrong too).  For such tensors the ranks of the mesh agree on
+    one layout with one small all-reduce per tensor (see ``strided_layout``).
+
+    Use as ``dcp.load(state_dict, storage_reader=..., planner=hyperckpt.LoadPlanner())``.
+
+    Args:
+        flatten_state_dict: As for ``DefaultLoadPlanner``.
+        flatten_sharded_tensors: As for ``DefaultLoadPlanner``.
+        allow_partial_load: As for ``DefaultLoadPlanner``: keys the checkpoint lacks are
+            left untouched instead of failing the load.
+        strided_layout: ``"auto"`` (default) reads ``_StridedShard`` as DTensor does,
+            except where placements of FSDP2's form (``_StridedShard(d, k)`` followed by
+            ``k`` ways of tensor parallelism on ``d``) would put other rows there: then the
+            layout that fits every rank's local shape, FSDP2's when both fit.
+            ``"dtensor"`` or ``"fsdp"`` force one reading (see
+            :func:`hyperckpt.regions.local_regions`).
+    """
+
+    def __init__(
+        self,
+        flatten_state_dict: bool = True,
+        flatten_sharded_tensors: bool = True,
+        allow_partial_load: bool = False,
+        *,
+        strided_layout: StridedLayout = "auto",
+    ) -> None:
+        super().__init__(flatten_state_dict, flatten_sharded_tensors, allow_partial_load)
+        if strided_layout not in ("auto", "dtensor", "fsdp"):
+            raise ValueError(
+                f"strided_layout must be 'auto', 'dtensor' or 'fsdp', got {strided_layout!r}"
+            )
+        self.strided_layout: StridedLayout = strided_layout
+
+    def create_local_plan(self) -> LoadPlan:
+        """The default plan, with each ``_StridedShard`` DTensor planned by region.
+
+        Raises:
+            CheckpointError: A DTensor is ``Partial``, or its regions cannot be matched to
+                its local tensor; the message names the parameter, placements and mesh.
+        """
+        assert self.metadata is not None, "set_up_planner runs before create_local_plan"
+        for fqn, value in self.state_dict.items():
+            if isinstance(value, DTensor) and any(isinstance(p, Partial) for p in value.placements):
+                raise CheckpointError(
+                    f"{fqn}: DTensor with placements {_show(value.placements)} on mesh "
+                    f"{_show_mesh(value)} is Partial: each rank holds a term of a sum, not part "
+                    f"of the tensor, so nothing can be loaded into it; redistribute it to "
+                    f"Replicate or Shard before loading",
+                    tensor=fqn,
+                )
+        plan = super().create_local_plan()
+        strided = {
+            fqn: value
+            for fqn, value in sorted(self.state_dict.items())
+            if isinstance(value, DTensor)
+            and any(is_strided(p) for p in value.placements)
+            and fqn in self.metadata.state_dict_metadata
+            and value.device_mesh.get_coordinate() is not None
+        }
+        if not strided:
+            return plan
+        items = [item for item in plan.items if item.dest_index.fqn not in strided]
+        for fqn, value in strided.items():
+            md = self.metadata.state_dict_metadata[fqn]
+            if not isinstance(md, TensorStorageMetadata):
+                raise CheckpointError(
+                    f"{fqn}: the checkpoint holds a non-tensor value here, the state dict a "
+                    f"DTensor",
+                    tensor=fqn,
+                )
+            items.extend(_read_items(fqn, md, _regions_for(fqn, value, self.strided_layout)))
+        return dataclasses.replace(plan, items=items)
+
+
+def _regions_for(fqn: str, value: DTensor, layout: StridedLayout) -> tuple[Region, ...]:
+    """The regions ``value`` holds on this rank, checked against its local shape."""
+    mesh = value.device_mesh
+    coordinate = mesh.get_coordinate()
+    assert coordinate is not None
+    shape, mesh_shape, placements = tuple(value.shape), tuple(mesh.shape), value.placements
+    local_shape = tuple(value.to_local().shape)
+    try:
+        order: Order = DTENSOR if layout == "auto" else layout
+        if layout == "auto" and orders_differ(shape, mesh_shape, placements):
+            # FSDP2 over tensor parallelism: take the order whose shapes fit on every rank,
+            # FSDP2's when both do (its form of placements is what made them differ).
+            fits: dict[Order, bool] = {
+                candidate: _tiles(
+                    local_regions(shape, mesh_shape, placements, coordinate, order=candidate),
+                    local_shape,
+                )
+                for candidate in _ORDERS
+            }
+            fits = _agree_across_mesh(value, fits)
+            order = FSDP if fits[FSDP] or not fits[DTENSOR] else DTENSOR
+        regions = local_regions(shape, mesh_shape, placements, coordinate, order=order)
+    except ValueError as err:
+        raise CheckpointError(f"{fqn}: {err}", tensor=fqn) from err
+    if not _tiles(regions, local_shape):
+        raise CheckpointError(
+            f"{fqn}: DTensor {_show(placements)} on mesh {_show_mesh(value)} with global shape "
+            f"{list(shape)}: at coordinate {list(coordinate)} the placements ({order} order) "
+            f"give {len(regions)} region(s) {_show_regions(regions)} covering "
+            f"{_extent(regions, len(shape))}, but to_local() has shape {list(local_shape)}; "
+            f"the local tensor was not laid out by these placements, so no rows can be "
+            f"matched to it",
+            tensor=fqn,
+        )
+    return regions
+
+
+def _read_items(fqn: str, md: TensorStorageMetadata, regions: Sequence[Region]) -> list[ReadItem]:
+    chunks = [
+        ChunkStorageMetadata(offsets=torch.Size(r.offsets), sizes=torch.Size(r.sizes))
+        for r in regions
+    ]
+    items = []
+    for item in create_read_items_for_chunk_list(fqn, md, chunks):
+        index = item.dest_index.index
+        assert index is not None
+        base = regions[index].local_offsets
+        dest = torch.Size(b + o for b, o in zip(base, item.dest_offsets, strict=True))
+        items.append(dataclasses.replace(item, dest_offsets=dest))
+    return items
+
+
+def _tiles(regions: Sequence[Region], local_shape: tuple[int, ...]) -> bool:
+    """Whether the regions, disjoint by construction, cover exactly the local tensor."""
+    if not regions:
+        return math.prod(local_shape) == 0
+    covered = sum(math.prod(r.sizes) for r in regions)
+    inside = all(
+        all(o + s <= n for o, s, n in zip(r.local_offsets, r.sizes, local_shape, strict=True))
+        for r in regions
+    )
+    return inside and covered == math.prod(local_shape)
+
+
+def _agree_across_mesh(value: DTensor, fits: dict[Order, bool]) -> dict[Order, bool]:
+    """Keep the layouts that fit the local shape on every rank of the DTensor's mesh."""
+    mesh = value.device_mesh
+    orders = sorted(fits)
+    device = torch.device(mesh.device_type)
+    if device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+    flags = torch.tensor([int(fits[order]) for order in orders], dtype=torch.int32, device=device)
+    for mesh_dim in range(mesh.ndim):
+        dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=mesh.get_group(mesh_dim))
+    return {order: bool(flag) for order, flag in zip(orders, flags.tolist(), strict=True)}
+
+
+def _show(placements: Sequence[object]) -> str:
+    return "[" + ", ".join(repr(p) for p in placements) + "]"
+
+
+def _show_mesh(value: DTensor) -> str:
+    mesh = value.device_mesh
+    names = mesh.mesh_dim_names
+    dims = [f"{n}={s}" for n, s in zip(names, mesh.shape, strict=True)] if names else mesh.shape
+    return f"({', '.join(str(d) for d in dims)})"
+
+
+def _show_regions(regions: Sequence[Region]) -> str:
+    return (
+        "["
+        + ", ".join(
+            "[" + ", ".join(f"{o}:{o + s}" for o, s in zip(r.offsets, r.sizes, strict=True)) + "]"
+            for r in regions[:8]
+        )
+        + (", ..." if len(regions) > 8 else "")
+        + "]"
+    )
+
+
+def _extent(regions: Sequence[Region], ndim: int) -> str:
+    if not regions:
+        return "no element"
+    return "local shape " + str(
+        [max(r.local_offsets[d] + r.sizes[d] for r in regions) for d in range(ndim)]
+    )
