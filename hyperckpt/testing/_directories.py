@@ -15,6 +15,7 @@ from hyperckpt.testing._files import (
     LOADABLE_DTYPES,
     SafetensorsFile,
     TensorSpec,
+    encode_file,
     file_of,
     tensor_names,
     tensor_specs,
@@ -27,6 +28,7 @@ __all__ = [
     "StoredPiece",
     "TorchShardedCheckpoint",
     "huggingface_checkpoints",
+    "shard_file",
     "shard_file_name",
     "torch_sharded_checkpoint",
     "torch_sharded_checkpoints",
@@ -136,6 +138,34 @@ class StoredPiece:
 def shard_file_name(rank: int) -> str:
     """The name torch's writer gives rank ``rank``'s file."""
     return f"shard-{rank + 1:05d}-model-00001-of-00001.safetensors"
+
+
+def shard_file(
+    tensors: Mapping[str, tuple[str, Sequence[int], Sequence[int]]],
+    *,
+    info: str | None = None,
+) -> bytes:
+    """A shard file by hand: tensor name to ``(dtype, shape, saved_offsets)``, zero data.
+
+    Args:
+        tensors: The pieces the file holds, in data order.
+        info: The ``DCP_SHARDING_INFO`` text to write instead of the one ``tensors`` give.
+    """
+    header: dict[str, object] = {}
+    position = 0
+    for name, (dtype, shape, _) in tensors.items():
+        bits = DTYPES[dtype].bits
+        for size in shape:
+            bits *= size
+        header[name] = {
+            "dtype": dtype,
+            "shape": list(shape),
+            "data_offsets": [position, position + bits // 8],
+        }
+        position += bits // 8
+    if info is None:
+        info = json.dumps({n: {"saved_offsets": list(at)} for n, (_, _, at) in tensors.items()})
+    return encode_file({"__metadata__": {"DCP_SHARDING_INFO": info}, **header}, b"\0" * position)
 
 
 @dataclass(frozen=True, slots=True)

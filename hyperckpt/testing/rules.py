@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
-from hyperckpt.format import DTYPES
 from hyperckpt.layout import describe, huggingface_layout, torch_sharded_layout
-from hyperckpt.testing._directories import INDEX_NAME, write_files
+from hyperckpt.testing._directories import INDEX_NAME, shard_file, write_files
 from hyperckpt.testing._files import Pairs, encode_file
 
 __all__ = ["RULES", "Rule", "provoke", "render_rules_page"]
@@ -75,24 +74,10 @@ def _tensor(header: object) -> Callable[[Path], object]:
     return _one_file(Pairs([("w", header)]), b"")
 
 
-def _shard(tensors: Mapping[str, tuple[str, list[int], list[int]]], info: object = None) -> bytes:
-    """A shard file: name -> (dtype, shape, saved_offsets); ``info`` overrides the metadata."""
-    header: dict[str, object] = {}
-    position = 0
-    for name, (dtype, shape, _) in tensors.items():
-        size = DTYPES[dtype].bits
-        for s in shape:
-            size *= s
-        header[name] = {
-            "dtype": dtype,
-            "shape": shape,
-            "data_offsets": [position, position + size // 8],
-        }
-        position += size // 8
-    if info is None:
-        info = json.dumps({n: {"saved_offsets": at} for n, (_, _, at) in tensors.items()})
-    header = {"__metadata__": {"DCP_SHARDING_INFO": info}, **header}
-    return encode_file(header, b"\0" * position)
+def _shard(
+    tensors: Mapping[str, tuple[str, list[int], list[int]]], info: str | None = None
+) -> bytes:
+    return shard_file(tensors, info=info)
 
 
 def _sharded(files: Mapping[str, bytes]) -> Callable[[Path], object]:
