@@ -7,11 +7,14 @@ sub-boxes it needs, and ``read_data`` reads exactly those bytes (see :mod:`hyper
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import os
 from typing import ClassVar
 
 import torch
+import torch.distributed as dist
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import (
     ChunkStorageMetadata,
@@ -21,9 +24,11 @@ from torch.distributed.checkpoint.metadata import (
     TensorProperties,
     TensorStorageMetadata,
 )
-from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
+from hyperckpt._dedup import BroadcastReady, BroadcastSchedule, plan_broadcast
+from hyperckpt.broadcast import BroadcastStats, load_with_broadcast
 from hyperckpt.dtypes import to_torch_dtype, to_torch_shape
 from hyperckpt.errors import CheckpointError
 from hyperckpt.io import DEFAULT_STAGING_BYTES, LoadStats, ReadEngine, StorageInfo, default_threads
@@ -32,6 +37,9 @@ from hyperckpt.layout import CheckpointLayout, huggingface_layout, torch_sharded
 __all__ = ["HuggingFaceStorageReader", "TorchShardedSafetensorsReader", "to_metadata"]
 
 logger = logging.getLogger(__name__)
+
+#: Replicated slices smaller than this share one message per (round, reader, receivers).
+BATCH_BYTES = 4 * 2**20
 
 
 class _SafetensorsReader(FileSystemReader):
@@ -45,6 +53,8 @@ class _SafetensorsReader(FileSystemReader):
         *,
         thread_count: int | None = None,
         staging_bytes: int = DEFAULT_STAGING_BYTES,
+        broadcast_replicated: bool = True,
+        process_group: dist.ProcessGroup | None = None,
     ) -> None:
         """Point the reader at a checkpoint; nothing is read until DCP asks.
 
@@ -53,7 +63,15 @@ class _SafetensorsReader(FileSystemReader):
             thread_count: Reads in flight per rank; by default the node's cores shared among
                 its ranks (``LOCAL_WORLD_SIZE``), at most 8.
             staging_bytes: Memory for staging reads that cannot land in place (dtype
-                conversion, non-contiguous or non-CPU destinations), all threads together.
+                conversion, non-contiguous or non-CPU destinations), all threads together;
+                also the most bytes of replicated slices exchanged per broadcast round.
+            broadcast_replicated: Read each slice that several ranks need (``Replicate``,
+                HSDP replicas) on one rank only and send it to the others (see
+                :mod:`hyperckpt.broadcast`).  Takes effect only when torch.distributed is
+                initialized and the group has more than one rank; ``False`` makes every
+                rank read all its slices from storage itself.
+            process_group: The group ``dcp.load`` was given (DCP does not tell the reader);
+                ``None`` means the default group.
         """
         super().__init__(path)
         if thread_count is not None and thread_count < 1:
@@ -62,14 +80,18 @@ class _SafetensorsReader(FileSystemReader):
             raise ValueError(f"staging_bytes must be positive, got {staging_bytes}")
         self.thread_count = thread_count
         self.staging_bytes = staging_bytes
+        self.broadcast_replicated = broadcast_replicated
+        self.process_group = process_group
         self.layout: CheckpointLayout | None = None
         self.last_stats: LoadStats | None = None
+        self.last_broadcast: BroadcastStats | None = None
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         """Forget the previous load; point at ``checkpoint_id`` when one is given."""
         super().reset(checkpoint_id)
         self.layout = None
         self.last_stats = None
+        self.last_broadcast = None
 
     def read_metadata(self) -> Metadata:
         """Validate the checkpoint from its headers and describe it for DCP.
@@ -93,17 +115,84 @@ class _SafetensorsReader(FileSystemReader):
                 f"{self.path}: read_data before read_metadata; let dcp.load drive the reader",
                 path=str(self.path),
             )
-        engine = ReadEngine(
-            str(self.layout.root),
-            {name: header.stamp for name, header in self.layout.files.items()},
-            threads=self.thread_count or default_threads(),
-            staging_bytes=self.staging_bytes,
-        )
-        self.last_stats = engine.run(plan.items, self.storage_data, planner)
+        layout = self.layout
+
+        def engine() -> ReadEngine:
+            return ReadEngine(
+                str(layout.root),
+                {name: header.stamp for name, header in layout.files.items()},
+                threads=self.thread_count or default_threads(),
+                staging_bytes=self.staging_bytes,
+            )
+
+        schedule = plan.storage_data
+        if isinstance(schedule, BroadcastSchedule) and schedule.rounds > 0:
+            self.last_stats, self.last_broadcast = load_with_broadcast(
+                plan,
+                planner,
+                schedule,
+                engine=engine,
+                storage=self.storage_data,
+                group=self._group(),
+            )
+        else:
+            self.last_stats = engine().run(plan.items, self.storage_data, planner)
         logger.debug("hyperckpt read: %s", self.last_stats)
         future: Future[None] = Future()
         future.set_result(None)
         return future
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        """Mark the plan as able to take part in broadcasting replicated slices."""
+        if not self.broadcast_replicated or plan.storage_data is not None:
+            return plan
+        if not (dist.is_available() and dist.is_initialized()):
+            return plan
+        group = self._group()
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        # DCP's rank is its own group's; a different group than dcp.load's disables broadcast.
+        if size < 2 or getattr(self, "rank", rank) not in (None, rank):
+            return plan
+        return dataclasses.replace(plan, storage_data=BroadcastReady(rank, size))
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        """On the coordinator: pick one reader for each slice several ranks ask for.
+
+        Broadcast happens only when every rank marked its plan, in rank order, for a group
+        of ``len(plans)`` ranks; otherwise every rank reads all its slices itself.
+        """
+        ready = all(
+            isinstance(plan.storage_data, BroadcastReady)
+            and plan.storage_data.rank == index
+            and plan.storage_data.world_size == len(plans)
+            for index, plan in enumerate(plans)
+        )
+        if not ready or len(plans) < 2:
+            return [
+                dataclasses.replace(plan, storage_data=None)
+                if isinstance(plan.storage_data, BroadcastReady)
+                else plan
+                for plan in plans
+            ]
+        schedules = plan_broadcast(
+            plans,
+            self._locate,
+            round_bytes=self.staging_bytes,
+            batch_bytes=BATCH_BYTES,
+        )
+        return [
+            dataclasses.replace(plan, storage_data=schedule)
+            for plan, schedule in zip(plans, schedules, strict=True)
+        ]
+
+    def _locate(self, item: ReadItem) -> tuple[int, str, int]:
+        info: StorageInfo = self.storage_data[item.storage_index]
+        return math.prod(item.lengths) * to_torch_dtype(info.dtype).itemsize, info.file, info.offset
+
+    def _group(self) -> dist.ProcessGroup:
+        group = self.process_group if self.process_group is not None else dist.group.WORLD
+        assert group is not None, "torch.distributed is initialized"
+        return group
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:

@@ -1,0 +1,236 @@
+"""Deduplication plan: which rank reads each replicated slice, and whom it sends it to.
+
+Runs on DCP's coordinator with every rank's ``LoadPlan``.  Read requests for the same bytes
+(same stored chunk, same sub-box) made by several ranks form a *shared slice*.  Each shared
+slice gets one reader, chosen deterministically: largest slices first, each to the holder
+that reads the fewest bytes so far, ties to the lowest rank.  Slices are then packed into
+*rounds* of bounded size; within a round, slices under ``batch_bytes`` that go from the same
+reader to the same receivers travel as one message.  No torch collectives here: the result
+is data, handed back to each rank through ``LoadPlan.storage_data``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
+
+__all__ = [
+    "ALIGN",
+    "BroadcastReady",
+    "BroadcastSchedule",
+    "ItemKey",
+    "Slot",
+    "Transfer",
+    "item_key",
+    "plan_broadcast",
+]
+
+#: Byte alignment of each slice inside a batched message (any dtype can view it in place).
+ALIGN = 64
+
+#: A read request's identity: tensor name, stored chunk offsets, sub-box offsets, lengths.
+ItemKey = tuple[str, tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+
+
+def item_key(item: ReadItem) -> ItemKey:
+    """The bytes a read item asks for, comparable across ranks."""
+    return (
+        item.storage_index.fqn,
+        tuple(item.storage_index.offset or ()),
+        tuple(item.storage_offsets),
+        tuple(item.lengths),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class BroadcastReady:
+    """What ``prepare_local_plan`` puts in a rank's plan: this rank can take part.
+
+    Attributes:
+        rank: The rank in the reader's process group.
+        world_size: The size of that group.
+    """
+
+    rank: int
+    world_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """One shared slice inside a message.
+
+    Attributes:
+        key: The read request it serves.
+        offset: First byte in the message buffer (a multiple of :data:`ALIGN`).
+        nbytes: Its length in bytes, in the stored dtype.
+    """
+
+    key: ItemKey
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """One message: bytes the source read from the checkpoint, sent to every receiver.
+
+    Attributes:
+        round: The round it belongs to, from 0.
+        source: The reading rank (a rank of the reader's process group).
+        receivers: The ranks that receive it, ascending.
+        slots: The slices it carries, in buffer order.
+        nbytes: The buffer's length in bytes, padding included.
+    """
+
+    round: int
+    source: int
+    receivers: tuple[int, ...]
+    slots: tuple[Slot, ...]
+    nbytes: int
+
+    @property
+    def batched(self) -> bool:
+        """Whether several slices share the buffer (so none can land in place)."""
+        return len(self.slots) > 1
+
+
+@dataclass(frozen=True, slots=True)
+class BroadcastSchedule:
+    """One rank's part of the plan; the ``storage_data`` of its ``LoadPlan``.
+
+    Attributes:
+        rank: The rank it is for.
+        world_size: The process group's size.
+        rounds: Rounds in the whole load (the same on every rank; each costs one small
+            all-gather of a status flag).
+        transfers: The messages this rank sends or receives, in the order every rank uses.
+    """
+
+    rank: int
+    world_size: int
+    rounds: int
+    transfers: tuple[Transfer, ...]
+
+
+def plan_broadcast(
+    plans: Sequence[LoadPlan],
+    locate: Callable[[ReadItem], tuple[int, str, int]],
+    *,
+    round_bytes: int,
+    batch_bytes: int,
+) -> list[BroadcastSchedule]:
+    """Decide, for every slice several ranks ask for, who reads it and who receives it.
+
+    Slices of at least ``batch_bytes`` are placed largest first, each on the holder with
+    the fewest bytes to read so far (ties to the lowest rank).  Smaller ones follow in file
+    order and stay with the previous slice's reader while that reader is a holder and reads
+    at most ``batch_bytes`` more than the least-loaded holder, so each reader gets runs of
+    neighbouring slices (fewer, longer reads) instead of every fourth one.
+
+    Args:
+        plans: Every rank's plan, by rank.
+        locate: A read item's size in bytes in the stored dtype, its file and the absolute
+            offset of its stored chunk there.
+        round_bytes: Most bytes of shared slices in one round (a larger slice gets a round
+            of its own); bounds the buffers any rank holds at once.
+        batch_bytes: Slices smaller than this travel batched.
+
+    Returns:
+        Each rank's schedule, by rank.
+    """
+    holders: dict[ItemKey, list[int]] = {}
+    sizes: dict[ItemKey, int] = {}
+    places: dict[ItemKey, tuple[str, int]] = {}
+    for rank, plan in enumerate(plans):
+        for item in plan.items:
+            key = item_key(item)
+            ranks = holders.setdefault(key, [])
+            if not ranks or ranks[-1] != rank:
+                ranks.append(rank)
+            size, file, offset = locate(item)
+            sizes[key], places[key] = size, (file, offset)
+    load = [0] * len(plans)
+    shared: list[ItemKey] = []
+    for key, ranks in holders.items():
+        if len(ranks) > 1 and sizes[key] > 0:
+            shared.append(key)
+        else:
+            for rank in ranks:
+                load[rank] += sizes[key]
+    large = sorted((k for k in shared if sizes[k] >= batch_bytes), key=lambda k: (-sizes[k], k))
+    small = sorted((k for k in shared if sizes[k] < batch_bytes), key=lambda k: (places[k], k))
+    shared = [*large, *small]
+    source: dict[ItemKey, int] = {}
+    previous = -1
+    for key in shared:
+        reader = min(holders[key], key=lambda r: (load[r], r))
+        if (
+            sizes[key] < batch_bytes
+            and previous in holders[key]
+            and load[previous] - load[reader] <= batch_bytes
+        ):
+            reader = previous
+        source[key] = previous = reader
+        load[reader] += sizes[key]
+    transfers = _pack(shared, source, holders, sizes, round_bytes, batch_bytes)
+    rounds = 1 + max((t.round for t in transfers), default=-1)
+    return [
+        BroadcastSchedule(
+            rank=rank,
+            world_size=len(plans),
+            rounds=rounds,
+            transfers=tuple(t for t in transfers if t.source == rank or rank in t.receivers),
+        )
+        for rank in range(len(plans))
+    ]
+
+
+def _pack(
+    shared: list[ItemKey],
+    source: dict[ItemKey, int],
+    holders: dict[ItemKey, list[int]],
+    sizes: dict[ItemKey, int],
+    round_bytes: int,
+    batch_bytes: int,
+) -> list[Transfer]:
+    """Pack shared slices into rounds: large ones alone, small ones batched per route."""
+    large = [k for k in shared if sizes[k] >= batch_bytes]
+    small = sorted(
+        (k for k in shared if sizes[k] < batch_bytes),
+        key=lambda k: (source[k], tuple(holders[k]), k),
+    )
+    done: list[Transfer] = []
+    open_batches: dict[tuple[int, tuple[int, ...]], list[Slot]] = {}
+    current = 0
+    used = 0
+
+    def close_round() -> None:
+        for (src, receivers), slots in open_batches.items():
+            end = slots[-1].offset + slots[-1].nbytes
+            done.append(Transfer(current, src, receivers, tuple(slots), end))
+        open_batches.clear()
+
+    for key in [*large, *small]:
+        size = _aligned(sizes[key])
+        if used and used + size > round_bytes:
+            close_round()
+            current += 1
+            used = 0
+        used += size
+        receivers = tuple(r for r in holders[key] if r != source[key])
+        if sizes[key] >= batch_bytes:
+            slot = Slot(key, 0, sizes[key])
+            done.append(Transfer(current, source[key], receivers, (slot,), sizes[key]))
+            continue
+        slots = open_batches.setdefault((source[key], receivers), [])
+        offset = _aligned(slots[-1].offset + slots[-1].nbytes) if slots else 0
+        slots.append(Slot(key, offset, sizes[key]))
+    close_round()
+    return done
+
+
+def _aligned(nbytes: int) -> int:
+    return math.ceil(nbytes / ALIGN) * ALIGN
