@@ -35,6 +35,7 @@ __all__ = [
 #: The reference implementation refuses headers longer than this many bytes.
 MAX_HEADER_LENGTH = 100_000_000
 _LENGTH_PREFIX = 8
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _MAX_ELEMENT_BITS = 2**64  # the reference computes elements x bits in 64-bit arithmetic
 METADATA_KEY = "__metadata__"
 # Token budget of large headers (see _check_token_budget): the smallest tensor entry,
@@ -181,7 +182,9 @@ def read_header(path: str | os.PathLike[str], *, name: str | None = None) -> Fil
     path = os.fspath(path)
     shown = path if name is None else name
     try:
-        fd = os.open(path, os.O_RDONLY)
+        # O_NONBLOCK: opening a FIFO would otherwise wait for a writer forever; it has no
+        # effect on regular files, and anything else is refused after fstat.
+        fd = os.open(path, os.O_RDONLY | _NONBLOCK)
     except FileNotFoundError as err:
         raise CheckpointNotFoundError(
             f"{shown}: no such file (or a broken symlink); a file of the checkpoint is missing",

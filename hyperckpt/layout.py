@@ -10,6 +10,7 @@ checked as a whole.  No torch import here.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -293,7 +294,13 @@ def _read_headers(root: Path, names: Iterable[str]) -> dict[str, FileHeader]:
 def _read_index(root: Path) -> dict[str, str]:
     index = root / INDEX_NAME
     try:
-        size = index.stat().st_size
+        st = index.stat()
+        size = st.st_size
+        if not stat.S_ISREG(st.st_mode):
+            raise CheckpointError(
+                f"{INDEX_NAME}: not a regular file; the index must be a JSON file",
+                path=INDEX_NAME,
+            )
         if size > _MAX_INDEX_BYTES:
             raise CheckpointError(
                 f"{INDEX_NAME}: {size} bytes is more than any real index ({_MAX_INDEX_BYTES} "
