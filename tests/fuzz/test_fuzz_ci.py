@@ -1,0 +1,75 @@
+"""The mutation fuzzer's seeded CI slice: every outcome an exact load or our typed error."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import mutation_fuzzer
+import pytest
+import torch
+from mutation_fuzzer import FuzzFailure, build_seeds, check, fuzz, mutate
+
+CI_SEED = 1
+CI_CASES = 2500
+
+
+@pytest.fixture
+def seeds(tmp_path: Path) -> dict[str, Path]:
+    return build_seeds(tmp_path)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed:UserWarning")
+def test_every_seed_checkpoint_loads_exactly_before_any_mutation(seeds: dict[str, Path]) -> None:
+    assert {kind: check(root) for kind, root in seeds.items()} == {
+        "index": "loaded",
+        "sharded": "loaded",
+        "single": "loaded",
+    }
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed:UserWarning")
+def test_the_oracle_reports_a_load_that_delivers_wrong_bytes(
+    seeds: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_load = mutation_fuzzer.dcp.load
+
+    def corrupting_load(state: dict[str, torch.Tensor], **kwargs: object) -> None:
+        real_load(state, **kwargs)
+        state["a"].view(torch.uint8).reshape(-1)[0] ^= 1
+
+    monkeypatch.setattr(mutation_fuzzer.dcp, "load", corrupting_load)
+    with pytest.raises(FuzzFailure, match=r"^a: loaded bytes differ"):
+        check(seeds["sharded"])
+
+
+def test_the_oracle_reports_an_exception_that_is_not_a_checkpoint_error(
+    seeds: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken_describe(path: object) -> None:
+        raise KeyError("data_offsets")
+
+    monkeypatch.setattr(mutation_fuzzer, "describe", broken_describe)
+    with pytest.raises(FuzzFailure, match="describe raised KeyError"):
+        check(seeds["single"])
+
+
+def test_a_case_mutates_the_same_way_every_time(tmp_path: Path) -> None:
+    roots = []
+    for name in ("first", "second"):
+        (tmp_path / name).mkdir()
+        roots.append(build_seeds(tmp_path / name)["sharded"])
+    kinds = [mutate(random.Random(f"{CI_SEED}-17"), root) for root in roots]
+    assert kinds[0] == kinds[1]
+    contents = [{p.name: p.read_bytes() for p in root.iterdir()} for root in roots]
+    assert contents[0] == contents[1]
+
+
+def test_a_seeded_slice_of_mutations_only_loads_exactly_or_raises_checkpoint_errors() -> None:
+    report = fuzz(range(CI_CASES), seed=CI_SEED)
+    shown = "\n".join(f"case {case}: {message}" for case, message in report.failures[:10])
+    assert not report.failures, f"{len(report.failures)} forbidden outcomes:\n{shown}"
+    assert report.cases == CI_CASES
+    # Both outcomes occur, so the slice exercises loads as well as refusals.
+    assert report.outcomes["loaded"] > 100
+    assert report.outcomes["refused"] > 1000
