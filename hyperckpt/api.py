@@ -17,7 +17,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from hyperckpt.dtypes import to_torch_shape
 from hyperckpt.errors import CheckpointError
 from hyperckpt.layout import TORCH_SHARDED, CheckpointLayout, Kind, describe
-from hyperckpt.planner import LoadPlanner
+from hyperckpt.planner import LoadPlanner, strided_regions
 from hyperckpt.readers import HuggingFaceStorageReader, TorchShardedSafetensorsReader
 
 __all__ = ["LoadReport", "load"]
@@ -119,6 +119,12 @@ def load(
                 path=_file_of(layout, name),
                 tensor=name,
             )
+    if planner is None:
+        planner = LoadPlanner()
+    if isinstance(planner, LoadPlanner):
+        # Checked here too, so a DTensor that cannot be matched raises our typed error
+        # rather than text inside DCP's CheckpointException.
+        strided_regions(wanted, strided_layout=planner.strided_layout)
     options: dict[str, Any] = dict(reader_options or {})
     options.setdefault("thread_count", thread_count)
     reader_type = (
@@ -128,7 +134,7 @@ def load(
     dcp_load(
         cast(dict[str, Any], wanted),
         storage_reader=reader,
-        planner=planner if planner is not None else LoadPlanner(),
+        planner=planner,
         process_group=process_group,
     )
     own = reader.last_stats.bytes_read if reader.last_stats is not None else 0

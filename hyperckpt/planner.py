@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import torch
@@ -27,7 +27,7 @@ from hyperckpt._placements import is_strided
 from hyperckpt.errors import CheckpointError
 from hyperckpt.regions import DTENSOR, FSDP, Order, Region, local_regions, orders_differ
 
-__all__ = ["LoadPlanner", "StridedLayout"]
+__all__ = ["LoadPlanner", "StridedLayout", "strided_regions"]
 
 #: How to read ``_StridedShard`` placements; see :class:`LoadPlanner`.
 StridedLayout = Literal["auto", "dtensor", "fsdp"]
@@ -87,37 +87,60 @@ class LoadPlanner(DefaultLoadPlanner):
                 its local tensor; the message names the parameter, placements and mesh.
         """
         assert self.metadata is not None, "set_up_planner runs before create_local_plan"
-        for fqn, value in self.state_dict.items():
-            if isinstance(value, DTensor) and any(isinstance(p, Partial) for p in value.placements):
-                raise CheckpointError(
-                    f"{fqn}: DTensor with placements {_show(value.placements)} on mesh "
-                    f"{_show_mesh(value)} is Partial: each rank holds a term of a sum, not part "
-                    f"of the tensor, so nothing can be loaded into it; redistribute it to "
-                    f"Replicate or Shard before loading",
-                    tensor=fqn,
-                )
+        known = self.metadata.state_dict_metadata
+        regions = strided_regions(
+            {fqn: value for fqn, value in self.state_dict.items() if fqn in known},
+            strided_layout=self.strided_layout,
+        )
         plan = super().create_local_plan()
-        strided = {
-            fqn: value
-            for fqn, value in sorted(self.state_dict.items())
-            if isinstance(value, DTensor)
-            and any(is_strided(p) for p in value.placements)
-            and fqn in self.metadata.state_dict_metadata
-            and value.device_mesh.get_coordinate() is not None
-        }
-        if not strided:
+        if not regions:
             return plan
-        items = [item for item in plan.items if item.dest_index.fqn not in strided]
-        for fqn, value in strided.items():
-            md = self.metadata.state_dict_metadata[fqn]
+        items = [item for item in plan.items if item.dest_index.fqn not in regions]
+        for fqn, held in regions.items():
+            md = known[fqn]
             if not isinstance(md, TensorStorageMetadata):
                 raise CheckpointError(
                     f"{fqn}: the checkpoint holds a non-tensor value here, the state dict a "
                     f"DTensor",
                     tensor=fqn,
                 )
-            items.extend(_read_items(fqn, md, _regions_for(fqn, value, self.strided_layout)))
+            items.extend(_read_items(fqn, md, held))
         return dataclasses.replace(plan, items=items)
+
+
+def strided_regions(
+    state_dict: Mapping[str, object], *, strided_layout: StridedLayout = "auto"
+) -> dict[str, tuple[Region, ...]]:
+    """This rank's regions of every ``_StridedShard`` DTensor in ``state_dict``, checked.
+
+    Every rank of each DTensor's mesh must call this with the same keys (tensors whose
+    layout is decided by the mesh's shapes take one all-reduce each, in key order).
+
+    Returns:
+        Regions by key, in key order; DTensors without ``_StridedShard`` and DTensors
+        whose mesh excludes this rank are left out.
+
+    Raises:
+        CheckpointError: A DTensor is ``Partial``, or its regions do not tile its local
+            tensor; the message names the key, placements and mesh.
+    """
+    regions = {}
+    for fqn, value in sorted(state_dict.items()):
+        if not isinstance(value, DTensor):
+            continue
+        if any(isinstance(p, Partial) for p in value.placements):
+            raise CheckpointError(
+                f"{fqn}: DTensor with placements {_show(value.placements)} on mesh "
+                f"{_show_mesh(value)} is Partial: each rank holds a term of a sum, not part "
+                f"of the tensor, so nothing can be loaded into it; redistribute it to "
+                f"Replicate or Shard before loading",
+                tensor=fqn,
+            )
+        if any(is_strided(p) for p in value.placements) and (
+            value.device_mesh.get_coordinate() is not None
+        ):
+            regions[fqn] = _regions_for(fqn, value, strided_layout)
+    return regions
 
 
 def _regions_for(fqn: str, value: DTensor, layout: StridedLayout) -> tuple[Region, ...]:

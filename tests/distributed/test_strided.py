@@ -34,7 +34,14 @@ from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import SavePlan
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import (
+    DTensor,
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    distribute_tensor,
+)
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     RowwiseParallel,
@@ -276,7 +283,27 @@ def _strided_ranks(rank: int, world_size: int, root: str, cases: list[Case]) -> 
                 refusals[case.name] = "accepted"
             except CheckpointError as err:
                 refusals[case.name] = str(err)
+    # 5. Typed refusals before any I/O: a local tensor its placements do not describe, Partial.
+    errors: dict[str, str] = {}
+    name, shape = "design.rows16.mesh4.ss2", torch.Size([16, 2])
+    wrong_rows = DTensor.from_local(
+        torch.zeros(3, 2),
+        meshes["4"],
+        [_StridedShard(0, split_factor=2)],
+        shape=shape,
+        stride=(2, 1),
+    )
+    partial = DTensor.from_local(
+        torch.zeros(shape), meshes["4"], [Partial()], shape=shape, stride=(2, 1)
+    )
+    for label, value in {"wrong rows": wrong_rows, "partial": partial}.items():
+        try:
+            hyperckpt.load({name: value}, hf)
+            errors[label] = "loaded"
+        except CheckpointError as err:
+            errors[label] = f"{err.tensor}: {err}"
     return {
+        "errors": errors,
         "failures": failures,
         "rows": rows,
         "stock_wrong": stock_wrong,
@@ -320,6 +347,20 @@ def test_design_layouts_hold_the_rows_of_the_design_notes(
     rows16 = [int(v - 1) // 2 for v in strided_results[0]["rows"]["design.rows16.mesh4.ss2"]]  # type: ignore[index]
     assert rows8 == [0, 1, 4, 5]
     assert rows16 == [0, 1, 8, 9]
+
+
+@pytest.mark.distributed
+def test_unmatched_local_rows_and_partial_dtensors_are_refused_before_any_read(
+    strided_results: list[dict[str, object]],
+) -> None:
+    for result in strided_results:
+        errors: dict[str, str] = result["errors"]  # type: ignore[assignment]
+        wrong, partial = errors["wrong rows"], errors["partial"]
+        assert wrong.startswith("design.rows16.mesh4.ss2: design.rows16.mesh4.ss2: "), wrong
+        for part in ("_StridedShard(dim=0, sf=2)", "mesh (4)", "to_local() has shape [3, 2]"):
+            assert part in wrong, wrong
+        assert "Partial" in partial, partial
+        assert "mesh (4)" in partial, partial
 
 
 @pytest.mark.distributed
