@@ -362,14 +362,24 @@ def _check_plain_name(file: str, tensor: str) -> None:
         and "\\" not in file
         and "\x00" not in file
         and not os.path.isabs(file)
+        and _is_unicode(file)
     )
     if not plain:
         raise CheckpointError(
             f"{INDEX_NAME}: weight_map[{tensor!r}] names {file!r}, which is not a plain file name "
-            f"inside the checkpoint directory (no separators, '..' or absolute paths)",
+            f"inside the checkpoint directory (no separators, '..', absolute paths, NUL or "
+            f"lone surrogate escapes)",
             path=INDEX_NAME,
             tensor=tensor,
         )
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _check_index_agreement(weight_map: Mapping[str, str], owner: Mapping[str, str]) -> None:
