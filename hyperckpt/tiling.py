@@ -46,7 +46,8 @@ def tile(name: str, pieces: Sequence[P]) -> tuple[tuple[int, ...], tuple[P, ...]
 
     The shape is the extent of the pieces that hold elements.  Pieces without elements
     carry no data: they are dropped (and may sit anywhere), unless every piece is empty:
-    then the shape is the extent of them all and the first one is kept.
+    then the shape is the extent of them all, which must hold no element either, and the
+    first piece is kept.
 
     Args:
         name: The tensor, for messages.
@@ -66,6 +67,14 @@ def tile(name: str, pieces: Sequence[P]) -> tuple[tuple[int, ...], tuple[P, ...]
         extent = tuple(
             max(p.offsets[d] + p.shape[d] for p in pieces) for d in range(len(first.shape))
         )
+        if math.prod(extent):
+            raise CheckpointError(
+                f"tensor {name!r}: its pieces in {_files(pieces)} hold no elements, yet together "
+                f"they span shape {list(extent)}; a shard file is probably missing."
+                f"{_STRIDED_HINT}",
+                path=first.file,
+                tensor=name,
+            )
         return extent, (first,)
     ndim = len(full[0].shape)
     shape = tuple(max(p.offsets[d] + p.shape[d] for p in full) for d in range(ndim))
