@@ -288,3 +288,8 @@ def test_an_overlap_and_a_gap_of_equal_volume_in_two_dimensions_are_refused(tmp_
         {"w": ("U8", [1, 1], [0, 2])},
     )
     refused(root, r"overlap in \[1:2, 1:2\]", path=R1, tensor="w")
+
+
+def test_empty_pieces_whose_extent_holds_elements_are_refused(tmp_path: Path) -> None:
+    root = shards(tmp_path, {"w": ("F32", [0, 2], [0, 0])}, {"w": ("F32", [3, 0], [0, 0])})
+    refused(root, "hold no elements, yet together they span shape", path=R0, tensor="w")

@@ -102,3 +102,13 @@ def test_messages_warn_about_strided_shards() -> None:
 def test_a_thousand_row_pieces_tile_quickly() -> None:
     pieces = [piece(f"f{i}", (2 * i, 0), (2, 8)) for i in range(1000)]
     assert tile("w", pieces)[0] == (2000, 8)
+
+
+def test_empty_pieces_spanning_a_shape_with_elements_are_a_gap() -> None:
+    # [0, 2] and [3, 0] together span [3, 2]: six elements that no piece holds.
+    with pytest.raises(
+        CheckpointError, match=r"hold no elements, yet together they span shape \[3, 2\]"
+    ) as info:
+        tile("w", [piece("a", (0, 0), (0, 2)), piece("b", (0, 0), (3, 0))])
+    assert "a, b" in str(info.value)
+    assert "a shard file is probably missing" in str(info.value)
