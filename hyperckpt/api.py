@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import warnings
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
@@ -131,12 +132,15 @@ def load(
         TorchShardedSafetensorsReader if layout.kind == TORCH_SHARDED else HuggingFaceStorageReader
     )
     reader = reader_type(path, **options)
-    dcp_load(
-        cast(dict[str, Any], wanted),
-        storage_reader=reader,
-        planner=planner,
-        process_group=process_group,
-    )
+    with warnings.catch_warnings():
+        # One process without a process group is a supported use here, not a mistake.
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp_load(
+            cast(dict[str, Any], wanted),
+            storage_reader=reader,
+            planner=planner,
+            process_group=process_group,
+        )
     own = reader.last_stats.bytes_read if reader.last_stats is not None else 0
     return LoadReport(
         kind=layout.kind,
