@@ -322,7 +322,19 @@ def strict_json(text: str) -> object:
         ValueError: The text is not JSON (``json.JSONDecodeError``) or holds an integer
             too long to convert.
     """
-    return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_refuse_constant)
+    return json.loads(
+        text,
+        object_pairs_hook=_no_duplicates,
+        parse_constant=_refuse_constant,
+        parse_int=_parse_int,
+    )
+
+
+def _parse_int(token: str) -> int | float:
+    # "-0" is the integer 0 to Python but a negative number to the reference implementation,
+    # which refuses it where a size belongs; keep the sign (as -0.0, never a valid size).
+    value = int(token)
+    return -0.0 if value == 0 and token.startswith("-") else value
 
 
 def _check_token_budget(raw: bytes, name: str) -> None:
