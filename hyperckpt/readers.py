@@ -33,6 +33,7 @@ from hyperckpt.dtypes import to_torch_dtype, to_torch_shape
 from hyperckpt.errors import CheckpointError
 from hyperckpt.io import DEFAULT_STAGING_BYTES, LoadStats, ReadEngine, StorageInfo, default_threads
 from hyperckpt.layout import CheckpointLayout, huggingface_layout, torch_sharded_layout
+from hyperckpt.progress import log_load_summary
 
 __all__ = ["HuggingFaceStorageReader", "TorchShardedSafetensorsReader", "to_metadata"]
 
@@ -137,7 +138,7 @@ class _SafetensorsReader(FileSystemReader):
             )
         else:
             self.last_stats = engine().run(plan.items, self.storage_data, planner)
-        logger.debug("hyperckpt read: %s", self.last_stats)
+        log_load_summary(self.last_stats)
         future: Future[None] = Future()
         future.set_result(None)
         return future

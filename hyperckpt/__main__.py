@@ -1,0 +1,10 @@
+"""``python -m hyperckpt``: the same as the ``hyperckpt`` command."""
+
+from __future__ import annotations
+
+import sys
+
+from hyperckpt.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,273 @@
+"""The ``hyperckpt`` command: exit codes, ``--json`` shapes, error text, plan arithmetic."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hyperckpt import describe
+from hyperckpt._sample import write_sample
+from hyperckpt.cli import main
+from hyperckpt.io import LoadStats
+from hyperckpt.progress import StatusLine, format_bytes, log_load_summary
+from hyperckpt.testing import write_files
+from hyperckpt.testing._directories import shard_file, shard_file_name
+
+INDEX = "model.safetensors.index.json"
+FIRST = "model-00001-of-00002.safetensors"
+SECOND = "model-00002-of-00002.safetensors"
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_sample(tmp_path_factory.mktemp("sample") / "tiny", "tiny")
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    status = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def copy_sample(sample: Path, target: Path) -> Path:
+    target.mkdir()
+    for file in sample.iterdir():
+        (target / file.name).write_bytes(file.read_bytes())
+    return target
+
+
+def test_inspect_json_describes_kind_files_dtypes_and_largest_tensors(
+    capsys: pytest.CaptureFixture[str], sample: Path
+) -> None:
+    status, out, _ = run(capsys, "inspect", sample, "--json", "--largest", "2")
+    report = json.loads(out)
+    layout = describe(sample)
+    assert status == 0
+    assert report["kind"] == "huggingface"
+    assert report["tensor_count"] == len(layout.tensors)
+    assert report["total_bytes"] == layout.nbytes
+    assert set(report["dtypes"]) == {"BF16", "F32"}
+    assert sum(d["tensors"] for d in report["dtypes"].values()) == len(layout.tensors)
+    assert [f["name"] for f in report["files"]] == [FIRST, SECOND]
+    assert all(f["metadata"] == {"format": "pt"} for f in report["files"])
+    assert len(report["largest"]) == 2
+    assert report["largest"][0]["bytes"] >= report["largest"][1]["bytes"]
+    assert set(report["largest"][0]) == {"name", "dtype", "shape", "bytes", "pieces"}
+
+
+def test_inspect_text_names_the_largest_tensor(
+    capsys: pytest.CaptureFixture[str], sample: Path
+) -> None:
+    status, out, _ = run(capsys, "inspect", sample)
+    assert status == 0
+    assert "huggingface checkpoint" in out
+    assert "lm_head.weight" in out
+
+
+def test_validate_accepts_a_valid_checkpoint_with_exit_0(
+    capsys: pytest.CaptureFixture[str], sample: Path
+) -> None:
+    status, out, _ = run(capsys, "validate", sample)
+    assert status == 0
+    assert "valid huggingface checkpoint" in out
+    status, out, _ = run(capsys, "validate", sample, "--json")
+    report = json.loads(out)
+    assert status == 0
+    assert report["valid"] is True
+    assert report["problems"] == []
+    assert report["tensors"] == len(describe(sample).tensors)
+
+
+def test_a_missing_path_is_a_one_line_error_with_exit_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    for command in ("validate", "inspect"):
+        status, out, err = run(capsys, command, tmp_path / "nowhere")
+        assert status == 2
+        assert out == ""
+        assert err.count("\n") == 1
+        assert "nowhere" in err
+        assert "Traceback" not in err
+
+
+def test_debug_shows_the_traceback_instead(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        main(["validate", str(tmp_path / "nowhere"), "--debug"])
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], sample: Path) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", str(sample), "--world", "4", "--layout", "zigzag"])
+    assert exit_info.value.code == 2
+    status, _, err = run(capsys, "plan", sample, "--world", "3", "--layout", "fsdp-tp")
+    assert status == 2
+    assert "divisible" in err
+    status, _, err = run(capsys, "plan", sample, "--world", "0", "--layout", "fsdp")
+    assert status == 2
+
+
+def test_every_command_has_help(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--help"], *([c, "--help"] for c in ("inspect", "validate", "plan", "demo"))):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 0
+        assert "usage: hyperckpt" in capsys.readouterr().out
+
+
+def test_validate_reports_every_problem_each_naming_its_file_and_tensor(
+    capsys: pytest.CaptureFixture[str], sample: Path, tmp_path: Path
+) -> None:
+    broken = copy_sample(sample, tmp_path / "broken")
+    index = json.loads((broken / INDEX).read_text())
+    del index["weight_map"]["model.embed_tokens.weight"]  # FIRST holds it: index omits it
+    index["weight_map"]["extra.weight"] = "model-00003-of-00002.safetensors"  # missing file
+    (broken / INDEX).write_text(json.dumps(index))
+    with open(broken / SECOND, "ab") as f:
+        f.write(b"\0" * 8)  # trailing bytes after the data
+    status, out, _ = run(capsys, "validate", broken, "--json")
+    report = json.loads(out)
+    assert status == 1
+    assert report["valid"] is False
+    problems = {(p["file"], p["tensor"]): p for p in report["problems"]}
+    assert len(report["problems"]) == 3, report["problems"]
+    omitted = problems[(FIRST, "model.embed_tokens.weight")]
+    assert "omits" in omitted["message"]
+    missing = problems[("model-00003-of-00002.safetensors", "extra.weight")]
+    assert missing["type"] == "CheckpointNotFoundError"
+    assert "missing" in missing["message"]
+    trailing = next(p for p in report["problems"] if p["file"] == SECOND)
+    assert SECOND in trailing["message"]
+    status, out, _ = run(capsys, "validate", broken)
+    assert status == 1
+    assert "3 problems" in out
+    assert out.count("\n  ") == 3
+
+
+def test_validate_reports_several_bad_tensors_of_a_sharded_directory(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    files = {
+        # rank 0 and rank 1 both hold rows 0-1 of "a"; "b" lacks rows 2-3.
+        shard_file_name(0): shard_file({"a": ("F32", [2, 3], [0, 0]), "b": ("F32", [2], [0])}),
+        shard_file_name(1): shard_file({"a": ("F32", [2, 3], [0, 0]), "b": ("F32", [2], [4])}),
+    }
+    root = write_files(tmp_path / "sharded", files)
+    status, out, _ = run(capsys, "validate", root, "--json")
+    report = json.loads(out)
+    assert status == 1
+    assert report["kind"] == "torch-sharded"
+    assert sorted(p["tensor"] for p in report["problems"]) == ["a", "b"]
+    assert all(shard_file_name(1) in p["message"] for p in report["problems"])
+
+
+def test_inspect_of_an_invalid_checkpoint_is_one_line_naming_file_and_tensor(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    files = {
+        shard_file_name(0): shard_file({"w": ("BF16", [2, 2], [0, 0])}),
+        shard_file_name(2): shard_file({"w": ("BF16", [2, 2], [4, 0])}),
+    }
+    root = write_files(tmp_path / "gap", files)
+    status, out, err = run(capsys, "inspect", root)
+    assert status == 1
+    assert out == ""
+    assert err.count("\n") == 1
+    assert "'w'" in err
+    assert "shard-0000" in err
+
+
+def test_plan_fsdp_reads_every_byte_exactly_once(
+    capsys: pytest.CaptureFixture[str], sample: Path
+) -> None:
+    status, out, _ = run(capsys, "plan", sample, "--world", "4", "--layout", "fsdp", "--json")
+    report = json.loads(out)
+    assert status == 0
+    assert report["mesh"] == [4]
+    assert len(report["ranks"]) == 4
+    assert sum(r["bytes_read"] for r in report["ranks"]) == describe(sample).nbytes
+    assert all(r["bytes_received"] == 0 for r in report["ranks"])
+    assert all(r["files"] == [FIRST, SECOND] for r in report["ranks"])
+
+
+def test_plan_replicate_without_broadcast_reads_everything_on_every_rank(
+    capsys: pytest.CaptureFixture[str], sample: Path
+) -> None:
+    total = describe(sample).nbytes
+    argv = ("plan", sample, "--world", "3", "--layout", "replicate", "--json")
+    _, out, _ = run(capsys, *argv, "--no-broadcast")
+    assert [r["bytes_read"] for r in json.loads(out)["ranks"]] == [total] * 3
+    _, out, _ = run(capsys, *argv)
+    ranks = json.loads(out)["ranks"]
+    assert sum(r["bytes_read"] for r in ranks) == total
+    assert all(r["bytes_read"] + r["bytes_received"] == total for r in ranks)
+
+
+def test_plan_hsdp_and_fsdp_tp_cover_each_replica_once(
+    capsys: pytest.CaptureFixture[str], sample: Path
+) -> None:
+    total = describe(sample).nbytes
+    _, out, _ = run(capsys, "plan", sample, "--world", "4", "--layout", "hsdp", "--json")
+    ranks = json.loads(out)["ranks"]
+    assert [r["coordinate"] for r in ranks] == [[0, 0], [0, 1], [1, 0], [1, 1]]
+    assert sum(r["bytes_needed"] for r in ranks) == 2 * total
+    assert sum(r["bytes_read"] for r in ranks) == total
+    _, out, _ = run(capsys, "plan", sample, "--world", "4", "--layout", "fsdp-tp", "--json")
+    ranks = json.loads(out)["ranks"]
+    # Only the replicated norms are needed twice (once per TP rank of a DP group).
+    assert sum(r["bytes_read"] for r in ranks) == total
+    status, out, _ = run(capsys, "plan", sample, "--world", "4", "--layout", "tp")
+    assert status == 0
+    assert "mesh 4" in out
+    assert out.count("\n") == 4 + 3
+
+
+def test_status_line_is_silent_when_not_a_terminal(tmp_path: Path) -> None:
+    with open(tmp_path / "log", "w+") as stream:
+        line = StatusLine(stream)
+        line("working")
+        line.close()
+        stream.seek(0)
+        assert stream.read() == ""
+        forced = StatusLine(stream, enabled=True)
+        forced("working")
+        forced.close()
+        stream.seek(0)
+        assert "working" in stream.read()
+
+
+def test_a_long_load_logs_one_summary_line(caplog: pytest.LogCaptureFixture) -> None:
+    stats = LoadStats(tensors=3, bytes_read=2_000_000_000, files=2, seconds=2.0)
+    with caplog.at_level(logging.INFO, logger="hyperckpt"):
+        log_load_summary(stats)
+        log_load_summary(LoadStats(tensors=1, bytes_read=10, seconds=0.01))
+    assert len(caplog.records) == 1
+    assert "3 tensors" in caplog.text
+    assert "2.00 GB" in caplog.text
+    assert "1.00 GB/s" in caplog.text
+    assert format_bytes(512) == "512 B"
+
+
+@pytest.mark.distributed
+def test_demo_loads_every_layout_bit_exact_as_a_subprocess(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run(
+        [sys.executable, "-m", "hyperckpt", "demo", "--size", "tiny", "--dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    for title in ("FSDP ", "TP ", "FSDP\u00d7TP ", "HSDP "):
+        assert title in done.stdout
+    assert done.stdout.count("bit-exact") == 8
+    assert "all verified" in done.stdout
+    assert (tmp_path / "huggingface" / INDEX).is_file()
+    assert describe(tmp_path / "sharded").kind == "torch-sharded"
