@@ -35,6 +35,8 @@ class LoadReport:
         tensors: State-dict entries loaded (the same on every rank).
         bytes_read: Bytes each rank read from the checkpoint's files, by rank of the
             process group (one entry when not distributed).
+        bytes_received: Bytes each rank received from other ranks instead of reading them
+            (replicated slices), by rank.
         seconds: Wall time of the whole load on this rank, validation included, in seconds.
         skipped: State-dict keys the checkpoint lacks that were left untouched because
             ``allow_missing`` allowed it (tied weights such as ``lm_head.weight``), sorted.
@@ -44,6 +46,7 @@ class LoadReport:
     kind: Kind
     tensors: int
     bytes_read: tuple[int, ...]
+    bytes_received: tuple[int, ...]
     seconds: float
     skipped: tuple[str, ...]
     unused: tuple[str, ...]
@@ -128,6 +131,8 @@ def load(
         strided_regions(wanted, strided_layout=planner.strided_layout)
     options: dict[str, Any] = dict(reader_options or {})
     options.setdefault("thread_count", thread_count)
+    if process_group is not None:
+        options.setdefault("process_group", process_group)
     reader_type = (
         TorchShardedSafetensorsReader if layout.kind == TORCH_SHARDED else HuggingFaceStorageReader
     )
@@ -141,23 +146,25 @@ def load(
             planner=planner,
             process_group=process_group,
         )
-    own = reader.last_stats.bytes_read if reader.last_stats is not None else 0
+    stats = reader.last_stats
+    counts = _gather((stats.bytes_read, stats.bytes_received) if stats else (0, 0), process_group)
     return LoadReport(
         kind=layout.kind,
         tensors=len(wanted),
-        bytes_read=_gather(own, process_group),
+        bytes_read=tuple(read for read, _ in counts),
+        bytes_received=tuple(received for _, received in counts),
         seconds=time.perf_counter() - begin,
         skipped=tuple(skipped),
         unused=tuple(sorted(set(tensor_shapes) - set(state_dict))),
     )
 
 
-def _gather(value: int, group: dist.ProcessGroup | None) -> tuple[int, ...]:
+def _gather(value: tuple[int, int], group: dist.ProcessGroup | None) -> list[tuple[int, int]]:
     if not (dist.is_available() and dist.is_initialized()):
-        return (value,)
+        return [value]
     values: list[object] = [None] * dist.get_world_size(group)
     dist.all_gather_object(values, value, group=group)
-    return tuple(cast(int, v) for v in values)
+    return [cast(tuple[int, int], v) for v in values]
 
 
 def _file_of(layout: CheckpointLayout, name: str) -> str:

@@ -37,6 +37,7 @@ def test_load_reads_a_hugging_face_checkpoint_bit_exact_and_reports_it(tmp_path:
     assert report.kind == "huggingface"
     assert report.tensors == 3
     assert report.bytes_read == (sum(t.numel() * t.element_size() for t in model.values()),)
+    assert report.bytes_received == (0,)
     assert report.skipped == ()
     assert report.unused == ()
     assert report.seconds >= 0
