@@ -12,7 +12,7 @@ from safetensors import safe_open
 
 from hyperckpt import CheckpointError
 from hyperckpt.format import FileHeader, read_header
-from hyperckpt.testing import safetensors_files
+from hyperckpt.testing import encode_file, safetensors_files
 
 NAME = "model.safetensors"
 
@@ -74,6 +74,7 @@ def ours(path: Path) -> FileHeader | None:
 @settings(max_examples=max(300, settings.default.max_examples))
 @given(byte_mutations())
 @example(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
+@example(encode_file('{"w":{"dtype":"U8","shape":[-0],"data_offsets":[0,0]}}'))
 @example(b"\x04\x00\x00\x00\x00\x00\x00\x00 {} ")
 @example(b'\x13\x00\x00\x00\x00\x00\x00\x00{"__metadata__":{}}')
 @example(b'\x15\x00\x00\x00\x00\x00\x00\x00{"__metadata__":null}')

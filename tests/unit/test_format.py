@@ -249,6 +249,23 @@ def test_shape_and_offsets_hold_only_non_negative_integers(
 
 
 @pytest.mark.parametrize("field", ["shape", "data_offsets"])
+def test_negative_zero_in_shape_or_offsets_is_refused_like_safetensors(
+    tmp_path: Path, field: str
+) -> None:
+    text = '{"w": {"dtype": "U8", "shape": [0], "data_offsets": [0, 0]}}'
+    text = text.replace(
+        '"shape": [0]' if field == "shape" else "[0, 0]",
+        '"shape": [-0]' if field == "shape" else "[0, -0]",
+    )
+    refused(
+        tmp_path,
+        encode_file(text),
+        f"{field} must hold non-negative 64-bit integers, got -0",
+        tensor="w",
+    )
+
+
+@pytest.mark.parametrize("field", ["shape", "data_offsets"])
 @pytest.mark.parametrize("bad", [2, "2", None, {"0": 2}])
 def test_shape_and_offsets_must_be_lists(tmp_path: Path, field: str, bad: object) -> None:
     data = encode_file({"w": {**U8x2, field: bad}}, b"\0\0")
