@@ -1,41 +1,66 @@
-"""Byte-range reads of requested sub-boxes into their destinations.
+"""Reading the requested sub-boxes of a plan into their destinations, fast and bounded.
 
-Each DCP ``ReadItem`` asks for a sub-box of one stored chunk.  Its bytes are a set of runs
-in the file (one run when only the first dimension is narrowed); they are read with
-positional reads, straight into the destination when it is a contiguous CPU tensor of the
-file's dtype, otherwise through a bounded staging buffer and one copy (dtype conversion,
-non-contiguous views, other devices).  Reads run on a thread pool; the first error stops
-the load and reaches the caller unchanged.
+Each DCP ``ReadItem`` asks for a sub-box of one stored chunk.  The engine groups the
+requests per file, sorts them by offset and turns them into jobs that a thread pool runs,
+several in flight within one file and across files:
+
+* a sub-box that is one byte range (only the first dimension narrowed) bound for a
+  contiguous CPU tensor of the stored dtype is read with ``preadv`` straight into the
+  destination; neighbouring ranges are coalesced into one call (a gap of at most
+  :data:`MAX_GAP` bytes is over-read into a scratch buffer) and ranges above
+  :data:`CHUNK_BYTES` are split so that threads share them;
+* any other one-range sub-box (dtype conversion, non-contiguous view) is read into a
+  per-thread staging buffer and copied once;
+* a strided sub-box (a column slice) is copied from a read-only memory map of the file,
+  which touches only the pages holding its bytes;
+* CUDA destinations receive their bytes through a small ring of pinned buffers, copied with
+  ``non_blocking=True`` while the next read proceeds, and synchronised before any commit.
+
+The staging memory of one load stays within ``staging_bytes``.  The first error stops the
+load and reaches the caller unchanged.
 """
 
 from __future__ import annotations
 
-import ctypes
-import itertools
 import logging
-import math
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlanner, ReadItem
 
+from hyperckpt import _sysio
+from hyperckpt._box import Box, narrow
+from hyperckpt._staging import PinnedRing, Staging
 from hyperckpt.dtypes import to_torch_dtype
 from hyperckpt.errors import CheckpointChangedError, CheckpointError
 from hyperckpt.format import FileStamp
 
-__all__ = ["DEFAULT_STAGING_BYTES", "LoadStats", "ReadEngine", "StorageInfo", "default_threads"]
+__all__ = [
+    "CHUNK_BYTES",
+    "DEFAULT_STAGING_BYTES",
+    "MAX_GAP",
+    "LoadStats",
+    "ReadEngine",
+    "StorageInfo",
+    "default_threads",
+]
 
 logger = logging.getLogger(__name__)
 
 #: Extra memory a load may use for staging, all threads together, unless told otherwise.
 DEFAULT_STAGING_BYTES = 256 * 2**20
-# Below this many bytes a run is cheaper to read as part of whole rows than on its own.
-_SMALL_RUN_BYTES = 16 * 2**10
+#: Largest single read; longer ranges are split so that several threads share them.
+CHUNK_BYTES = 8 * 2**20
+#: Bytes between two ranges that are read and dropped rather than paying a second call.
+MAX_GAP = 16 * 2**10
+_MAX_SLOT = 16 * 2**20
+
+_Job = Callable[[], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,11 +88,14 @@ class LoadStats:
 
     Attributes:
         tensors: Read items completed (sub-boxes delivered to destinations).
-        bytes_read: Bytes read from checkpoint files.
+        bytes_read: Bytes read from checkpoint files: by positional reads (over-read gaps
+            included) plus bytes copied from memory maps.
         reads: Positional read calls issued.
         files: Files opened.
         seconds: Wall time of the reads, in seconds.
         bytes_received: Bytes received from other ranks instead of read (replicated slices).
+        bytes_mapped: The part of ``bytes_read`` copied from memory maps (strided sub-boxes).
+        staging_peak: Most staging memory held at once, in bytes.
     """
 
     tensors: int = 0
@@ -76,6 +104,8 @@ class LoadStats:
     files: int = 0
     seconds: float = 0.0
     bytes_received: int = 0
+    bytes_mapped: int = 0
+    staging_peak: int = 0
 
 
 def default_threads() -> int:
@@ -87,6 +117,18 @@ def default_threads() -> int:
     return max(1, min(8, cores // max(1, local_ranks)))
 
 
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """One read item with its destination, ready to be planned."""
+
+    name: str
+    info: StorageInfo
+    box: Box
+    dtype: torch.dtype
+    target: torch.Tensor
+    fqn: str
+
+
 class ReadEngine:
     """Reads the sub-boxes of a plan from one checkpoint directory.
 
@@ -95,7 +137,7 @@ class ReadEngine:
         stamps: Each file's identity when its header was read; a file that differs when
             opened or after its reads is refused.
         threads: Reads in flight at once.
-        staging_bytes: Staging memory for all threads together.
+        staging_bytes: Staging memory for the whole load, all threads together.
     """
 
     def __init__(
@@ -109,11 +151,17 @@ class ReadEngine:
         self._root = root
         self._stamps = stamps
         self._threads = max(1, threads)
-        self._staging_bytes = max(1, staging_bytes // self._threads)
-        self._planner_lock = threading.Lock()
+        self._staging = Staging(max(1, staging_bytes))
         self._count_lock = threading.Lock()
         self._local = threading.local()
+        self._streams: list[torch.cuda.Stream] = []
+        self._fds: dict[str, int] = {}
+        self._maps: dict[str, _sysio.Mapping] = {}
+        self._ring: PinnedRing | None = None
+        self._scratch: torch.Tensor | None = None
+        self._host_block = 0
         self._bytes = 0
+        self._mapped = 0
         self._reads = 0
 
     def run(
@@ -122,66 +170,335 @@ class ReadEngine:
         storage: Mapping[object, StorageInfo],
         planner: LoadPlanner,
     ) -> LoadStats:
-        """Read every item into the destination ``planner.resolve_tensor`` gives.
+        """Read every item into the destination ``planner.resolve_tensor`` gives, then commit.
 
-        Every resolved tensor is committed.  The first error cancels what has not started,
-        waits for what has, and is raised unchanged.
+        Destinations are resolved up front (in plan order), filled by the thread pool, and
+        committed in plan order once every byte has arrived (device copies included).
+
+        Raises:
+            CheckpointError: A request does not fit its checkpoint, a read failed, or a
+                value cannot be converted to its destination's dtype.
+            CheckpointChangedError: A file changed since its header was read.
         """
         begin = time.perf_counter()
-        by_file: dict[str, list[tuple[ReadItem, StorageInfo]]] = {}
+        requests: list[_Request] = []
+        resolved: list[tuple[ReadItem, torch.Tensor]] = []
         for item in items:
-            if item.type != LoadItemType.TENSOR:
-                raise CheckpointError(
-                    f"{item.dest_index.fqn}: asked to load a non-tensor value, but a safetensors "
-                    f"checkpoint holds tensors only",
-                    tensor=item.dest_index.fqn,
-                )
-            info = storage[item.storage_index]
-            by_file.setdefault(info.file, []).append((item, info))
-        fds: dict[str, int] = {}
+            request = self._resolve(item, storage[item.storage_index], planner)
+            resolved.append((item, request.target))
+            requests.append(request)
         try:
-            for name in sorted(by_file):
-                fds[name] = self._open(name)
-            work = [
-                (name, item, info)
-                for name in sorted(by_file)
-                for item, info in sorted(by_file[name], key=lambda pair: pair[1].offset)
-            ]
-            self._run_all(work, fds, planner)
-            for name, fd in fds.items():
+            for name in sorted({request.name for request in requests}):
+                self._fds[name] = self._open(name)
+            self._execute(self._plan(requests))
+            for stream in self._streams:
+                stream.synchronize()
+            for name, fd in self._fds.items():
                 self._check_stamp(name, fd, "while it was being read")
         finally:
-            for fd in fds.values():
+            self._ring = self._scratch = None
+            for mapping in self._maps.values():
+                mapping.close()
+            for fd in self._fds.values():
                 os.close(fd)
+        for item, target in resolved:
+            planner.commit_tensor(item, target)
         return LoadStats(
             tensors=len(items),
-            bytes_read=self._bytes,
+            bytes_read=self._bytes + self._mapped,
             reads=self._reads,
-            files=len(fds),
+            files=len(self._fds),
             seconds=time.perf_counter() - begin,
+            bytes_mapped=self._mapped,
+            staging_peak=self._staging.peak,
         )
 
-    def _run_all(
+    def _resolve(self, item: ReadItem, info: StorageInfo, planner: LoadPlanner) -> _Request:
+        fqn = item.dest_index.fqn
+        if item.type != LoadItemType.TENSOR:
+            raise CheckpointError(
+                f"{fqn}: asked to load a non-tensor value, but a safetensors checkpoint holds "
+                f"tensors only",
+                tensor=fqn,
+            )
+        lengths = tuple(item.lengths)
+        target = planner.resolve_tensor(item).detach()
+        if tuple(target.shape) != lengths:
+            raise CheckpointError(
+                f"{fqn}: the planner's destination has shape {list(target.shape)} but the read "
+                f"covers {list(lengths)} of {info.file}; the load planner and the checkpoint "
+                f"disagree",
+                path=info.file,
+                tensor=fqn,
+            )
+        dtype = to_torch_dtype(info.dtype)
+        box = Box(info.offset, info.shape, tuple(item.storage_offsets), lengths, dtype.itemsize)
+        return _Request(info.file, info, box, dtype, target, fqn)
+
+    # -- planning ------------------------------------------------------------------------
+
+    def _plan(self, requests: list[_Request]) -> list[_Job]:
+        """Turn the requests into jobs, ordered by file and offset."""
+        direct: dict[str, list[tuple[int, int, int]]] = {}
+        staged: list[_Request] = []
+        strided: list[_Request] = []
+        device: list[_Request] = []
+        for request in requests:
+            target, box = request.target, request.box
+            if box.nbytes == 0:
+                continue
+            if _is_cuda(target):
+                device.append(request)
+            elif not (
+                target.device.type == "cpu"
+                and target.dtype == request.dtype
+                and target.is_contiguous()
+            ):
+                staged.append(request)
+            elif box.is_one_run():
+                offset, length = box.run()
+                direct.setdefault(request.name, []).append((offset, length, target.data_ptr()))
+            else:
+                strided.append(request)
+        budget = self._staging.limit
+        scratch_bytes = min(MAX_GAP, budget // 16) if direct or strided else 0
+        host_staged = any(r.box.is_one_run() for r in staged)
+        share = budget - scratch_bytes
+        ring_bytes = (share // 2 if host_staged else share) if device else 0
+        self._host_block = max(1, (share - ring_bytes) // self._threads)
+        jobs: list[tuple[str, int, _Job]] = []
+        if direct or strided:
+            # Kept on the engine: jobs hold its address only.
+            self._scratch = scratch = self._staging.allocate(max(1, scratch_bytes))
+            for name, extents in direct.items():
+                jobs.extend(self._direct_jobs(name, extents, scratch, scratch_bytes))
+            for request in strided:
+                jobs.extend(self._strided_jobs(request, scratch, scratch_bytes))
+        for request in staged:
+            jobs.extend(self._staged_jobs(request))
+        if device:
+            jobs.extend(self._device_jobs(device, ring_bytes))
+        jobs.sort(key=lambda job: (job[0], job[1]))
+        return [job for _, _, job in jobs]
+
+    def _direct_jobs(
+        self, name: str, extents: list[tuple[int, int, int]], scratch: torch.Tensor, gap: int
+    ) -> list[tuple[str, int, _Job]]:
+        fd = self._fds[name]
+        jobs: list[tuple[str, int, _Job]] = []
+        group: list[tuple[int, int]] = []
+        start = end = 0
+
+        def flush() -> None:
+            if group:
+                jobs.append((name, start, _bind(self._read, name, fd, start, list(group))))
+                group.clear()
+
+        for offset, length, address in sorted(extents):
+            if length > CHUNK_BYTES:
+                flush()
+                for first in range(0, length, CHUNK_BYTES):
+                    piece = [(address + first, min(CHUNK_BYTES, length - first))]
+                    jobs.append(
+                        (name, offset + first, _bind(self._read, name, fd, offset + first, piece))
+                    )
+                continue
+            skip = offset - end
+            if (
+                group
+                and 0 <= skip <= gap
+                and offset + length - start <= CHUNK_BYTES
+                and len(group) + 2 <= _sysio.IOV_MAX
+            ):
+                if skip:
+                    group.append((scratch.data_ptr(), skip))
+            else:
+                flush()
+                start = offset
+            group.append((address, length))
+            end = offset + length
+        flush()
+        return jobs
+
+    def _strided_jobs(
+        self, request: _Request, scratch: torch.Tensor, gap: int
+    ) -> list[tuple[str, int, _Job]]:
+        """A strided sub-box into a contiguous CPU destination of its dtype: its runs land in
+        place, ``preadv`` fills the gaps between them into ``scratch`` (one call for many
+        runs) while they are at most ``gap`` bytes, else each run is read on its own."""
+        starts, run = request.box.run_starts()
+        address = request.target.data_ptr()
+        span = run + (int(starts[1] - starts[0]) if starts.numel() > 1 else 0)
+        per_job = max(1, min((_sysio.IOV_MAX + 1) // 2, CHUNK_BYTES // max(1, span)))
+        gaps = starts[1:] - starts[:-1] - run
+        together = bool(gaps.numel() == 0 or ((gaps >= 0).all() and (gaps <= gap).all()))
+        jobs: list[tuple[str, int, _Job]] = []
+        for first in range(0, starts.numel(), per_job):
+            part = starts[first : first + per_job]
+            job = _bind(
+                self._read_runs, request.name, part, run, address + first * run, together, scratch
+            )
+            jobs.append((request.name, int(part[0]), job))
+        return jobs
+
+    def _read_runs(
         self,
-        work: list[tuple[str, ReadItem, StorageInfo]],
-        fds: dict[str, int],
-        planner: LoadPlanner,
+        name: str,
+        starts: torch.Tensor,
+        run: int,
+        address: int,
+        together: bool,
+        scratch: torch.Tensor,
     ) -> None:
-        if self._threads == 1 or len(work) <= 1:
-            for name, item, info in work:
-                self._load(name, fds[name], item, info, planner)
+        fd = self._fds[name]
+        count = starts.numel()
+        if not together:
+            for index, start in enumerate(starts.tolist()):
+                self._read(name, fd, start, [(address + index * run, run)])
             return
-        with ThreadPoolExecutor(self._threads, thread_name_prefix="hyperckpt-read") as pool:
-            futures: list[Future[None]] = [
-                pool.submit(self._load, name, fds[name], item, info, planner)
-                for name, item, info in work
-            ]
+        table = torch.empty((2 * count - 1, 2), dtype=torch.int64)
+        table[0::2, 0] = torch.arange(count, dtype=torch.int64) * run + address
+        table[0::2, 1] = run
+        table[1::2, 0] = scratch.data_ptr()
+        table[1::2, 1] = starts[1:] - starts[:-1] - run
+        calls = _sysio.read_table(name, fd, int(starts[0]), table)
+        with self._count_lock:
+            self._reads += calls
+            self._bytes += int(starts[-1] - starts[0]) + run
+
+    def _staged_jobs(self, request: _Request) -> list[tuple[str, int, _Job]]:
+        box, target = request.box, request.target
+        one_run = box.is_one_run()
+        budget = self._host_block if one_run else CHUNK_BYTES
+        if not one_run:
+            self._map(request.name)
+        jobs: list[tuple[str, int, _Job]] = []
+        for offsets, lengths in box.blocks(budget):
+            part = box.sub(offsets, lengths)
+            destination = narrow(target, offsets, lengths)
+            job = _bind(self._host_part, request, part, destination, one_run)
+            jobs.append((request.name, part.span()[0], job))
+        return jobs
+
+    def _device_jobs(self, device: list[_Request], ring_bytes: int) -> list[tuple[str, int, _Job]]:
+        slots = max(2, 2 * self._threads)
+        largest = max(request.box.nbytes for request in device)
+        slot_bytes = max(1, min(_MAX_SLOT, ring_bytes // slots, largest))
+        slots = max(1, min(slots, ring_bytes // slot_bytes))
+        self._ring = PinnedRing(self._staging, slot_bytes=slot_bytes, slots=slots)
+        jobs: list[tuple[str, int, _Job]] = []
+        for request in device:
+            if not request.box.is_one_run():
+                self._map(request.name)
+            for offsets, lengths in request.box.blocks(slot_bytes):
+                part = request.box.sub(offsets, lengths)
+                destination = narrow(request.target, offsets, lengths)
+                job = _bind(self._device_part, request, part, destination)
+                jobs.append((request.name, part.span()[0], job))
+        return jobs
+
+    # -- jobs ----------------------------------------------------------------------------
+
+    def _read(self, name: str, fd: int, offset: int, buffers: list[tuple[int, int]]) -> None:
+        calls = _sysio.read_scatter(name, fd, offset, buffers)
+        with self._count_lock:
+            self._reads += calls
+            self._bytes += sum(length for _, length in buffers)
+
+    def _fill(self, request: _Request, part: Box, buffer: torch.Tensor) -> torch.Tensor:
+        """Bring ``part`` into the start of ``buffer``, compact; return it as a tensor."""
+        if part.is_one_run():
+            offset, length = part.run()
+            self._read(request.name, self._fds[request.name], offset, [(buffer.data_ptr(), length)])
+            return buffer[:length].view(request.dtype).view(part.lengths)
+        compact = buffer[: part.nbytes].view(request.dtype).view(part.lengths)
+        compact.copy_(part.view(self._mapped_chunk(request)))
+        with self._count_lock:
+            self._mapped += part.nbytes
+        return compact
+
+    def _host_part(
+        self, request: _Request, part: Box, destination: torch.Tensor, one_run: bool
+    ) -> None:
+        if one_run:
+            source = self._fill(request, part, self._staging.thread_buffer(self._host_block))
+        else:
+            source = part.view(self._mapped_chunk(request))
+            with self._count_lock:
+                self._mapped += part.nbytes
+        _copy(request, destination, source, non_blocking=False)
+
+    def _device_part(self, request: _Request, part: Box, destination: torch.Tensor) -> None:
+        assert self._ring is not None
+        stream = self._stream(destination.device)
+        with self._ring.slot() as (buffer, done):
+            source = self._fill(request, part, buffer)
+            with torch.cuda.stream(stream):
+                _copy(request, destination, source, non_blocking=True)
+                event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                event.record(stream)
+            done.append(event)
+
+    def _stream(self, device: torch.device) -> torch.cuda.Stream:
+        streams: dict[torch.device, torch.cuda.Stream] | None = getattr(
+            self._local, "streams", None
+        )
+        if streams is None:
+            streams = self._local.streams = {}
+        if device not in streams:
+            streams[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+            with self._count_lock:
+                self._streams.append(streams[device])
+        return streams[device]
+
+    def _execute(self, jobs: list[_Job]) -> None:
+        """Run the jobs in order on the pool; the first error stops the rest and is raised."""
+        workers = min(self._threads, len(jobs))
+        if workers <= 1:
+            for job in jobs:
+                job()
+            return
+        pending = iter(jobs)
+        lock = threading.Lock()
+        stop = threading.Event()
+
+        def work() -> None:
+            while not stop.is_set():
+                with lock:
+                    job = next(pending, None)
+                if job is None:
+                    return
+                finished = False
+                try:
+                    job()
+                    finished = True
+                finally:
+                    if not finished:
+                        stop.set()
+
+        with ThreadPoolExecutor(workers, thread_name_prefix="hyperckpt-read") as pool:
+            futures = [pool.submit(work) for _ in range(workers)]
+        for future in futures:
+            future.result()
+
+    # -- files ---------------------------------------------------------------------------
+
+    def _map(self, name: str) -> None:
+        if name not in self._maps:
+            size = self._stamps[name].size
             try:
-                for future in futures:
-                    future.result()
-            finally:
-                for future in futures:
-                    future.cancel()
+                self._maps[name] = _sysio.Mapping(self._fds[name], size)
+            except OSError as err:
+                raise CheckpointError(
+                    f"{name}: cannot map for reading ({err.strerror or err}); check the file "
+                    f"system supports memory maps",
+                    path=name,
+                ) from err
+
+    def _mapped_chunk(self, request: _Request) -> torch.Tensor:
+        info = request.info
+        data = self._maps[request.name].buffer(info.offset, info.length)
+        return torch.frombuffer(data, dtype=request.dtype)
 
     def _open(self, name: str) -> int:
         path = os.path.join(self._root, name)
@@ -211,192 +528,29 @@ class ReadEngine:
                 path=name,
             )
 
-    def _load(
-        self, name: str, fd: int, item: ReadItem, info: StorageInfo, planner: LoadPlanner
-    ) -> None:
-        lengths = tuple(item.lengths)
-        with self._planner_lock:
-            target = planner.resolve_tensor(item).detach()
-        if tuple(target.shape) != lengths:
-            raise CheckpointError(
-                f"{item.dest_index.fqn}: the planner's destination has shape "
-                f"{list(target.shape)} but the read covers {list(lengths)} of {name}; the "
-                f"load planner and the checkpoint disagree",
-                path=name,
-                tensor=item.dest_index.fqn,
-            )
-        dtype = to_torch_dtype(info.dtype)
-        if math.prod(lengths) > 0:
-            box = _Box(info, tuple(item.storage_offsets), lengths, dtype.itemsize)
-            if (
-                target.device.type == "cpu"
-                and target.dtype == dtype
-                and target.is_contiguous()
-                and not box.prefers_rows()
-            ):
-                self._read_runs(name, fd, box.runs(), _buffer(target))
-            else:
-                self._staged(name, fd, box, dtype, target, item)
-        with self._planner_lock:
-            planner.commit_tensor(item, target)
 
-    def _staged(
-        self,
-        name: str,
-        fd: int,
-        box: _Box,
-        dtype: torch.dtype,
-        target: torch.Tensor,
-        item: ReadItem,
-    ) -> None:
-        for first, count in box.blocks(self._staging_bytes):
-            block = box.block(first, count)
-            use_rows = block.prefers_rows()
-            nbytes = block.row_span_bytes() if use_rows else block.nbytes
-            staging = self._staging(nbytes)
-            if use_rows:
-                start, length = block.row_span()
-                self._read_runs(name, fd, [(start, length)], _buffer(staging, length))
-                rows = staging[:length].view(dtype).view(count, *box.shape[1:])
-                source = _narrow_inner(rows, box.offsets[1:], box.lengths[1:])
-            else:
-                self._read_runs(name, fd, block.runs(), _buffer(staging, nbytes))
-                source = staging[:nbytes].view(dtype).view(block.lengths)
-            destination = target.narrow(0, first, count) if target.dim() else target
-            try:
-                destination.copy_(source)
-            except RuntimeError as err:
-                raise CheckpointError(
-                    f"{item.dest_index.fqn}: cannot convert the stored {info_dtype(dtype)} of "
-                    f"{name} to the destination's {destination.dtype} on {destination.device}: "
-                    f"{err}; load into a tensor of the stored dtype",
-                    path=name,
-                    tensor=item.dest_index.fqn,
-                ) from err
+def _bind(function: Callable[..., None], *args: object) -> _Job:
+    def job() -> None:
+        function(*args)
 
-    def _staging(self, nbytes: int) -> torch.Tensor:
-        buffer: torch.Tensor | None = getattr(self._local, "staging", None)
-        if buffer is None or buffer.numel() < nbytes:
-            buffer = torch.empty(max(nbytes, min(self._staging_bytes, 2**20)), dtype=torch.uint8)
-            self._local.staging = buffer
-        return buffer
-
-    def _read_runs(
-        self, name: str, fd: int, runs: Sequence[tuple[int, int]], out: memoryview
-    ) -> None:
-        position = 0
-        reads = 0
-        for start, length in runs:
-            view = out[position : position + length]
-            done = 0
-            while done < length:
-                got = os.preadv(fd, [view[done:]], start + done)
-                reads += 1
-                if got == 0:
-                    raise CheckpointChangedError(
-                        f"{name}: ended at byte {start + done} while its header promised data up "
-                        f"to byte {start + length}; the file was truncated after its header was "
-                        f"read",
-                        path=name,
-                    )
-                done += got
-            position += length
-        with self._count_lock:
-            self._bytes += position
-            self._reads += reads
+    return job
 
 
-def info_dtype(dtype: torch.dtype) -> str:
-    """A dtype as messages show it (``bfloat16``)."""
-    return str(dtype).removeprefix("torch.")
+def _is_cuda(tensor: torch.Tensor) -> bool:
+    return tensor.device.type == "cuda" and torch.cuda.is_available()
 
 
-def _buffer(tensor: torch.Tensor, nbytes: int | None = None) -> memoryview:
-    size = tensor.numel() * tensor.element_size() if nbytes is None else nbytes
-    raw = (ctypes.c_char * size).from_address(tensor.data_ptr())
-    return memoryview(raw).cast("B")
-
-
-def _narrow_inner(
-    rows: torch.Tensor, offsets: tuple[int, ...], lengths: tuple[int, ...]
-) -> torch.Tensor:
-    for dim, (offset, length) in enumerate(zip(offsets, lengths, strict=True), start=1):
-        rows = rows.narrow(dim, offset, length)
-    return rows
-
-
-@dataclass(frozen=True, slots=True)
-class _Box:
-    """A sub-box of a stored chunk, in the chunk's element units."""
-
-    info: StorageInfo
-    offsets: tuple[int, ...]
-    lengths: tuple[int, ...]
-    itemsize: int
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.info.shape
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.lengths) * self.itemsize
-
-    def _row_bytes(self) -> int:
-        return math.prod(self.shape[1:]) * self.itemsize
-
-    def _inner(self) -> tuple[int, int]:
-        """The last narrowed dimension (-1 if none) and the bytes of one contiguous run."""
-        narrowed = [d for d in range(len(self.shape)) if self.lengths[d] != self.shape[d]]
-        if not narrowed:
-            return -1, self.nbytes
-        last = narrowed[-1]
-        return last, self.lengths[last] * math.prod(self.shape[last + 1 :]) * self.itemsize
-
-    def prefers_rows(self) -> bool:
-        """Whether reading whole first-dimension rows beats one read per small run."""
-        last, run = self._inner()
-        return last >= 1 and run < _SMALL_RUN_BYTES
-
-    def runs(self) -> list[tuple[int, int]]:
-        """The box's bytes as ``(absolute offset, length)`` runs in row-major order, merged."""
-        last, run = self._inner()
-        strides = [math.prod(self.shape[d + 1 :]) for d in range(len(self.shape))]
-        base = (
-            self.info.offset
-            + sum(o * s for o, s in zip(self.offsets, strides, strict=True)) * self.itemsize
-        )
-        if last <= 0:
-            return [(base, self.nbytes)]
-        merged: list[tuple[int, int]] = []
-        for index in itertools.product(*(range(n) for n in self.lengths[:last])):
-            start = base + sum(i * s for i, s in zip(index, strides, strict=False)) * self.itemsize
-            if merged and merged[-1][0] + merged[-1][1] == start:
-                merged[-1] = (merged[-1][0], merged[-1][1] + run)
-            else:
-                merged.append((start, run))
-        return merged
-
-    def row_span(self) -> tuple[int, int]:
-        """The whole first-dimension rows holding the box: ``(absolute offset, length)``."""
-        start = self.info.offset + self.offsets[0] * self._row_bytes()
-        return start, self.lengths[0] * self._row_bytes()
-
-    def row_span_bytes(self) -> int:
-        return self.lengths[0] * self._row_bytes()
-
-    def blocks(self, budget: int) -> Iterator[tuple[int, int]]:
-        """Split the box along its first dimension into blocks whose staging fits ``budget``."""
-        if not self.shape:
-            yield 0, 1
-            return
-        per_row = self._row_bytes() if self.prefers_rows() else self.nbytes // self.lengths[0]
-        rows = max(1, budget // max(1, per_row))
-        for first in range(0, self.lengths[0], rows):
-            yield first, min(rows, self.lengths[0] - first)
-
-    def block(self, first: int, count: int) -> _Box:
-        if not self.shape:
-            return self
-        offsets = (self.offsets[0] + first, *self.offsets[1:])
-        return _Box(self.info, offsets, (count, *self.lengths[1:]), self.itemsize)
+def _copy(
+    request: _Request, destination: torch.Tensor, source: torch.Tensor, *, non_blocking: bool
+) -> None:
+    try:
+        destination.copy_(source, non_blocking=non_blocking)
+    except RuntimeError as err:
+        stored = str(request.dtype).removeprefix("torch.")
+        raise CheckpointError(
+            f"{request.fqn}: cannot convert the stored {stored} of {request.name} to the "
+            f"destination's {destination.dtype} on {destination.device}: {err}; load into a "
+            f"tensor of the stored dtype",
+            path=request.name,
+            tensor=request.fqn,
+        ) from err

@@ -1,0 +1,332 @@
+"""Side-by-side load benchmark: hyperckpt vs torch's reader vs safetensors vs raw ``preadv``.
+
+Generates a Llama-like bf16 checkpoint outside the checkout, then for 1 / 2 / 4 spawned gloo
+ranks and FSDP ``Shard(0)``, TP ``Shard(1)`` and ``Replicate`` DTensors loads it, alternating
+the loaders, with a warm and a cold page cache.  Destinations are pre-faulted; every tensor
+of the first repetition of each case is compared with the generator's values.  Writes a
+table, JSON and a plot into ``docs/benchmarks/``.
+
+    python benchmarks/bench_load.py                 # 2.2 GB, the full matrix
+    python benchmarks/bench_load.py --size 0.3 --ranks 2 --repeats 1   # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (
+    Spec,
+    drop_cache,
+    expected,
+    llama_specs,
+    machine,
+    pread_seconds,
+    proc_io,
+    write_checkpoint,
+)
+
+from hyperckpt import _spawn
+from hyperckpt.readers import HuggingFaceStorageReader
+
+logger = logging.getLogger("bench_load")
+LAYOUTS = ("fsdp", "tp", "replicate")
+READERS = ("hyperckpt", "torch", "safetensors", "limit")
+_POISON = float("nan")
+
+
+def _placements(layout: str, spec: Spec) -> list[Placement]:
+    if layout == "fsdp":
+        return [Shard(0)]
+    if layout == "tp" and len(spec.shape) == 2:
+        return [Shard(1)]
+    return [Replicate()]
+
+
+def _local_box(
+    spec: Spec, placement: Placement, rank: int, world: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    offsets, lengths = [0] * len(spec.shape), list(spec.shape)
+    if isinstance(placement, Shard):
+        size = spec.shape[placement.dim]
+        step = math.ceil(size / world)
+        first = min(size, rank * step)
+        offsets[placement.dim], lengths[placement.dim] = first, min(size, first + step) - first
+    return tuple(offsets), tuple(lengths)
+
+
+def _state_dict(layout: str, specs: list[Spec], world: int) -> dict[str, DTensor]:
+    mesh = init_device_mesh("cpu", (world,))
+    state: dict[str, DTensor] = {}
+    for spec in specs:
+        tensor = torch.distributed.tensor.empty(
+            spec.shape, dtype=torch.bfloat16, device_mesh=mesh, placements=_placements(layout, spec)
+        )
+        tensor.to_local().fill_(_POISON)  # pre-faulted, like a real model's parameters
+        state[spec.name] = tensor
+    return state
+
+
+def _check(
+    layout: str, specs: list[Spec], state: dict[str, DTensor], rank: int, world: int
+) -> None:
+    for spec in specs:
+        local = state[spec.name].to_local()
+        offsets, lengths = _local_box(spec, _placements(layout, spec)[0], rank, world)
+        if tuple(local.shape) != lengths or not torch.equal(
+            local, expected(spec, offsets, lengths)
+        ):
+            raise AssertionError(f"rank {rank}: {spec.name} ({layout}) differs from the generator")
+
+
+def _safetensors_load(
+    path: Path, layout: str, specs: list[Spec], state: dict[str, DTensor], rank: int, world: int
+) -> None:
+    from safetensors import safe_open
+
+    by_name = {spec.name: spec for spec in specs}
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 (safe_open is not a dict)
+                spec = by_name[name]
+                offsets, lengths = _local_box(spec, _placements(layout, spec)[0], rank, world)
+                part = handle.get_slice(name)[
+                    tuple(slice(o, o + n) for o, n in zip(offsets, lengths, strict=True))
+                ]
+                state[name].to_local().copy_(part)
+
+
+def _rank(
+    rank: int, world: int, path: str, specs: list[Spec], repeats: int, cold: bool, threads: int
+) -> list[dict[str, object]]:
+    directory = Path(path)
+    total = sum(spec.nbytes for spec in specs)
+    rows: list[dict[str, object]] = []
+    limit_buffer = torch.empty(total // world + 2**24, dtype=torch.uint8).fill_(0)
+    caches = ("warm", "cold") if cold else ("warm",)
+    for layout in LAYOUTS:
+        state = _state_dict(layout, specs, world)
+        for cache in caches:
+            for repeat in range(repeats if cache == "warm" else 1):
+                for reader in READERS:
+                    if repeat == 0 and reader != "limit":
+                        for tensor in state.values():
+                            tensor.to_local().fill_(_POISON)
+                    if cache == "cold":
+                        dist.barrier()
+                        if rank == 0:
+                            drop_cache(directory)
+                    before = proc_io()
+                    dist.barrier()
+                    begin = time.perf_counter()
+                    stats = None
+                    if reader == "hyperckpt":
+                        ours = HuggingFaceStorageReader(directory, thread_count=threads)
+                        dcp.load(state, storage_reader=ours)
+                        stats = ours.last_stats
+                    elif reader == "torch":
+                        dcp.load(
+                            state,
+                            storage_reader=dcp.HuggingFaceStorageReader(
+                                str(directory), thread_count=threads
+                            ),
+                        )
+                    elif reader == "safetensors":
+                        _safetensors_load(directory, layout, specs, state, rank, world)
+                    else:
+                        pread_seconds(
+                            directory, limit_buffer, part=rank, parts=world, threads=threads
+                        )
+                    dist.barrier()
+                    seconds = time.perf_counter() - begin
+                    after = proc_io()
+                    if repeat == 0 and reader != "limit":
+                        _check(layout, specs, state, rank, world)
+                    moved = {key: after[key] - before[key] for key in ("rchar", "read_bytes")}
+                    gathered: list[object] = [None] * world
+                    dist.all_gather_object(
+                        gathered, (moved, None if stats is None else stats.bytes_read)
+                    )
+                    rows.append(
+                        {
+                            "ranks": world,
+                            "threads": threads,
+                            "layout": layout,
+                            "cache": cache,
+                            "reader": reader,
+                            "repeat": repeat,
+                            "seconds": seconds,
+                            "gbps": total / seconds / 1e9,
+                            "rchar": [g[0]["rchar"] for g in gathered],  # type: ignore[index]
+                            "read_bytes": [g[0]["read_bytes"] for g in gathered],  # type: ignore[index]
+                            "engine_bytes": [g[1] for g in gathered],  # type: ignore[index]
+                        }
+                    )
+        del state
+    return rows if rank == 0 else []
+
+
+def _summary(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+    cases: dict[tuple[object, ...], dict[str, float]] = {}
+    for row in rows:
+        key = (row["ranks"], row["layout"], row["cache"])
+        cases.setdefault(key, {})
+        bucket = cases[key].setdefault(str(row["reader"]), [])  # type: ignore[arg-type]
+        bucket.append(float(row["gbps"]))  # type: ignore[attr-defined, arg-type]
+    summary = []
+    for (ranks, layout, cache), readers in sorted(
+        cases.items(), key=lambda kv: (kv[0][2] != "warm", kv[0][0], LAYOUTS.index(str(kv[0][1])))
+    ):
+        median = {reader: statistics.median(values) for reader, values in readers.items()}  # type: ignore[arg-type]
+        summary.append(
+            {
+                "ranks": ranks,
+                "layout": layout,
+                "cache": cache,
+                **{f"{reader}_gbps": round(value, 3) for reader, value in median.items()},
+                "vs_torch": round(median["hyperckpt"] / median["torch"], 2),
+                "vs_safetensors": round(median["hyperckpt"] / median["safetensors"], 2),
+                "vs_limit": round(median["hyperckpt"] / median["limit"], 2),
+            }
+        )
+    return summary
+
+
+def _table(summary: list[dict[str, object]]) -> str:
+    lines = [
+        "| ranks | layout | cache | hyperckpt | torch | safetensors | preadv limit | vs torch | vs safetensors | vs limit |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in summary:
+        lines.append(
+            f"| {row['ranks']} | {row['layout']} | {row['cache']} | {row['hyperckpt_gbps']:.2f} | {row['torch_gbps']:.2f} | "
+            f"{row['safetensors_gbps']:.2f} | {row['limit_gbps']:.2f} | {row['vs_torch']:.2f}x | {row['vs_safetensors']:.2f}x | {row['vs_limit']:.2f} |"
+        )
+    return (
+        "\n".join(lines)
+        + "\n\nGB/s of checkpoint (its bytes / wall time of the slowest rank), median of the repeats.\n"
+    )
+
+
+def _plot(summary: list[dict[str, object]], out: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r['ranks']}r {r['layout']}\n{r['cache']}" for r in summary]
+    width = 0.2
+    figure, axes = plt.subplots(figsize=(max(8, len(summary) * 0.9), 4.5))
+    for index, reader in enumerate(READERS):
+        values = [float(r[f"{reader}_gbps"]) for r in summary]  # type: ignore[arg-type]
+        axes.bar(
+            [i + (index - 1.5) * width for i in range(len(summary))], values, width, label=reader
+        )
+    axes.set_xticks(range(len(summary)), labels, fontsize=7)
+    axes.set_ylabel("GB/s of checkpoint")
+    axes.set_title(title, fontsize=9)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(out, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; see the module docstring."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--size", type=float, default=2.2, help="checkpoint size in GB (default 2.2)"
+    )
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="where to write the checkpoint (default: a temp dir)"
+    )
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--cold-ranks", type=int, nargs="*", default=[2], help="rank counts also run cold"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the generated checkpoint")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    checkout = Path(__file__).resolve().parent.parent
+    base = args.dir or Path(tempfile.gettempdir())
+    directory = Path(tempfile.mkdtemp(prefix="hyperckpt-bench-", dir=base))
+    if directory.resolve().is_relative_to(checkout):
+        parser.error(f"--dir {base} is inside the checkout; pick a directory outside it")
+    specs = llama_specs(args.size)
+    begin = time.perf_counter()
+    total = write_checkpoint(directory, specs)
+    logger.info(
+        "wrote %.2f GB, %d tensors in %.1f s to %s",
+        total / 1e9,
+        len(specs),
+        time.perf_counter() - begin,
+        directory,
+    )
+    rows: list[dict[str, object]] = []
+    try:
+        for world in args.ranks:
+            threads = max(1, len(os.sched_getaffinity(0)) // world)
+            logger.info("%d rank(s), %d thread(s) each ...", world, threads)
+            results = _spawn.spawn_ranks(
+                _rank,
+                world,
+                str(directory),
+                specs,
+                args.repeats,
+                world in args.cold_ranks,
+                threads,
+                timeout=3600,
+            )
+            rows += results[0]  # type: ignore[operator]
+    finally:
+        if not args.keep:
+            for path in directory.iterdir():
+                path.unlink()
+            directory.rmdir()
+    summary = _summary(rows)
+    table = _table(summary)
+    command = "python " + " ".join(
+        shlex.quote(a) for a in [sys.argv[0], *(argv if argv is not None else sys.argv[1:])]
+    )
+    report = {
+        "command": command,
+        "machine": machine(),
+        "checkpoint_bytes": total,
+        "tensors": len(specs),
+        "load_average": os.getloadavg(),
+        "summary": summary,
+        "runs": rows,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench_load.json").write_text(json.dumps(report, indent=1))
+    (args.out / "bench_load.md").write_text(f"`{command}`\n\n{table}")
+    _plot(
+        summary,
+        args.out / "bench_load.png",
+        f"{total / 1e9:.2f} GB Llama-like bf16, {machine()['cpu']}, {machine()['cores']} cores",
+    )
+    sys.stdout.write(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,115 @@
+"""Geometry of a requested sub-box of a stored chunk: its byte runs and its blocks."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Box", "narrow"]
+
+
+def narrow(
+    tensor: torch.Tensor, offsets: tuple[int, ...], lengths: tuple[int, ...]
+) -> torch.Tensor:
+    """``tensor`` narrowed to the box ``offsets`` / ``lengths`` (one entry per dimension)."""
+    for dim, (offset, length) in enumerate(zip(offsets, lengths, strict=True)):
+        if offset or length != tensor.shape[dim]:
+            tensor = tensor.narrow(dim, offset, length)
+    return tensor
+
+
+@dataclass(frozen=True, slots=True)
+class Box:
+    """A sub-box of a stored chunk, in the chunk's elements.
+
+    Attributes:
+        start: Absolute file offset of the chunk's first byte.
+        shape: The stored chunk's shape.
+        offsets: The box's first index in each dimension, relative to the chunk.
+        lengths: The box's extent in each dimension.
+        itemsize: Bytes per element.
+    """
+
+    start: int
+    shape: tuple[int, ...]
+    offsets: tuple[int, ...]
+    lengths: tuple[int, ...]
+    itemsize: int
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the box holds."""
+        return math.prod(self.lengths) * self.itemsize
+
+    def is_one_run(self) -> bool:
+        """Whether the box is one contiguous byte range (only the first dimension narrowed)."""
+        narrowed = [d for d in range(len(self.shape)) if self.lengths[d] != self.shape[d]]
+        return not narrowed or all(n == 1 for n in self.lengths[: narrowed[-1]])
+
+    def run(self) -> tuple[int, int]:
+        """``(absolute offset, length)`` of a box for which :meth:`is_one_run` holds."""
+        strides = _strides(self.shape)
+        first = sum(o * s for o, s in zip(self.offsets, strides, strict=True))
+        return self.start + first * self.itemsize, self.nbytes
+
+    def span(self) -> tuple[int, int]:
+        """``(absolute offset, length)`` from the box's first byte to its last, inclusive."""
+        strides = _strides(self.shape)
+        first = sum(o * s for o, s in zip(self.offsets, strides, strict=True))
+        last = sum(
+            (o + n - 1) * s for o, n, s in zip(self.offsets, self.lengths, strides, strict=True)
+        )
+        return self.start + first * self.itemsize, (last - first + 1) * self.itemsize
+
+    def run_starts(self) -> tuple[torch.Tensor, int]:
+        """The box's contiguous runs: their absolute file offsets (int64, in order) and the
+        bytes of each."""
+        narrowed = [d for d in range(len(self.shape)) if self.lengths[d] != self.shape[d]]
+        inner = narrowed[-1] if narrowed else 0
+        strides = _strides(self.shape)
+        run = math.prod(self.lengths[inner:]) * self.itemsize
+        starts = torch.tensor([self.start + self.offsets[inner] * strides[inner] * self.itemsize])
+        for dim in reversed(range(inner)):
+            index = torch.arange(self.offsets[dim], self.offsets[dim] + self.lengths[dim])
+            starts = (index[:, None] * (strides[dim] * self.itemsize) + starts[None, :]).reshape(-1)
+        return starts, run
+
+    def sub(self, offsets: tuple[int, ...], lengths: tuple[int, ...]) -> Box:
+        """The part of this box at ``offsets`` (relative to the box) with ``lengths``."""
+        moved = tuple(a + b for a, b in zip(self.offsets, offsets, strict=True))
+        return Box(self.start, self.shape, moved, lengths, self.itemsize)
+
+    def blocks(self, budget: int) -> Iterator[tuple[tuple[int, ...], tuple[int, ...]]]:
+        """Split the box into ``(offsets, lengths)`` parts of at most ``budget`` bytes each.
+
+        Parts are in row-major order and relative to the box.  The split is along the
+        outermost dimension whose single index still fits; a part never holds less than one
+        element, so ``budget`` below the element size still makes progress.
+        """
+        rank = len(self.lengths)
+        if self.nbytes <= budget or rank == 0:
+            yield (0,) * rank, self.lengths
+            return
+        dim = 0
+        while dim < rank - 1 and math.prod(self.lengths[dim + 1 :]) * self.itemsize > budget:
+            dim += 1
+        unit = math.prod(self.lengths[dim + 1 :]) * self.itemsize
+        count = max(1, budget // unit)
+        for outer in itertools.product(*(range(n) for n in self.lengths[:dim])):
+            for first in range(0, self.lengths[dim], count):
+                yield (
+                    (*outer, first, *(0,) * (rank - dim - 1)),
+                    (*(1,) * dim, min(count, self.lengths[dim] - first), *self.lengths[dim + 1 :]),
+                )
+
+    def view(self, data: torch.Tensor) -> torch.Tensor:
+        """The box as a (strided) view of ``data``, the whole chunk's bytes as a 1-D tensor."""
+        return narrow(data.view(self.shape), self.offsets, self.lengths)
+
+
+def _strides(shape: tuple[int, ...]) -> list[int]:
+    return [math.prod(shape[d + 1 :]) for d in range(len(shape))]

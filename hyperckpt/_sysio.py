@@ -1,0 +1,154 @@
+"""Positional scatter reads and read-only file mappings, through libc."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import mmap
+import os
+from collections.abc import Sequence
+
+import torch
+
+from hyperckpt.errors import CheckpointChangedError, CheckpointError
+
+__all__ = ["IOV_MAX", "Mapping", "read_scatter", "read_table"]
+
+#: Most buffers one ``preadv`` call takes on Linux.
+IOV_MAX = 1024
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+_libc.preadv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
+_libc.preadv.restype = ctypes.c_ssize_t
+_libc.mmap.argtypes = [
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int64,
+]
+_libc.mmap.restype = ctypes.c_void_p
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.munmap.restype = ctypes.c_int
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+class _Iovec(ctypes.Structure):
+    _fields_ = (("base", ctypes.c_void_p), ("length", ctypes.c_size_t))
+
+
+def _preadv(fd: int, iov: int, count: int, offset: int) -> int:
+    """One ``preadv`` call on the ``iovec`` array at address ``iov`` (ctypes drops the GIL);
+    ``-1`` with ``errno`` set on failure."""
+    return int(_libc.preadv(fd, iov, count, offset))
+
+
+def read_table(name: str, fd: int, offset: int, table: torch.Tensor) -> int:
+    """Like :func:`read_scatter`, with the buffers as a contiguous ``(n, 2)`` int64 tensor of
+    ``(address, length)`` rows (an ``iovec`` array built without a Python loop)."""
+    want = int(table[:, 1].sum())
+    got = _preadv(fd, table.data_ptr(), table.shape[0], offset)
+    if got == want:
+        return 1
+    if got < 0:
+        _raise_read_error(name, offset, want)
+    rows: list[tuple[int, int]] = [(int(a), int(n)) for a, n in table.tolist()]
+    return 1 + read_scatter(name, fd, offset, _skip(rows, max(0, got)), start=offset + max(0, got))
+
+
+def read_scatter(
+    name: str, fd: int, offset: int, buffers: Sequence[tuple[int, int]], *, start: int | None = None
+) -> int:
+    """Read consecutive file bytes from ``offset`` into ``(address, length)`` buffers.
+
+    The buffers are filled in order, as one contiguous run of the file; a buffer may be a
+    shared scratch area for bytes read only to avoid a second call.  Short reads continue
+    where they stopped.
+
+    Args:
+        name: The file, relative to the checkpoint, for messages.
+        fd: An open descriptor of the file.
+        offset: Absolute offset of the first byte.
+        buffers: At most :data:`IOV_MAX` ``(address, length)`` pairs.
+        start: Where reading resumes when part was read already (default ``offset``).
+
+    Returns:
+        The number of ``preadv`` calls made.
+
+    Raises:
+        CheckpointChangedError: The file ended before the last byte (truncated since its
+            header was read).
+        CheckpointError: The operating system reported a read error.
+    """
+    pending = [(address, length) for address, length in buffers if length]
+    offset = offset if start is None else start
+    calls = 0
+    while pending:
+        iov = (_Iovec * len(pending))(*(_Iovec(address, length) for address, length in pending))
+        want = sum(length for _, length in pending)
+        got = _preadv(fd, ctypes.addressof(iov), len(pending), offset)
+        calls += 1
+        if got < 0:
+            _raise_read_error(name, offset, want)
+        if got == 0:
+            raise CheckpointChangedError(
+                f"{name}: ended at byte {offset} while its header promised {want} more bytes; "
+                f"the file was truncated after its header was read",
+                path=name,
+            )
+        offset += got
+        pending = _skip(pending, got)
+    return calls
+
+
+def _skip(buffers: list[tuple[int, int]], done: int) -> list[tuple[int, int]]:
+    """The buffers still to fill once ``done`` bytes have arrived."""
+    index = 0
+    while index < len(buffers) and done >= buffers[index][1]:
+        done -= buffers[index][1]
+        index += 1
+    rest = buffers[index:]
+    if rest and done:
+        rest[0] = (rest[0][0] + done, rest[0][1] - done)
+    return [(address, length) for address, length in rest if length]
+
+
+def _raise_read_error(name: str, offset: int, want: int) -> None:
+    code = ctypes.get_errno()
+    raise CheckpointError(
+        f"{name}: reading {want} bytes at byte {offset} failed: {os.strerror(code)}; "
+        f"the storage reported an error, check the file system and load again",
+        path=name,
+    ) from OSError(code, os.strerror(code))
+
+
+class Mapping:
+    """A read-only shared mapping of a whole file, unmapped by :meth:`close`.
+
+    A mapped file that shrinks while it is read raises ``SIGBUS``; callers check the file's
+    identity before mapping it.
+    """
+
+    __slots__ = ("address", "size")
+
+    def __init__(self, fd: int, size: int) -> None:
+        """Map ``size`` bytes of ``fd`` (``size`` > 0)."""
+        address = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if address is None or address == _MAP_FAILED:
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code))
+        self.address: int = address
+        self.size = size
+
+    def buffer(self, offset: int, length: int) -> ctypes.Array[ctypes.c_char]:
+        """The mapped bytes ``[offset, offset + length)`` as a ctypes buffer."""
+        assert offset >= 0
+        assert offset + length <= self.size
+        return (ctypes.c_char * length).from_address(self.address + offset)
+
+    def close(self) -> None:
+        """Unmap; views of the mapping must not be used afterwards."""
+        if self.size:
+            _libc.munmap(self.address, self.size)
+            self.size = 0
