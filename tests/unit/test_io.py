@@ -1,0 +1,333 @@
+"""The read engine's paths: direct, coalesced, split, strided, staged, converted, and bounded."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from torch.distributed.checkpoint.metadata import MetadataIndex
+from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
+
+from hyperckpt import _staging, _sysio
+from hyperckpt import io as engine_io
+from hyperckpt._box import Box
+from hyperckpt.errors import CheckpointError
+from hyperckpt.io import LoadStats, ReadEngine, StorageInfo
+from hyperckpt.layout import huggingface_layout
+from hyperckpt.readers import to_metadata
+
+
+class _Planner:
+    """Resolves each item to a view of a destination tensor and records commits."""
+
+    def __init__(self, destinations: dict[str, torch.Tensor]) -> None:
+        self.destinations = destinations
+        self.committed: list[str] = []
+
+    def resolve_tensor(self, item: ReadItem) -> torch.Tensor:
+        target = self.destinations[item.dest_index.fqn]
+        for dim, (offset, length) in enumerate(zip(item.dest_offsets, item.lengths, strict=True)):
+            target = target.narrow(dim, offset, length)
+        return target
+
+    def commit_tensor(self, item: ReadItem, tensor: torch.Tensor) -> None:
+        self.committed.append(item.dest_index.fqn)
+
+
+def _checkpoint(tmp_path: Path, tensors: dict[str, torch.Tensor]) -> tuple[str, dict, dict]:
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    layout = huggingface_layout(tmp_path)
+    storage = to_metadata(layout).storage_data
+    stamps = {name: header.stamp for name, header in layout.files.items()}
+    return str(tmp_path), storage, stamps
+
+
+def _item(
+    name: str,
+    offsets: tuple[int, ...],
+    lengths: tuple[int, ...],
+    dest: tuple[int, ...] | None = None,
+) -> ReadItem:
+    chunk = torch.Size((0,) * len(offsets))
+    return ReadItem(
+        type=LoadItemType.TENSOR,
+        dest_index=MetadataIndex(name, torch.Size(offsets)),
+        dest_offsets=torch.Size(dest if dest is not None else (0,) * len(offsets)),
+        storage_index=MetadataIndex(name, chunk),
+        storage_offsets=torch.Size(offsets),
+        lengths=torch.Size(lengths),
+    )
+
+
+def _whole(name: str, tensor: torch.Tensor) -> ReadItem:
+    return _item(name, (0,) * tensor.dim(), tuple(tensor.shape))
+
+
+def _load(
+    tmp_path: Path,
+    tensors: dict[str, torch.Tensor],
+    destinations: dict[str, torch.Tensor],
+    items: list[ReadItem] | None = None,
+    **options: int,
+) -> tuple[LoadStats, _Planner]:
+    root, storage, stamps = _checkpoint(tmp_path, tensors)
+    planner = _Planner(destinations)
+    items = items if items is not None else [_whole(n, t) for n, t in tensors.items()]
+    engine = ReadEngine(root, stamps, threads=options.pop("threads", 4), **options)
+    stats = engine.run(items, storage, planner)  # type: ignore[arg-type]
+    return stats, planner
+
+
+def _poisoned(like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    return torch.full(like.shape, float("nan"), dtype=dtype or like.dtype)
+
+
+def test_contiguous_destinations_of_the_stored_dtype_are_read_in_place(tmp_path: Path) -> None:
+    tensors = {"a": torch.randn(64, 33), "b": torch.arange(10, dtype=torch.int64)}
+    out = {"a": _poisoned(tensors["a"]), "b": torch.full((10,), -1, dtype=torch.int64)}
+    stats, planner = _load(tmp_path, tensors, out, staging_bytes=2**20)
+    assert torch.equal(out["a"], tensors["a"])
+    assert torch.equal(out["b"], tensors["b"])
+    assert sorted(planner.committed) == ["a", "b"]
+    assert stats.bytes_mapped == 0
+    assert stats.bytes_read == sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def test_neighbouring_ranges_are_coalesced_into_one_read(tmp_path: Path) -> None:
+    tensors = {f"t{i:03d}": torch.full((7,), float(i)) for i in range(200)}
+    out = {name: _poisoned(t) for name, t in tensors.items()}
+    stats, _ = _load(tmp_path, tensors, out, threads=1)
+    for name, tensor in tensors.items():
+        assert torch.equal(out[name], tensor), name
+    assert stats.reads == 1
+    assert stats.tensors == 200
+
+
+def test_first_rows_of_adjacent_tensors_share_a_read_over_a_small_gap(tmp_path: Path) -> None:
+    tensors = {"a": torch.randn(8, 16), "b": torch.randn(8, 16)}
+    out = {"a": _poisoned(tensors["a"][:4]), "b": _poisoned(tensors["b"][:4])}
+    items = [_item("a", (0, 0), (4, 16)), _item("b", (0, 0), (4, 16))]
+    stats, _ = _load(tmp_path, tensors, out, items, threads=1)
+    assert torch.equal(out["a"], tensors["a"][:4])
+    assert torch.equal(out["b"], tensors["b"][:4])
+    assert stats.reads == 1
+    # the second half of "a" is read and dropped: coalescing slack, bounded by MAX_GAP
+    assert stats.bytes_read == 3 * 4 * 16 * 4
+
+
+def test_a_range_larger_than_a_chunk_is_split_across_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(engine_io, "CHUNK_BYTES", 1000)
+    tensors = {"a": torch.randn(100, 100)}
+    out = {"a": _poisoned(tensors["a"])}
+    stats, _ = _load(tmp_path, tensors, out, threads=3)
+    assert torch.equal(out["a"], tensors["a"])
+    assert stats.reads == 40
+
+
+def test_a_column_slice_lands_in_place_with_scatter_reads(tmp_path: Path) -> None:
+    tensors = {"w": torch.randn(50, 40).to(torch.bfloat16), "x": torch.randn(3, 4, 10)}
+    out = {"w": _poisoned(tensors["w"][:, 10:30]), "x": _poisoned(tensors["x"][:, 1:3, 2:7])}
+    items = [_item("w", (0, 10), (50, 20)), _item("x", (0, 1, 2), (3, 2, 5))]
+    stats, _ = _load(tmp_path, tensors, out, items)
+    assert torch.equal(out["w"], tensors["w"][:, 10:30])
+    assert torch.equal(out["x"], tensors["x"][:, 1:3, 2:7])
+    assert stats.bytes_mapped == 0
+
+
+def test_runs_far_apart_are_read_one_by_one_without_over_reading(tmp_path: Path) -> None:
+    wide = torch.randn(4, 10_000)
+    out = {"w": _poisoned(wide[:, :8])}
+    stats, _ = _load(tmp_path, {"w": wide}, out, [_item("w", (0, 0), (4, 8))], threads=1)
+    assert torch.equal(out["w"], wide[:, :8])
+    assert stats.reads == 4
+    assert stats.bytes_read == 4 * 8 * 4
+
+
+def test_a_different_destination_dtype_is_converted_through_staging(tmp_path: Path) -> None:
+    tensors = {
+        "a": torch.randn(40, 30).to(torch.bfloat16),
+        "c": torch.randn(6, 8).to(torch.bfloat16),
+    }
+    out = {
+        "a": _poisoned(tensors["a"], torch.float32),
+        "c": _poisoned(tensors["c"][:, 2:5], torch.float64),
+    }
+    items = [_whole("a", tensors["a"]), _item("c", (0, 2), (6, 3))]
+    stats, _ = _load(tmp_path, tensors, out, items, staging_bytes=4096)
+    assert torch.equal(out["a"], tensors["a"].float())
+    assert torch.equal(out["c"], tensors["c"][:, 2:5].double())
+    assert stats.bytes_mapped == 6 * 3 * 2
+
+
+def test_non_contiguous_destinations_are_filled_through_one_copy(tmp_path: Path) -> None:
+    tensors = {"a": torch.randn(12, 9), "b": torch.randn(5, 6)}
+    a_out = torch.full((9, 12), float("nan")).t()
+    b_storage = torch.full((5, 10), float("nan"))
+    out = {"a": a_out, "b": b_storage[:, 2:8]}
+    _load(tmp_path, tensors, out)
+    assert torch.equal(a_out, tensors["a"])
+    assert torch.equal(b_storage[:, 2:8], tensors["b"])
+    assert torch.isnan(b_storage[:, :2]).all()
+    assert torch.isnan(b_storage[:, 8:]).all()
+
+
+def test_zero_size_and_scalar_tensors_are_committed(tmp_path: Path) -> None:
+    tensors = {"empty": torch.empty(0, 5), "scalar": torch.tensor(2.5), "one": torch.tensor([7.0])}
+    out = {
+        "empty": torch.empty(0, 5),
+        "scalar": torch.tensor(float("nan")),
+        "one": torch.tensor([0.0]),
+    }
+    stats, planner = _load(tmp_path, tensors, out)
+    assert out["scalar"].item() == 2.5
+    assert out["one"].item() == 7.0
+    assert sorted(planner.committed) == ["empty", "one", "scalar"]
+    assert stats.bytes_read == 8
+
+
+def test_many_small_tensors_on_many_threads_all_arrive(tmp_path: Path) -> None:
+    generator = torch.Generator().manual_seed(3)
+    tensors = {
+        f"layer.{i}.{kind}": torch.randn(int(size), generator=generator).to(dtype)
+        for i, (size, kind, dtype) in enumerate(
+            (s, k, d)
+            for s, k, d in zip(
+                torch.randint(1, 300, (400,), generator=generator),
+                ["w", "b"] * 200,
+                [torch.float32, torch.bfloat16, torch.float16, torch.float64] * 100,
+                strict=True,
+            )
+        )
+    }
+    out = {name: _poisoned(t) for name, t in tensors.items()}
+    stats, planner = _load(tmp_path, tensors, out, threads=8)
+    for name, tensor in tensors.items():
+        assert torch.equal(out[name], tensor), name
+    assert len(planner.committed) == 400
+    assert stats.reads < 400
+
+
+def test_a_read_error_in_one_thread_reaches_the_caller_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(engine_io, "CHUNK_BYTES", 4096)
+    tensors = {"a": torch.randn(256, 64)}
+    out = {"a": _poisoned(tensors["a"])}
+    failure = OSError(5, "injected failure")
+    real = _sysio._preadv
+    calls = []
+    lock = threading.Lock()
+
+    def flaky(fd: int, iov: int, count: int, offset: int) -> int:
+        with lock:
+            calls.append(offset)
+            if len(calls) == 5:
+                raise failure
+        return real(fd, iov, count, offset)
+
+    monkeypatch.setattr(_sysio, "_preadv", flaky)
+    root, storage, stamps = _checkpoint(tmp_path, tensors)
+    planner = _Planner(out)
+    with pytest.raises(OSError, match="injected failure") as caught:
+        ReadEngine(root, stamps, threads=4).run([_whole("a", tensors["a"])], storage, planner)  # type: ignore[arg-type]
+    assert caught.value is failure
+    assert planner.committed == []
+
+
+def test_a_short_read_resumes_where_it_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tensors = {f"t{i}": torch.randn(50) for i in range(5)}
+    out = {name: _poisoned(t) for name, t in tensors.items()}
+    real = _sysio._preadv
+
+    def short(fd: int, iov: int, count: int, offset: int) -> int:
+        first = _sysio._Iovec.from_address(iov)
+        saved = first.length
+        first.length = max(1, saved // 3)  # the kernel may return fewer bytes than asked
+        try:
+            return real(fd, iov, 1, offset)
+        finally:
+            first.length = saved
+
+    monkeypatch.setattr(_sysio, "_preadv", short)
+    stats, _ = _load(tmp_path, tensors, out, threads=1)
+    for name, tensor in tensors.items():
+        assert torch.equal(out[name], tensor), name
+    assert stats.reads > 1
+
+
+def test_staging_memory_stays_within_the_configured_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    held: list[int] = []
+    real = _staging._allocate
+
+    def counted(nbytes: int, *, pinned: bool) -> torch.Tensor:
+        held.append(nbytes)
+        return real(nbytes, pinned=pinned)
+
+    monkeypatch.setattr(_staging, "_allocate", counted)
+    tensors = {"big": torch.randn(300, 500).to(torch.bfloat16), "small": torch.randn(3, 3)}
+    out = {"big": _poisoned(tensors["big"], torch.float32), "small": _poisoned(tensors["small"])}
+    bound = 50_000
+    stats, _ = _load(tmp_path, tensors, out, threads=4, staging_bytes=bound)
+    assert torch.equal(out["big"], tensors["big"].float())
+    assert torch.equal(out["small"], tensors["small"])
+    assert 0 < sum(held) <= bound
+    assert stats.staging_peak == sum(held)
+
+
+def test_a_staging_bound_below_one_row_still_loads_by_smaller_blocks(tmp_path: Path) -> None:
+    tensors = {"a": torch.randn(4, 1000).to(torch.bfloat16)}
+    out = {"a": _poisoned(tensors["a"], torch.float32)}
+    stats, _ = _load(tmp_path, tensors, out, threads=2, staging_bytes=600)
+    assert torch.equal(out["a"], tensors["a"].float())
+    assert stats.staging_peak <= 600
+
+
+def test_a_conversion_torch_refuses_names_the_tensor_and_file(tmp_path: Path) -> None:
+    tensors = {"q": torch.zeros(4, 4, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)}
+    out = {"q": torch.zeros(4, 4, dtype=torch.bfloat16)}
+    with pytest.raises(
+        CheckpointError,
+        match=r"q: cannot convert the stored float4_e2m1fn_x2 of model\.safetensors",
+    ):
+        _load(tmp_path, tensors, out)
+
+
+@pytest.mark.parametrize("budget", [1, 7, 64, 10_000])
+def test_blocks_tile_a_box_in_order_within_the_budget(budget: int) -> None:
+    box = Box(start=0, shape=(5, 6, 7), offsets=(1, 2, 0), lengths=(3, 4, 7), itemsize=2)
+    seen = torch.zeros(3, 4, 7, dtype=torch.int32)
+    for offsets, lengths in box.blocks(budget):
+        size = lengths[0] * lengths[1] * lengths[2] * 2
+        assert size <= max(budget, 2)
+        seen[
+            offsets[0] : offsets[0] + lengths[0],
+            offsets[1] : offsets[1] + lengths[1],
+            offsets[2] : offsets[2] + lengths[2],
+        ] += 1
+    assert (seen == 1).all()
+
+
+def test_run_starts_are_the_offsets_of_each_row_segment() -> None:
+    box = Box(start=100, shape=(4, 5, 6), offsets=(1, 1, 2), lengths=(2, 3, 3), itemsize=4)
+    starts, run = box.run_starts()
+    assert run == 12
+    assert starts.tolist() == [100 + ((i * 5 + j) * 6 + 2) * 4 for i in (1, 2) for j in (1, 2, 3)]
+    assert Box(0, (4, 5), (1, 0), (2, 5), 2).is_one_run()
+    assert Box(0, (4, 5), (1, 1), (1, 3), 2).is_one_run()
+    assert not Box(0, (4, 5), (1, 1), (2, 3), 2).is_one_run()
+
+
+def test_storage_info_and_stats_are_frozen_values() -> None:
+    info = StorageInfo("f.safetensors", 8, 16, "F32", (4,))
+    with pytest.raises(AttributeError):
+        info.offset = 0  # type: ignore[misc]
+    assert LoadStats().staging_peak == 0
