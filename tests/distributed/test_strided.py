@@ -314,9 +314,7 @@ def _strided_ranks(rank: int, world_size: int, root: str, cases: list[Case]) -> 
     }
 
 
-@pytest.fixture(scope="module")
-def strided_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, object]]:
-    root = tmp_path_factory.mktemp("strided")
+def _run_four_ranks(root: Path) -> list[dict[str, object]]:
     cases = DESIGN + _random_cases(seed=5, count=30)
     return spawn_ranks(_four_ranks, 4, str(root), cases, timeout=170)  # type: ignore[return-value]
 
@@ -330,16 +328,14 @@ def _four_ranks(rank: int, world_size: int, root: str, cases: list[Case]) -> dic
     return result
 
 
-@pytest.mark.distributed
-def test_region_math_and_both_readers_match_distribute_tensor_for_random_strided_layouts(
+def _assert_region_math_and_both_readers_match_distribute_tensor(
     strided_results: list[dict[str, object]],
 ) -> None:
     failures = [f for result in strided_results for f in result["failures"]]  # type: ignore[attr-defined]
     assert not failures, "\n".join(failures[:20])
 
 
-@pytest.mark.distributed
-def test_design_layouts_hold_the_rows_of_the_design_notes(
+def _assert_design_layouts_hold_the_rows_of_the_design_notes(
     strided_results: list[dict[str, object]],
 ) -> None:
     # Values are global flat index + 1; rows of width w start at w * row + 1.
@@ -349,8 +345,7 @@ def test_design_layouts_hold_the_rows_of_the_design_notes(
     assert rows16 == [0, 1, 8, 9]
 
 
-@pytest.mark.distributed
-def test_unmatched_local_rows_and_partial_dtensors_are_refused_before_any_read(
+def _assert_unmatched_local_rows_and_partial_dtensors_are_refused(
     strided_results: list[dict[str, object]],
 ) -> None:
     for result in strided_results:
@@ -363,8 +358,7 @@ def test_unmatched_local_rows_and_partial_dtensors_are_refused_before_any_read(
         assert "mesh (4)" in partial, partial
 
 
-@pytest.mark.distributed
-def test_torch_stock_planner_loads_wrong_rows_where_ours_is_right(
+def _assert_torch_stock_planner_loads_wrong_rows(
     strided_results: list[dict[str, object]],
 ) -> None:
     wrong = {name for result in strided_results for name in result["stock_wrong"]}  # type: ignore[attr-defined]
@@ -373,8 +367,7 @@ def test_torch_stock_planner_loads_wrong_rows_where_ours_is_right(
     assert all(len(result["bytes_read"]) == 4 for result in strided_results)  # type: ignore[arg-type]
 
 
-@pytest.mark.distributed
-def test_torch_written_strided_checkpoint_is_refused_with_the_likely_cause(
+def _assert_torch_written_strided_checkpoint_is_refused(
     strided_results: list[dict[str, object]],
 ) -> None:
     torch_refusals = strided_results[0]["torch_refusals"]
@@ -480,8 +473,7 @@ def _fsdp_tp_ranks(
     return {"failures": failures, "stock_wrong": stock_wrong, "bytes_read": report.bytes_read}
 
 
-@pytest.mark.distributed
-def test_fsdp_over_tensor_parallel_module_loads_from_hugging_face_like_the_reference(
+def _assert_fsdp_over_tensor_parallel_module_matches_the_reference(
     strided_results: list[dict[str, object]],
 ) -> None:
     # q_proj: ColwiseParallel, down_proj: RowwiseParallel, gate_up_proj: packed, 16 rows.
@@ -492,6 +484,20 @@ def test_fsdp_over_tensor_parallel_module_loads_from_hugging_face_like_the_refer
     wrong = {name for result in results for name in result["stock_wrong"]}  # type: ignore[index]
     assert wrong == {"gate_up_proj.weight"}
     assert sum(results[0]["bytes_read"]) > 0  # type: ignore[arg-type]
+
+
+@pytest.mark.distributed
+def test_strided_layouts_load_bit_exact_on_four_ranks_where_torch_stock_planner_is_wrong(
+    tmp_path: Path,
+) -> None:
+    """One spawn (and so one test, also under xdist) for every 4-rank check."""
+    results = _run_four_ranks(tmp_path)
+    _assert_region_math_and_both_readers_match_distribute_tensor(results)
+    _assert_design_layouts_hold_the_rows_of_the_design_notes(results)
+    _assert_unmatched_local_rows_and_partial_dtensors_are_refused(results)
+    _assert_torch_stock_planner_loads_wrong_rows(results)
+    _assert_torch_written_strided_checkpoint_is_refused(results)
+    _assert_fsdp_over_tensor_parallel_module_matches_the_reference(results)
 
 
 @pytest.mark.distributed
