@@ -334,7 +334,10 @@ def _read_index(root: Path) -> dict[str, str]:
             f'{INDEX_NAME}: "weight_map" must be a non-empty object of tensor name to file name',
             path=INDEX_NAME,
         )
+    checked: set[str] = set()  # each file is checked once, not once per tensor
     for tensor, file in weight_map.items():
+        if isinstance(file, str) and file in checked:
+            continue
         if not isinstance(file, str):
             raise CheckpointError(
                 f"{INDEX_NAME}: weight_map[{tensor!r}] must be a file name string, not "
@@ -343,6 +346,7 @@ def _read_index(root: Path) -> dict[str, str]:
                 tensor=tensor,
             )
         _check_plain_name(file, tensor)
+        checked.add(file)
         missing = not (root / file).is_file()
         if missing:
             raise CheckpointNotFoundError(
