@@ -398,7 +398,7 @@ def _mutate_directory(rng: random.Random, root: Path) -> None:
         victim = rng.choice(files)
         victim.rename(root / ("renamed-" + victim.name))
     elif what == 6:
-        (root / "stray.safetensors").mkdir()
+        (root / "stray.safetensors").mkdir(exist_ok=True)
     elif what == 7 and files:
         victim = rng.choice(files)
         victim.unlink()
@@ -631,6 +631,7 @@ def fuzz(
         work = Path(scratch) / "work"
         work.mkdir()
         for case in cases:
+            failed = True
             try:
                 if use_alarm:
                     signal.setitimer(signal.ITIMER_REAL, hang_seconds)
@@ -643,9 +644,13 @@ def fuzz(
                 report.failures.append((case, f"no outcome within {hang_seconds} s (a hang)"))
             except Exception:  # a crash of the harness itself is a finding too
                 report.failures.append((case, traceback.format_exc(limit=4)))
+            else:
+                failed = False
             finally:
                 if use_alarm:
                     signal.setitimer(signal.ITIMER_REAL, 0)
+            if failed:
+                logger.warning("FAIL case %d: %s", *report.failures[-1])
             report.cases += 1
             if on_progress is not None and report.cases % 1000 == 0:
                 report.seconds = time.perf_counter() - begin
