@@ -89,9 +89,64 @@ def load(
     Raises:
         CheckpointNotFoundError: The checkpoint, or a file it needs, does not exist.
         CheckpointError: The checkpoint breaks a rule, lacks keys not allowed to be
-            missing, or a tensor's shape differs from the state dict's.
+            missing, a tensor's shape differs from the state dict's, or a DTensor's local
+            tensor cannot be matched to its placements.  Raised on every rank when any
+            rank refuses (the others name that rank and its message).
     """
     begin = time.perf_counter()
+    # A refusal on one rank must stop every rank, or the others wait in collectives.
+    try:
+        layout, wanted, skipped = _validate(state_dict, path, allow_missing)
+        failure = None
+    except CheckpointError as err:
+        failure = err
+    _agree(failure, process_group)
+    if planner is None:
+        planner = LoadPlanner()
+    if isinstance(planner, LoadPlanner):
+        # Checked here too, so a DTensor that cannot be matched raises our typed error
+        # rather than text inside DCP's CheckpointException.
+        try:
+            strided_regions(wanted, strided_layout=planner.strided_layout)
+        except CheckpointError as err:
+            failure = err
+        _agree(failure, process_group)
+    options: dict[str, Any] = dict(reader_options or {})
+    options.setdefault("thread_count", thread_count)
+    if process_group is not None:
+        options.setdefault("process_group", process_group)
+    reader_type = (
+        TorchShardedSafetensorsReader if layout.kind == TORCH_SHARDED else HuggingFaceStorageReader
+    )
+    reader = reader_type(path, **options)
+    with warnings.catch_warnings():
+        # One process without a process group is a supported use here, not a mistake.
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp_load(
+            cast(dict[str, Any], wanted),
+            storage_reader=reader,
+            planner=planner,
+            process_group=process_group,
+        )
+    stats = reader.last_stats
+    counts = _gather((stats.bytes_read, stats.bytes_received) if stats else (0, 0), process_group)
+    return LoadReport(
+        kind=layout.kind,
+        tensors=len(wanted),
+        bytes_read=tuple(read for read, _ in counts),
+        bytes_received=tuple(received for _, received in counts),
+        seconds=time.perf_counter() - begin,
+        skipped=tuple(skipped),
+        unused=tuple(sorted(set(layout.tensors) - set(state_dict))),
+    )
+
+
+def _validate(
+    state_dict: Mapping[str, torch.Tensor],
+    path: str | os.PathLike[str],
+    allow_missing: bool | Collection[str],
+) -> tuple[CheckpointLayout, dict[str, torch.Tensor], list[str]]:
+    """The validated layout, the entries to load, and the keys skipped as allowed."""
     layout = describe(path)
     tensor_shapes = {
         name: to_torch_shape(tensor.dtype, tensor.shape) for name, tensor in layout.tensors.items()
@@ -123,40 +178,22 @@ def load(
                 path=_file_of(layout, name),
                 tensor=name,
             )
-    if planner is None:
-        planner = LoadPlanner()
-    if isinstance(planner, LoadPlanner):
-        # Checked here too, so a DTensor that cannot be matched raises our typed error
-        # rather than text inside DCP's CheckpointException.
-        strided_regions(wanted, strided_layout=planner.strided_layout)
-    options: dict[str, Any] = dict(reader_options or {})
-    options.setdefault("thread_count", thread_count)
-    if process_group is not None:
-        options.setdefault("process_group", process_group)
-    reader_type = (
-        TorchShardedSafetensorsReader if layout.kind == TORCH_SHARDED else HuggingFaceStorageReader
-    )
-    reader = reader_type(path, **options)
-    with warnings.catch_warnings():
-        # One process without a process group is a supported use here, not a mistake.
-        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-        dcp_load(
-            cast(dict[str, Any], wanted),
-            storage_reader=reader,
-            planner=planner,
-            process_group=process_group,
-        )
-    stats = reader.last_stats
-    counts = _gather((stats.bytes_read, stats.bytes_received) if stats else (0, 0), process_group)
-    return LoadReport(
-        kind=layout.kind,
-        tensors=len(wanted),
-        bytes_read=tuple(read for read, _ in counts),
-        bytes_received=tuple(received for _, received in counts),
-        seconds=time.perf_counter() - begin,
-        skipped=tuple(skipped),
-        unused=tuple(sorted(set(tensor_shapes) - set(state_dict))),
-    )
+    return layout, wanted, skipped
+
+
+def _agree(failure: CheckpointError | None, group: dist.ProcessGroup | None) -> None:
+    """Raise on every rank when any rank of ``group`` failed: its own error, else the first."""
+    if not (dist.is_available() and dist.is_initialized()):
+        if failure is not None:
+            raise failure
+        return
+    messages: list[object] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(messages, None if failure is None else str(failure), group=group)
+    if failure is not None:
+        raise failure
+    for rank, message in enumerate(messages):
+        if message is not None:
+            raise CheckpointError(f"rank {rank} of the load refused it: {message}")
 
 
 def _gather(value: tuple[int, int], group: dist.ProcessGroup | None) -> list[tuple[int, int]]:

@@ -125,21 +125,31 @@ def strided_regions(
             tensor; the message names the key, placements and mesh.
     """
     regions = {}
+    problems: list[CheckpointError] = []
     for fqn, value in sorted(state_dict.items()):
         if not isinstance(value, DTensor):
             continue
         if any(isinstance(p, Partial) for p in value.placements):
-            raise CheckpointError(
-                f"{fqn}: DTensor with placements {_show(value.placements)} on mesh "
-                f"{_show_mesh(value)} is Partial: each rank holds a term of a sum, not part "
-                f"of the tensor, so nothing can be loaded into it; redistribute it to "
-                f"Replicate or Shard before loading",
-                tensor=fqn,
+            problems.append(
+                CheckpointError(
+                    f"{fqn}: DTensor with placements {_show(value.placements)} on mesh "
+                    f"{_show_mesh(value)} is Partial: each rank holds a term of a sum, not part "
+                    f"of the tensor, so nothing can be loaded into it; redistribute it to "
+                    f"Replicate or Shard before loading",
+                    tensor=fqn,
+                )
             )
-        if any(is_strided(p) for p in value.placements) and (
+        elif any(is_strided(p) for p in value.placements) and (
             value.device_mesh.get_coordinate() is not None
         ):
-            regions[fqn] = _regions_for(fqn, value, strided_layout)
+            # Go on after a problem: later tensors may take an all-reduce the other ranks
+            # of their mesh are waiting for.
+            try:
+                regions[fqn] = _regions_for(fqn, value, strided_layout)
+            except CheckpointError as err:
+                problems.append(err)
+    if problems:
+        raise problems[0]
     return regions
 
 
