@@ -198,10 +198,7 @@ def _pack(
 ) -> list[Transfer]:
     """Pack shared slices into rounds: large ones alone, small ones batched per route."""
     large = [k for k in shared if sizes[k] >= batch_bytes]
-    small = sorted(
-        (k for k in shared if sizes[k] < batch_bytes),
-        key=lambda k: (source[k], tuple(holders[k]), k),
-    )
+    small = [k for k in shared if sizes[k] < batch_bytes]  # in file order: slots follow it
     done: list[Transfer] = []
     open_batches: dict[tuple[int, tuple[int, ...]], list[Slot]] = {}
     current = 0
