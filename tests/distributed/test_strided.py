@@ -1,7 +1,7 @@
 """``_StridedShard`` DTensors load into the rows they really hold, on spawned gloo ranks.
 
 One 4-rank spawn runs the layouts of the design notes, a seeded batch of random layouts
-(meshes (4,) and (2, 2); ``Shard``, ``_StridedShard`` with split factors 2-4 and
+(meshes (4,), (2, 2) and (1, 2, 2); ``Shard``, ``_StridedShard`` with split factors 2-4 and
 ``Replicate`` on random dimensions; even and uneven shapes) through both readers, torch's
 stock planner on the same layouts, and torch's writer on ``_StridedShard`` DTensors.
 Another runs a tensor-parallel module under FSDP2 on a 2x2 mesh, and a slower 6-rank spawn
@@ -69,8 +69,8 @@ class Case:
 
     Attributes:
         name: The tensor's name in the checkpoints.
-        mesh: ``"4"`` (1-D mesh of 4), ``"2x2"``, or ``"tp"`` (the 2x2 mesh's second
-            dimension: a mesh of 2).
+        mesh: ``"4"`` (1-D mesh of 4), ``"2x2"``, ``"1x2x2"``, or ``"tp"`` (the 2x2
+            mesh's second dimension: a mesh of 2).
         placements: One spec per mesh dimension.
         shape: The global shape.
     """
@@ -104,12 +104,12 @@ def _random_cases(seed: int, count: int) -> list[Case]:
     rng = random.Random(seed)
     cases = []
     while len(cases) < count:
-        mesh = rng.choice(["4", "2x2"])
+        mesh = rng.choice(["4", "4", "2x2", "2x2", "1x2x2"])
         ndim = rng.choice([1, 2, 2, 3])
         even = rng.random() < 0.4
         shape = tuple(rng.choice([8, 16, 24]) if even else rng.randint(1, 13) for _ in range(ndim))
         placements: list[Spec] = []
-        for _ in range(1 if mesh == "4" else 2):
+        for _ in range(mesh.count("x") + 1):
             kind = rng.choice(["S", "SS", "SS", "R"])
             dim = rng.randrange(ndim)
             placements.append(
@@ -135,7 +135,12 @@ def _placement(spec: Spec) -> Placement:
 
 def _meshes() -> dict[str, DeviceMesh]:
     grid = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-    return {"4": init_device_mesh("cpu", (4,)), "2x2": grid, "tp": grid["tp"]}
+    return {
+        "4": init_device_mesh("cpu", (4,)),
+        "2x2": grid,
+        "tp": grid["tp"],
+        "1x2x2": init_device_mesh("cpu", (1, 2, 2)),
+    }
 
 
 def _original(case: Case) -> torch.Tensor:
@@ -315,7 +320,7 @@ def _strided_ranks(rank: int, world_size: int, root: str, cases: list[Case]) -> 
 
 
 def _run_four_ranks(root: Path) -> list[dict[str, object]]:
-    cases = DESIGN + _random_cases(seed=5, count=30)
+    cases = DESIGN + _random_cases(seed=5, count=40)
     return spawn_ranks(_four_ranks, 4, str(root), cases, timeout=170)  # type: ignore[return-value]
 
 
