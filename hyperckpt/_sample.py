@@ -18,7 +18,15 @@ from typing import Final
 
 import torch
 
-__all__ = ["SIZES", "SampleSize", "sample_names", "sample_tensor", "sample_tensors", "write_sample"]
+__all__ = [
+    "SIZES",
+    "SampleSize",
+    "sample_names",
+    "sample_tensor",
+    "sample_tensors",
+    "write_sample",
+    "write_shard_file",
+]
 
 _SEED: Final = 20_240_601
 _CODES: Final = {torch.bfloat16: "BF16", torch.float32: "F32"}
@@ -124,8 +132,26 @@ def write_sample(path: str | os.PathLike[str], size: str = "tiny") -> Path:
     return root
 
 
-def _write_file(path: Path, tensors: list[tuple[str, torch.Tensor]]) -> int:
-    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+def write_shard_file(
+    path: str | os.PathLike[str], pieces: list[tuple[str, torch.Tensor, tuple[int, ...]]]
+) -> None:
+    """Write one rank's file of a torch sharded directory, as torch's writer lays it out.
+
+    Args:
+        path: The file to write, e.g. ``shard-00001-model-00001-of-00001.safetensors``.
+        pieces: Tensor name, the rank's piece and where it starts in the whole tensor.
+    """
+    info = {name: {"saved_offsets": list(offsets)} for name, _, offsets in pieces}
+    metadata = {"DCP_SHARDING_INFO": json.dumps(info), "format": "pt"}
+    _write_file(Path(path), [(name, piece) for name, piece, _ in pieces], metadata)
+
+
+def _write_file(
+    path: Path,
+    tensors: list[tuple[str, torch.Tensor]],
+    metadata: dict[str, str] | None = None,
+) -> int:
+    header: dict[str, object] = {"__metadata__": metadata or {"format": "pt"}}
     offset = 0
     for name, tensor in tensors:
         nbytes = tensor.numel() * tensor.element_size()

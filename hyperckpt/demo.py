@@ -8,6 +8,7 @@ the original and reports what each rank read.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 import shutil
@@ -31,6 +32,7 @@ from hyperckpt import _sample
 from hyperckpt._plan import placements_for
 from hyperckpt._spawn import spawn_ranks
 from hyperckpt.readers import HuggingFaceStorageReader, TorchShardedSafetensorsReader
+from hyperckpt.regions import local_regions
 
 __all__ = ["LAYOUTS", "DemoReport", "DemoRow", "format_report", "run_demo", "write_sample"]
 
@@ -92,6 +94,8 @@ class DemoReport:
     Attributes:
         size: The sample size's name.
         ranks: Ranks spawned.
+        torch_writer: Whether torch's ``HuggingFaceStorageWriter`` wrote the torch sharded
+            copy (it needs ``safetensors``); otherwise the ranks wrote the same files.
         tensors: Tensors in the sample.
         nbytes: Bytes of tensor data in the sample checkpoint.
         directory: Where the checkpoints were written.
@@ -102,6 +106,7 @@ class DemoReport:
 
     size: str
     ranks: int
+    torch_writer: bool
     tensors: int
     nbytes: int
     directory: str
@@ -154,21 +159,39 @@ def run_demo(
         names = _sample.sample_names(_sample.SIZES[size])
         nbytes = sum(math.prod(shape) * dtype.itemsize for _, shape, dtype in names)
         step(f"spawning {ranks} CPU ranks: save a torch sharded copy, load every layout")
+        torch_writer = _can_use_torch_writer()
         per_rank = spawn_ranks(
-            _rank_main, ranks, str(hf_dir), str(root / "sharded"), size, timeout=timeout
+            _rank_main,
+            ranks,
+            str(hf_dir),
+            str(root / "sharded"),
+            size,
+            torch_writer,
+            timeout=timeout,
         )
         rows = _merge([result for result in per_rank if isinstance(result, list)])
     finally:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
     return DemoReport(
-        size, ranks, len(names), nbytes, str(root), keep, tuple(rows), time.perf_counter() - begin
+        size,
+        ranks,
+        torch_writer,
+        len(names),
+        nbytes,
+        str(root),
+        keep,
+        tuple(rows),
+        time.perf_counter() - begin,
     )
 
 
 def format_report(report: DemoReport) -> str:
     """The demo's table: layout, checkpoint, seconds, bytes read and received per rank."""
-    table = [["layout", "checkpoint", "mesh", "seconds", "MB read per rank", "MB received", ""]]
+    unit, scale = ("MB", 1e6) if report.nbytes >= 10e6 else ("kB", 1e3)
+    table = [
+        ["layout", "checkpoint", "mesh", "seconds", f"{unit} read per rank", f"{unit} received", ""]
+    ]
     for row in report.rows:
         if row.note:
             result = row.note
@@ -182,15 +205,22 @@ def format_report(report: DemoReport) -> str:
                 row.checkpoint,
                 _TIMES.join(map(str, row.mesh)),
                 f"{row.seconds:.3f}",
-                _per_rank(row.bytes_read),
-                _per_rank(row.bytes_received),
+                _per_rank(row.bytes_read, scale),
+                _per_rank(row.bytes_received, scale),
                 result,
             ]
         )
     widths = [max(len(line[column]) for line in table) for column in range(len(table[0]))]
     lines = [
         f"hyperckpt demo: {report.size} Llama-like sample, {report.tensors} tensors, "
-        f"{_mb(report.nbytes)} MB, on {report.ranks} CPU ranks (gloo)",
+        f"{report.nbytes / scale:.1f} {unit}, on {report.ranks} CPU ranks (gloo)",
+        "torch-sharded: "
+        + (
+            "saved by torch's HuggingFaceStorageWriter(save_distributed=True) from FSDP shards"
+            if report.torch_writer
+            else "per-rank files written like torch's writer does (pip install safetensors "
+            "to have torch's own writer make them)"
+        ),
         "",
     ]
     for line in table:
@@ -211,16 +241,13 @@ def format_report(report: DemoReport) -> str:
     return "\n".join(lines)
 
 
-def _mb(nbytes: int) -> str:
-    return f"{nbytes / 1e6:.1f}"
-
-
-def _per_rank(values: Sequence[int]) -> str:
-    if not values:
-        return "-"
-    if len(values) <= 4:
-        return " ".join(_mb(v) for v in values)
-    return f"{_mb(min(values))}-{_mb(max(values))}"
+def _per_rank(values: Sequence[int], scale: float) -> str:
+    if not values or not any(values):
+        return "-" if not values else "0"
+    shown = [f"{v / scale:.1f}" for v in values]
+    if len(shown) <= 4:
+        return " ".join(shown)
+    return f"{min(shown, key=float)}-{max(shown, key=float)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,7 +288,9 @@ def _merge(per_rank: list[list[_Case]]) -> list[DemoRow]:
 # ---- what each rank runs ------------------------------------------------------------------
 
 
-def _rank_main(rank: int, world: int, hf_dir: str, sharded_dir: str, size: str) -> list[_Case]:
+def _rank_main(
+    rank: int, world: int, hf_dir: str, sharded_dir: str, size: str, torch_writer: bool
+) -> list[_Case]:
     originals = dict(_sample.sample_tensors(_sample.SIZES[size]))
     flat = init_device_mesh("cpu", (world,))
     square = init_device_mesh("cpu", (world // 2, 2)) if world % 2 == 0 and world >= 4 else None
@@ -290,9 +319,7 @@ def _rank_main(rank: int, world: int, hf_dir: str, sharded_dir: str, size: str) 
             for name, t in originals.items()
         }
         if layout == "fsdp":
-            # The torch sharded copy, written by torch's own writer from FSDP shards.
-            writer = HuggingFaceStorageWriter(sharded_dir, save_distributed=True)
-            dcp_save(expected, storage_writer=writer)
+            _save_sharded(expected, sharded_dir, with_torch=torch_writer)
         state = {name: _poisoned(t) for name, t in expected.items()}
         runs = [(c, p, planner) for c, p in zip(_CHECKPOINTS, (hf_dir, sharded_dir), strict=True)]
         if layout == "fsdp-tp":
@@ -301,6 +328,42 @@ def _rank_main(rank: int, world: int, hf_dir: str, sharded_dir: str, size: str) 
             name = layout if factory is not None or layout != "fsdp-tp" else "fsdp-tp-torch"
             cases.append(_load(name, checkpoint, path, shape, expected, state, factory))
     return cases
+
+
+def _can_use_torch_writer() -> bool:
+    """Whether torch's ``HuggingFaceStorageWriter`` can run here (it needs ``safetensors``)."""
+    try:
+        importlib.import_module("safetensors.torch")
+    except ImportError:
+        return False
+    return True
+
+
+def _save_sharded(state: dict[str, DTensor], directory: str, *, with_torch: bool) -> None:
+    """Save FSDP shards as a torch sharded directory, one file per rank.
+
+    torch's ``HuggingFaceStorageWriter(save_distributed=True)`` needs the ``safetensors``
+    package; without it each rank writes the same file layout itself.
+    """
+    if with_torch:
+        writer = HuggingFaceStorageWriter(directory, save_distributed=True)
+        dcp_save(state, storage_writer=writer)
+        return
+    pieces = []
+    for name, tensor in state.items():
+        local = tensor.to_local()
+        if local.numel() == 0:
+            continue
+        mesh = tuple(tensor.device_mesh.shape)
+        coordinate = tuple(tensor.device_mesh.get_coordinate() or ())
+        (region,) = local_regions(tensor.shape, mesh, tensor.placements, coordinate)
+        pieces.append((name, local, region.offsets))
+    rank = dist.get_rank()
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    if pieces:
+        name = f"shard-{rank + 1:05d}-model-00001-of-00001.safetensors"
+        _sample.write_shard_file(Path(directory, name), pieces)
+    dist.barrier()
 
 
 def _hyperckpt_planner() -> Callable[[], LoadPlanner] | None:
