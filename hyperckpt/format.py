@@ -89,6 +89,7 @@ DTYPES: Mapping[str, DtypeInfo] = MappingProxyType(
         "F6_E3M2": DtypeInfo(6, None),
     }
 )
+_LOADABLE_BITS = {code: info.bits for code, info in DTYPES.items() if info.torch_name is not None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -492,7 +493,47 @@ def _is_unicode(text: str) -> bool:
     return True
 
 
+def _valid_entry(key: str, value: object) -> tuple[str, str, tuple[int, ...], int, int] | None:
+    """The common case of :func:`_check_entry`, fast: the entry, or ``None`` if any rule fails.
+
+    Applies every rule of :func:`_check_entry` (which then names the one broken); a
+    ``None`` here costs nothing but the slower, precise pass.
+    """
+    if type(value) is not dict or value.keys() != _ENTRY_KEYS:
+        return None
+    dtype = value["dtype"]
+    shape = value["shape"]
+    offsets = value["data_offsets"]
+    if type(dtype) is not str or type(shape) is not list or type(offsets) is not list:
+        return None
+    bits = _LOADABLE_BITS.get(dtype)
+    if bits is None or len(offsets) != 2:
+        return None
+    for size in shape:
+        if type(size) is not int or not 0 <= size < _MAX_ELEMENT_BITS:
+            return None
+        bits *= size
+    begin, end = offsets
+    if (
+        type(begin) is not int
+        or type(end) is not int
+        or not 0 <= begin <= end < _MAX_ELEMENT_BITS
+        or bits >= _MAX_ELEMENT_BITS
+        or bits % 8
+        or end - begin != bits // 8
+        or (dtype == "F4" and (not shape or shape[-1] % 2))
+        or not key
+        or "\x00" in key
+        or not (key.isascii() or _is_unicode(key))
+    ):
+        return None
+    return key, dtype, tuple(shape), begin, end
+
+
 def _check_entry(key: str, value: object, name: str) -> tuple[str, str, tuple[int, ...], int, int]:
+    valid = _valid_entry(key, value)
+    if valid is not None:
+        return valid
     where = f"{name}: tensor {key!r}"
     _check_tensor_name(key, name)
     if not isinstance(value, dict):
