@@ -1,0 +1,128 @@
+"""Small shared test helpers: sample tensors, poisoned destinations, bit-exact checks, HF files.
+
+Import as ``from helpers import ...`` (``tests/`` is on ``sys.path`` through its conftest).
+The API is four functions; keep it small:
+
+* :func:`sample_tensor` - deterministic data that never holds an all-``0xFF`` element;
+* :func:`poison_` - fill a destination with ``0xFF`` bytes (NaN, -1, 255, an invalid bool);
+* :func:`mismatch` - ``None`` when two tensors are bit-identical, else a short description;
+* :func:`write_hf_checkpoint` - ``model.safetensors`` or several files and their index.
+
+Because sample data never contains the poison pattern, an element a load forgot to write
+always shows up in :func:`mismatch`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+__all__ = ["mismatch", "poison_", "sample_tensor", "write_hf_checkpoint"]
+
+
+def sample_tensor(shape: tuple[int, ...], dtype: torch.dtype, *, seed: int) -> torch.Tensor:
+    """A reproducible tensor of ``shape`` and ``dtype`` with no all-``0xFF`` element.
+
+    Floats are normal samples (never NaN), integers lie in ``[0, 100)`` (never -1 or the
+    type's all-ones value), bools are random ``True``/``False``.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=generator).to(torch.bool)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=generator).to(dtype)
+    return torch.randint(0, 100, shape, generator=generator).to(dtype)
+
+
+def poison_(tensor: torch.Tensor) -> torch.Tensor:
+    """Fill ``tensor`` in place with ``0xFF`` bytes and return it.
+
+    Works on non-contiguous views (``tensor`` keeps its storage).  The pattern reads as NaN
+    for every float dtype, -1 for signed integers, the maximum for unsigned ones and an
+    invalid byte for ``bool``; :func:`mismatch` compares bytes, so any of them is caught.
+    """
+    if tensor.numel() == 0:
+        return tensor
+    if tensor.element_size() == 1:
+        # Through uint8: a bool copy would normalise 0xFF to 0x01.
+        tensor.view(torch.uint8).fill_(0xFF)
+        return tensor
+    pattern = torch.full((tensor.element_size(),), 0xFF, dtype=torch.uint8)
+    tensor.copy_(pattern.view(tensor.dtype).reshape(()).expand(tensor.shape))
+    return tensor
+
+
+def mismatch(actual: torch.Tensor, expected: torch.Tensor) -> str | None:
+    """Compare two tensors bit for bit (dtype, shape and bytes; ``-0.0`` differs from ``0.0``).
+
+    Returns:
+        ``None`` when identical, else what differs: dtype, shape, or how many elements and
+        the first differing index with both values.
+    """
+    if actual.dtype != expected.dtype:
+        return f"dtype {actual.dtype}, expected {expected.dtype}"
+    if actual.shape != expected.shape:
+        return f"shape {list(actual.shape)}, expected {list(expected.shape)}"
+    width = actual.element_size()
+    got = _bytes(actual).view(-1, width) if actual.numel() else None
+    want = _bytes(expected).view(-1, width) if expected.numel() else None
+    if got is None or want is None:
+        return None
+    differs = (got != want).any(dim=1)
+    count = int(differs.sum())
+    if count == 0:
+        return None
+    flat = int(differs.nonzero()[0, 0])
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), actual.shape))
+    # bool and float8 elements are shown as their raw byte.
+    shown = actual.dtype if actual.dtype.is_signed or width > 1 else torch.uint8
+    value = actual.detach().view(shown).reshape(-1)[flat]
+    wanted = expected.detach().view(shown).reshape(-1)[flat]
+    return (
+        f"{count} of {actual.numel()} elements differ; first at {list(index)}: "
+        f"got {value.item()!r}, expected {wanted.item()!r}"
+    )
+
+
+def write_hf_checkpoint(
+    directory: Path, tensors: Mapping[str, torch.Tensor], *, files: int = 1
+) -> Path:
+    """Write ``tensors`` as a Hugging Face checkpoint with :func:`safetensors.torch.save_file`.
+
+    Args:
+        directory: Created if missing.
+        tensors: Name to tensor; each tensor goes whole into one file.
+        files: ``1`` writes ``model.safetensors``; more writes that many
+            ``model-0000k-of-0000n.safetensors`` files (tensors dealt out in name order)
+            and ``model.safetensors.index.json``.
+
+    Returns:
+        ``directory``.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    if files == 1:
+        save_file(dict(tensors), str(directory / "model.safetensors"))
+        return directory
+    names = sorted(tensors)
+    weight_map: dict[str, str] = {}
+    for part in range(files):
+        file = f"model-{part + 1:05d}-of-{files:05d}.safetensors"
+        chosen = names[part::files]
+        save_file({name: tensors[name] for name in chosen}, str(directory / file))
+        weight_map.update(dict.fromkeys(chosen, file))
+    total = sum(math.prod(t.shape) * t.element_size() for t in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    return directory
+
+
+def _bytes(tensor: torch.Tensor) -> torch.Tensor:
+    if tensor.element_size() == 1:
+        # Bytes first: copying a bool would normalise any nonzero byte to 0x01.
+        return tensor.detach().view(torch.uint8).reshape(-1)
+    return tensor.detach().reshape(-1).contiguous().view(torch.uint8)
