@@ -35,6 +35,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlanner, Read
 
 from hyperckpt import _sysio
 from hyperckpt._box import Box, narrow
+from hyperckpt._coalesce import coalesce
 from hyperckpt._staging import PinnedRing, Staging
 from hyperckpt.dtypes import to_torch_dtype
 from hyperckpt.errors import CheckpointChangedError, CheckpointError
@@ -285,40 +286,11 @@ class ReadEngine:
         self, name: str, extents: list[tuple[int, int, int]], scratch: torch.Tensor, gap: int
     ) -> list[tuple[str, int, _Job]]:
         fd = self._fds[name]
-        jobs: list[tuple[str, int, _Job]] = []
-        group: list[tuple[int, int]] = []
-        start = end = 0
-
-        def flush() -> None:
-            if group:
-                jobs.append((name, start, _bind(self._read, name, fd, start, list(group))))
-                group.clear()
-
-        for offset, length, address in sorted(extents):
-            if length > CHUNK_BYTES:
-                flush()
-                for first in range(0, length, CHUNK_BYTES):
-                    piece = [(address + first, min(CHUNK_BYTES, length - first))]
-                    jobs.append(
-                        (name, offset + first, _bind(self._read, name, fd, offset + first, piece))
-                    )
-                continue
-            skip = offset - end
-            if (
-                group
-                and 0 <= skip <= gap
-                and offset + length - start <= CHUNK_BYTES
-                and len(group) + 2 <= _sysio.IOV_MAX
-            ):
-                if skip:
-                    group.append((scratch.data_ptr(), skip))
-            else:
-                flush()
-                start = offset
-            group.append((address, length))
-            end = offset + length
-        flush()
-        return jobs
+        reads = coalesce(extents, gap=gap, scratch=scratch.data_ptr(), chunk=CHUNK_BYTES)
+        return [
+            (name, offset, _bind(self._read, name, fd, offset, buffers))
+            for offset, buffers in reads
+        ]
 
     def _strided_jobs(
         self, request: _Request, scratch: torch.Tensor, gap: int

@@ -14,6 +14,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 from hyperckpt import _staging, _sysio
 from hyperckpt import io as engine_io
 from hyperckpt._box import Box
+from hyperckpt._coalesce import coalesce
 from hyperckpt.errors import CheckpointError
 from hyperckpt.io import LoadStats, ReadEngine, StorageInfo
 from hyperckpt.layout import huggingface_layout
@@ -331,3 +332,27 @@ def test_storage_info_and_stats_are_frozen_values() -> None:
     with pytest.raises(AttributeError):
         info.offset = 0  # type: ignore[misc]
     assert LoadStats().staging_peak == 0
+
+
+def test_coalesce_joins_small_gaps_and_splits_long_ranges() -> None:
+    extents = [(100, 10, 1000), (0, 50, 2000), (60, 30, 3000), (500, 250, 4000)]
+    reads = coalesce(extents, gap=20, scratch=9, chunk=120)
+    assert reads == [
+        (0, [(2000, 50), (9, 10), (3000, 30), (9, 10), (1000, 10)]),
+        (500, [(4000, 120)]),
+        (620, [(4120, 120)]),
+        (740, [(4240, 10)]),
+    ]
+    assert coalesce(extents[:3], gap=20, scratch=9, chunk=100)[1] == (100, [(1000, 10)])
+
+
+def test_coalesce_never_joins_overlapping_or_far_extents_or_too_many_buffers() -> None:
+    assert coalesce([(0, 10, 1), (5, 10, 2)], gap=100, scratch=0, chunk=10**6) == [
+        (0, [(1, 10)]),
+        (5, [(2, 10)]),
+    ]
+    assert len(coalesce([(0, 1, 1), (50, 1, 2)], gap=10, scratch=0, chunk=10**6)) == 2
+    many = [(i * 2, 1, i) for i in range(2000)]
+    reads = coalesce(many, gap=1, scratch=0, chunk=10**6)
+    assert all(len(buffers) <= _sysio.IOV_MAX for _, buffers in reads)
+    assert sum(len(b) for _, b in reads) == 2 * 2000 - len(reads)

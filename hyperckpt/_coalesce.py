@@ -1,0 +1,55 @@
+"""Grouping byte ranges of one file into few positional reads (coalescing and splitting)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from hyperckpt._sysio import IOV_MAX
+
+__all__ = ["coalesce"]
+
+
+def coalesce(
+    extents: Iterable[tuple[int, int, int]], *, gap: int, scratch: int, chunk: int
+) -> list[tuple[int, list[tuple[int, int]]]]:
+    """Group ``(file offset, length, address)`` extents into scatter reads.
+
+    Extents in offset order join one read while the bytes between them are at most ``gap``
+    (read into ``scratch`` and dropped), the read spans at most ``chunk`` bytes and it needs
+    at most :data:`~hyperckpt._sysio.IOV_MAX` buffers; an extent longer than ``chunk`` is
+    split into reads of ``chunk`` bytes so that several threads share it.
+
+    Args:
+        extents: Byte ranges of one file and the address each one lands at.
+        gap: Most bytes read and dropped between two extents of one read.
+        scratch: Address of at least ``gap`` writable bytes.
+        chunk: Most bytes one read spans.
+
+    Returns:
+        ``(file offset, [(address, length), ...])`` per read, in offset order.
+    """
+    reads: list[tuple[int, list[tuple[int, int]]]] = []
+    group: list[tuple[int, int]] = []
+    start = end = 0
+    for offset, length, address in sorted(extents):
+        if length > chunk:
+            if group:
+                reads.append((start, group))
+                group = []
+            for first in range(0, length, chunk):
+                reads.append((offset + first, [(address + first, min(chunk, length - first))]))
+            continue
+        skip = offset - end
+        fits = 0 <= skip <= gap and offset + length - start <= chunk and len(group) + 2 <= IOV_MAX
+        if group and fits:
+            if skip:
+                group.append((scratch, skip))
+            group.append((address, length))
+            end = offset + length
+            continue
+        if group:
+            reads.append((start, group))
+        group, start, end = [(address, length)], offset, offset + length
+    if group:
+        reads.append((start, group))
+    return reads
