@@ -197,9 +197,16 @@ def _check(label: str, cases: list[Case], state: dict[str, DTensor], meshes) -> 
 def _strided_ranks(rank: int, world_size: int, root: str, cases: list[Case]) -> dict[str, object]:
     meshes = _meshes()
     failures: list[str] = []
-    # 1. The pure region function against DTensor's own split, element by element.
+    # 1. The pure region function against DTensor's own split, element by element, and
+    # that split against what DTensor's full_tensor() reassembles.
     for case in cases:
-        expected = _distribute(_original(case), case, meshes).to_local()
+        distributed = _distribute(_original(case), case, meshes)
+        # torch 2.13's full_tensor() breaks on uneven strided layouts and on some 2-D ones
+        # (8 rows, 2x2, [_StridedShard(0, 4), Shard(0)]): some ranks raise, the others
+        # abort in a mismatched collective.  So it is asked on the 1-D design layouts only.
+        if case in DESIGN[:2] and not torch.equal(distributed.full_tensor(), _original(case)):
+            failures.append(f"ground truth: {case}: full_tensor() differs from the original")
+        expected = distributed.to_local()
         built = _from_regions(case, meshes)
         if expected.numel() == 0:
             ok = built is not None and built.numel() == 0
