@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from typing import Final, TextIO
 
@@ -59,6 +60,8 @@ def format_bytes(nbytes: int) -> str:
 class StatusLine:
     """A one-line status that rewrites itself on a terminal and stays silent elsewhere.
 
+    While a step runs, its elapsed time ticks twice a second.
+
     Args:
         stream: Where to write; ``sys.stderr`` by default.
         enabled: Force on or off; by default on when ``stream`` is a terminal.
@@ -67,7 +70,11 @@ class StatusLine:
     def __init__(self, stream: TextIO | None = None, *, enabled: bool | None = None) -> None:
         self._stream = stream or sys.stderr
         self._enabled = self._stream.isatty() if enabled is None else enabled
-        self._begin = time.perf_counter()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+        self._text = ""
+        self._since = time.perf_counter()
         self._width = 0
         self._step = 0
 
@@ -75,15 +82,34 @@ class StatusLine:
         """Show ``text`` as the current step."""
         if not self._enabled:
             return
-        self._step += 1
-        line = f"[{self._step}] {text} ({time.perf_counter() - self._begin:.0f} s)"
+        with self._lock:
+            self._step += 1
+            self._text = f"[{self._step}] {text}"
+            self._since = time.perf_counter()
+            self._render()
+        if self._ticker is None:
+            self._ticker = threading.Thread(target=self._tick, name="hyperckpt-status", daemon=True)
+            self._ticker.start()
+
+    def close(self) -> None:
+        """Stop ticking and erase the status line."""
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join()
+            self._ticker = None
+        with self._lock:
+            if self._enabled and self._width:
+                self._stream.write("\r" + " " * self._width + "\r")
+                self._stream.flush()
+                self._width = 0
+
+    def _tick(self) -> None:
+        while not self._stop.wait(0.5):
+            with self._lock:
+                self._render()
+
+    def _render(self) -> None:
+        line = f"{self._text} {time.perf_counter() - self._since:.0f} s"
         self._stream.write("\r" + line.ljust(self._width))
         self._stream.flush()
         self._width = len(line)
-
-    def close(self) -> None:
-        """Erase the status line."""
-        if self._enabled and self._width:
-            self._stream.write("\r" + " " * self._width + "\r")
-            self._stream.flush()
-            self._width = 0

@@ -98,4 +98,9 @@ def run_torchrun(block: Block, where: str, cwd: Path) -> None:
     done = subprocess.run(
         command, cwd=cwd, capture_output=True, text=True, timeout=150, env=env, check=False
     )
-    assert done.returncode == 0, f"{where} failed:\n{done.stdout}\n{done.stderr[-4000:]}"
+    errors = (
+        done.stderr
+        if len(done.stderr) < 8000
+        else done.stderr[:4000] + "\n...\n" + done.stderr[-4000:]
+    )
+    assert done.returncode == 0, f"{where} failed:\n{done.stdout}\n{errors}"
