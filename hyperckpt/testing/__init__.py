@@ -26,9 +26,11 @@ What is here:
 * directories: :func:`huggingface_checkpoints` (one file, or several with an index) and
   :func:`torch_sharded_checkpoints` (per-rank files with ``DCP_SHARDING_INFO``), each with
   a ``write(root)`` method;
-* faults: :func:`file_faults` (one broken rule of one file) and :func:`sharded_faults` (a
-  removed, shifted or duplicated piece), each naming the id of the rule it breaks; the
-  rules and their messages are catalogued in :mod:`hyperckpt.testing.rules`.
+* faults: :func:`file_faults` (one broken rule of one file), :func:`huggingface_faults`
+  (a missing file, an index disagreeing with the files, a tensor in two files, ...) and
+  :func:`sharded_faults` (a removed, shifted or duplicated piece), each naming the id of
+  the rule it breaks; the rules and their messages are catalogued in
+  :mod:`hyperckpt.testing.rules`.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from hyperckpt.testing._files import (
     tensor_specs,
     to_torch,
 )
+from hyperckpt.testing._hf_faults import HF_FAULT_RULES, HuggingFaceFault, huggingface_faults
 from hyperckpt.testing._mutations import (
     FILE_FAULT_RULES,
     FileFault,
@@ -76,10 +79,12 @@ from hyperckpt.testing._tilings import (
 __all__ = [
     "BYTE_DTYPES",
     "FILE_FAULT_RULES",
+    "HF_FAULT_RULES",
     "LOADABLE_DTYPES",
     "Block",
     "FileFault",
     "HuggingFaceCheckpoint",
+    "HuggingFaceFault",
     "Pairs",
     "SafetensorsFile",
     "ShardedFault",
@@ -93,6 +98,7 @@ __all__ = [
     "grid_tilings",
     "guillotine_tilings",
     "huggingface_checkpoints",
+    "huggingface_faults",
     "safetensors_files",
     "shard_file",
     "shard_file_name",

@@ -25,6 +25,7 @@ from hyperckpt.testing import (
     TensorSpec,
     TorchShardedCheckpoint,
     huggingface_checkpoints,
+    huggingface_faults,
     sharded_faults,
     tilings,
     to_torch,
@@ -106,6 +107,24 @@ def test_a_removed_shifted_or_duplicated_piece_is_refused(data: st.DataObject) -
     assert err.path in str(err)
     assert err.tensor is not None
     assert repr(err.tensor) in str(err)
+
+
+@given(st.data())
+def test_a_hugging_face_directory_fault_is_refused_with_the_rule_it_breaks(
+    data: st.DataObject,
+) -> None:
+    checkpoint = data.draw(huggingface_checkpoints(index=True, max_files=3), label="checkpoint")
+    fault = data.draw(huggingface_faults(checkpoint), label="fault")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = fault.write(Path(tmp) / "ckpt")
+        with pytest.raises(CheckpointError) as info:
+            describe(root)
+    err = info.value
+    assert RULE[fault.rule].matches(err), f"{fault.rule} ({fault.description}): {err}"
+    assert err.path is not None
+    assert err.path in str(err)
+    if err.tensor is not None:
+        assert repr(err.tensor) in str(err)
 
 
 @given(st.data())

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from hyperckpt.errors import CheckpointError
-from hyperckpt.testing import FILE_FAULT_RULES
+from hyperckpt.testing import FILE_FAULT_RULES, HF_FAULT_RULES
 from hyperckpt.testing.rules import RULES, Rule, provoke, render_rules_page
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "rules.md"
@@ -25,7 +25,9 @@ def test_rule_ids_are_unique() -> None:
 
 
 def test_every_fault_the_strategies_make_names_a_catalogued_rule() -> None:
-    assert set(FILE_FAULT_RULES) <= {rule.id for rule in RULES}
+    ids = {rule.id for rule in RULES}
+    assert set(FILE_FAULT_RULES) | set(HF_FAULT_RULES) <= ids
+    assert {"tiling.gap", "tiling.overlap", "tiling.duplicate"} <= ids
 
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda rule: rule.id)
