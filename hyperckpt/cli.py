@@ -187,7 +187,7 @@ def _inspect(args: argparse.Namespace) -> int:
     print(f"{summary['path']}: {summary['kind']} checkpoint")
     print(
         f"  {summary['tensor_count']} tensors, {format_bytes(summary['total_bytes'])} "
-        f"in {len(summary['files'])} files"
+        f"in {_files(len(summary['files']))}"
     )
     print(
         "  dtypes: "
@@ -251,8 +251,15 @@ def _inspect_summary(layout: CheckpointLayout, *, largest: int = _LARGEST) -> di
 
 
 def _short(metadata: dict[str, str]) -> str:
-    text = json.dumps(metadata, ensure_ascii=False)
-    return text if len(text) <= 100 else text[:97] + "..."
+    """``__metadata__`` on one line: short values whole, long ones (sharding info) by size."""
+    return ", ".join(
+        f"{key}={value}" if len(value) <= 40 else f"{key}=<{len(value)} chars>"
+        for key, value in metadata.items()
+    )
+
+
+def _files(count: int) -> str:
+    return f"{count} file{'s' * (count != 1)}"
 
 
 # ---- validate ------------------------------------------------------------------------------
@@ -285,7 +292,7 @@ def _validate(args: argparse.Namespace) -> int:
     elif layout is not None:
         print(
             f"{args.path}: valid {layout.kind} checkpoint: {len(layout.tensors)} tensors, "
-            f"{format_bytes(layout.nbytes)} in {len(layout.files)} files"
+            f"{format_bytes(layout.nbytes)} in {_files(len(layout.files))}"
         )
     else:
         count = len(findings.problems)
