@@ -218,14 +218,17 @@ class _Exchange:
     def _read(
         self, number: int, transfers: Sequence[Transfer], buffers: dict[int, torch.Tensor]
     ) -> LoadStats:
+        """Make the round's buffers (sent and received) and read what this rank sends.
+
+        Everything that may fail happens here, before the ranks agree to exchange.
+        """
         targets: dict[ItemKey, torch.Tensor] = {}
         items = list(self.plain) if number == 0 else []
         for index, transfer in enumerate(transfers):
-            if transfer.source != self.rank:
-                continue
             buffers[index], views = self._buffer(transfer)
-            targets.update(views)
-            items.extend(self.items[slot.key][0] for slot in transfer.slots)
+            if transfer.source == self.rank:
+                targets.update(views)
+                items.extend(self.items[slot.key][0] for slot in transfer.slots)
         return self.engine().run(items, self.storage, _Redirect(self.planner, targets))
 
     def _agree(self, error: Exception | None) -> None:
@@ -241,8 +244,8 @@ class _Exchange:
             raise error
         first = failures[0]
         raise CheckpointError(
-            f"rank {first.rank} failed while reading slices this rank was to receive, so no "
-            f"rank goes on: {first.message}",
+            f"rank {first.rank} failed to read its share of the replicated slices, so every "
+            f"rank stops: {first.message}",
             path=first.path,
         )
 
@@ -259,7 +262,6 @@ class _Exchange:
                 sent += len(transfer.receivers)
                 sent_bytes += payload * len(transfer.receivers)
             else:
-                buffers[index], _ = self._buffer(transfer)
                 ops.append(
                     dist.P2POp(
                         dist.irecv, buffers[index], group=self.group, group_peer=transfer.source

@@ -251,3 +251,6 @@ def test_a_reader_whose_file_was_truncated_makes_every_rank_raise_naming_the_fil
         assert sorted(failures) == list(range(WORLD)), f"rank {rank} saw failures {failures}"
         for failing, message in failures.items():
             assert BROKEN_FILE in message, f"rank {failing}'s error lacks the file: {message}"
+        # One rank read the file and raised its own error; the others name that rank.
+        told = [m for m in failures.values() if "failed to read its share" in m]
+        assert len(told) == WORLD - 1, failures
