@@ -287,7 +287,7 @@ def test_element_bit_overflow_is_refused(tmp_path: Path, shape: tuple[int, ...])
 
 
 def test_an_overflow_hidden_by_a_zero_dimension_is_accepted(tmp_path: Path) -> None:
-    header = accepted(tmp_path, encode_file({"w": entry("F64", (2**63, 0), (0, 0))}))
+    header = accepted(tmp_path, encode_file({"w": entry("F64", (2**62, 0), (0, 0))}))
     assert header.tensors["w"].nbytes == 0
 
 
@@ -297,6 +297,11 @@ def test_a_span_unequal_to_the_shapes_bytes_is_refused(
 ) -> None:
     data = encode_file({"w": entry("U8", shape, offsets)}, b"\0\0")
     refused(tmp_path, data, "span .* bytes, but shape", tensor="w")
+
+
+def test_a_dimension_torch_cannot_size_is_refused_even_without_elements(tmp_path: Path) -> None:
+    data = encode_file({"w": entry("F64", (2**63, 0), (0, 0))})
+    refused(tmp_path, data, "has a dimension of 2\\*\\*63 or more", tensor="w")
 
 
 def test_a_reversed_range_is_refused(tmp_path: Path) -> None:
