@@ -37,6 +37,7 @@ MAX_HEADER_LENGTH = 100_000_000
 _LENGTH_PREFIX = 8
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _MAX_ELEMENT_BITS = 2**64  # the reference computes elements x bits in 64-bit arithmetic
+_MAX_TORCH_SIZE = 2**63  # torch sizes are int64: a zero-size tensor could claim more
 METADATA_KEY = "__metadata__"
 # Token budget of large headers (see _check_token_budget): the smallest tensor entry,
 # '"a":{"dtype":"U8","shape":[],"data_offsets":[0,0]},', is 51 bytes for 3 containers and
@@ -510,7 +511,7 @@ def _valid_entry(key: str, value: object) -> tuple[str, str, tuple[int, ...], in
     if bits is None or len(offsets) != 2:
         return None
     for size in shape:
-        if type(size) is not int or not 0 <= size < _MAX_ELEMENT_BITS:
+        if type(size) is not int or not 0 <= size < _MAX_TORCH_SIZE:
             return None
         bits *= size
     begin, end = offsets
@@ -584,6 +585,14 @@ def _check_entry(key: str, value: object, name: str) -> tuple[str, str, tuple[in
     if bits >= _MAX_ELEMENT_BITS:
         raise CheckpointError(
             f"{where}: shape {list(shape)} of {dtype} overflows 64-bit size arithmetic",
+            path=name,
+            tensor=key,
+        )
+    if any(size >= _MAX_TORCH_SIZE for size in shape):
+        raise CheckpointError(
+            f"{where}: shape {list(shape)} has a dimension of 2**63 or more, beyond torch's "
+            f"signed 64-bit sizes (only possible in a tensor with no elements); the header is "
+            f"damaged",
             path=name,
             tensor=key,
         )

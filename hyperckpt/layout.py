@@ -48,6 +48,7 @@ SHARDING_INFO_KEY: Final = "DCP_SHARDING_INFO"
 _SHARDED_SUBDIR: Final = "sharded"
 _MAX_INDEX_BYTES: Final = 100_000_000
 _SUFFIX: Final = ".safetensors"
+_MAX_TORCH_SIZE: Final = 2**63  # torch sizes are int64
 
 
 @dataclass(frozen=True, slots=True)
@@ -522,6 +523,14 @@ def _tile(name: str, found: list[tuple[str, Piece]]) -> TensorLayout:
             )
     pieces = [piece for _, piece in found]
     shape, kept = tiling.tile(name, pieces)
+    if any(size >= _MAX_TORCH_SIZE for size in shape):
+        raise CheckpointError(
+            f"tensor {name!r}: its pieces reach {list(shape)}, a dimension of 2**63 or more, "
+            f"beyond torch's signed 64-bit sizes ({SHARDING_INFO_KEY} of {kept[0].file} is "
+            f"damaged)",
+            path=kept[0].file,
+            tensor=name,
+        )
     return TensorLayout(name, dtype, shape, kept)
 
 

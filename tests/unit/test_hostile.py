@@ -391,3 +391,23 @@ def test_a_checkpoint_path_that_is_a_fifo_is_refused(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "ckpt")
     with pytest.raises(CheckpointError, match="ckpt"):
         describe(tmp_path / "ckpt")
+
+
+def test_a_zero_size_tensor_with_a_dimension_beyond_torch_sizes_is_refused(
+    tmp_path: Path,
+) -> None:
+    # Found by the fuzzer (seed 7, case 69344): 0 x 2**63 elements is a valid size to the
+    # reference implementation, but no torch tensor can have it.
+    header = {"w": _entry("F32", (0, 2**63), (0, 0))}
+    (tmp_path / FILE).write_bytes(_file(header))
+    error = _refused(tmp_path)
+    assert "2**63" in str(error)
+    assert error.tensor == "w"
+
+
+def test_sharded_pieces_reaching_beyond_torch_sizes_are_refused(tmp_path: Path) -> None:
+    info = json.dumps({"w": {"saved_offsets": [2**63 - 1, 0]}})
+    header = {"__metadata__": {"DCP_SHARDING_INFO": info}, "w": _entry("F32", (5, 0), (0, 0))}
+    shard = "shard-00001-model-00001-of-00001.safetensors"
+    (tmp_path / shard).write_bytes(_file(header))
+    assert "2**63" in str(_refused(tmp_path, names=shard))
