@@ -122,6 +122,11 @@ def _fifo(root: Path) -> object:
     return describe(root)
 
 
+def _not_regular_index(root: Path) -> object:
+    (root / INDEX_NAME).mkdir(parents=True)
+    return describe(root)
+
+
 def _big_index(root: Path) -> object:
     root.mkdir(parents=True)
     with open(root / INDEX_NAME, "wb") as f:
@@ -160,6 +165,10 @@ RULES: tuple[Rule, ...] = (
          r"header is not valid JSON", _one_file('{"w": ', b"")),
     Rule("header.not_object", "The header is a JSON object.", _E,
          r"header is a JSON \w+, not an object", _one_file("[]", b"")),
+    Rule("header.too_many_tokens", "A large header has no more strings, arrays or objects "
+         "than real headers carry (bounds parsing memory).", _E,
+         r"far more (strings than|than the 3 per tensor)",
+         _one_file("[" + '"",' * 400_000 + '""]', b"")),
     Rule("json.duplicate_key", "No JSON object repeats a key, at any level.", _E,
          r"has the key .* twice",
          _one_file(Pairs([("w", _ENTRY), ("w", _ENTRY)]))),
@@ -170,6 +179,8 @@ RULES: tuple[Rule, ...] = (
          _one_file({"__metadata__": {"dtype": "U8", "shape": [0], "data_offsets": [0, 0]}}, b"")),
     Rule("metadata.not_string", "Every `__metadata__` value is a string.", _E,
          r"__metadata__\[.*\] must be a string", _one_file({"__metadata__": {"step": 10}}, b"")),
+    Rule("metadata.lone_surrogate", "`__metadata__` strings are Unicode (no lone surrogates).", _E,
+         r"holds a lone surrogate escape", _one_file('{"__metadata__": {"a": "\\ud800"}}', b"")),
     Rule("entry.not_object", "Each tensor entry is an object.", _E,
          r"entry must be an object with dtype, shape and data_offsets", _tensor(["U8", [0], [0, 0]])),
     Rule("entry.keys", "Each entry has exactly `dtype`, `shape` and `data_offsets`.", _E,
@@ -228,6 +239,8 @@ RULES: tuple[Rule, ...] = (
          _hf({"a.safetensors": encode_file({})})),
     Rule("index.too_big", "The index is at most 100,000,000 bytes.", _E,
          r"more than any real index", _big_index),
+    Rule("index.not_regular", "The index is a regular file.", _E,
+         r"index must be a JSON file", _not_regular_index),
     Rule("index.not_utf8", "The index is UTF-8.", _E,
          r"model.safetensors.index.json: not valid UTF-8", _two_files(b"\xff")),
     Rule("index.not_json", "The index is JSON without duplicate keys.", _E,
@@ -284,6 +297,9 @@ RULES: tuple[Rule, ...] = (
     Rule("sharded.ndim_mismatch", "All pieces of a tensor share one number of dimensions.", _E,
          r"share one rank",
          _sharded({_SHARD_A: _shard({"w": ("U8", [2], [0])}), _SHARD_B: _shard({"w": ("U8", [2, 1], [2, 0])})})),
+    Rule("sharded.torch_dimension", "Pieces reach no dimension of 2**63 or more.", _E,
+         r"a dimension of 2\*\*63 or more",
+         _sharded({_SHARD_A: _shard({"w": ("U8", [0, 2**62], [0, 2**62])})})),
     Rule("tiling.duplicate", "No two pieces of a tensor start at the same offsets.", _E,
          r"both hold a piece at offsets",
          _sharded({_SHARD_A: _shard({"w": ("U8", [2], [0])}), _SHARD_B: _shard({"w": ("U8", [2], [0])})})),

@@ -442,3 +442,23 @@ def test_a_refusal_pickles_with_its_path_and_tensor(tmp_path: Path) -> None:
     copy = pickle.loads(pickle.dumps(err))
     assert type(copy) is CheckpointError
     assert (str(copy), copy.path, copy.tensor) == (str(err), err.path, err.tensor)
+
+
+def test_a_large_header_of_tiny_strings_is_refused_before_parsing(tmp_path: Path) -> None:
+    text = "[" + '"",' * 400_000 + '""]'
+    refused(tmp_path, encode_file(text), "far more strings than a safetensors header can hold")
+
+
+def test_a_large_header_of_tiny_arrays_is_refused_before_parsing(tmp_path: Path) -> None:
+    text = "[" + "[]," * 400_000 + "[]]"
+    refused(tmp_path, encode_file(text), "far more than the 3 per tensor")
+
+
+def test_a_lone_surrogate_in_metadata_is_refused(tmp_path: Path) -> None:
+    data = encode_file('{"__metadata__": {"a": "\\ud800"}}')
+    refused(tmp_path, data, r"__metadata__\['a'\] holds a lone surrogate escape")
+
+
+def test_a_lone_surrogate_in_a_tensor_name_is_refused(tmp_path: Path) -> None:
+    data = encode_file('{"\\udc80": {"dtype": "U8", "shape": [0], "data_offsets": [0, 0]}}')
+    refused(tmp_path, data, "not valid Unicode", tensor="\udc80")

@@ -276,3 +276,9 @@ def test_metadata_in_the_header_is_exposed_not_misread_as_a_tensor(tmp_path: Pat
     layout = describe(write_files(tmp_path / "ckpt", {"model.safetensors": data}))
     assert list(layout.tensors) == ["w"]
     assert dict(layout.files["model.safetensors"].metadata or {}) == {"format": "pt"}
+
+
+def test_an_index_that_is_a_directory_is_refused(tmp_path: Path) -> None:
+    root = write_files(tmp_path / "ckpt", {A: u8("a")})
+    (root / INDEX).mkdir()
+    refused(root, "not a regular file; the index must be a JSON file", path=INDEX)

@@ -293,3 +293,13 @@ def test_an_overlap_and_a_gap_of_equal_volume_in_two_dimensions_are_refused(tmp_
 def test_empty_pieces_whose_extent_holds_elements_are_refused(tmp_path: Path) -> None:
     root = shards(tmp_path, {"w": ("F32", [0, 2], [0, 0])}, {"w": ("F32", [3, 0], [0, 0])})
     refused(root, "hold no elements, yet together they span shape", path=R0, tensor="w")
+
+
+def test_pieces_reaching_a_dimension_torch_cannot_size_are_refused(tmp_path: Path) -> None:
+    root = shards(tmp_path, {"w": ("U8", [0, 2**62], [0, 2**62])})
+    refused(
+        root,
+        r"its pieces reach \[0, 9223372036854775808\], a dimension of 2\*\*63",
+        path=R0,
+        tensor="w",
+    )
