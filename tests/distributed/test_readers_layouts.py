@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 import torch
@@ -227,14 +228,17 @@ def _run_ranks(rank: int, world_size: int, root: str) -> dict[str, object]:
 
 @pytest.mark.distributed
 def test_both_readers_load_every_layout_dtype_and_uneven_size_bit_exact(tmp_path: Path) -> None:
-    results = spawn_ranks(_run_ranks, WORLD, str(tmp_path), timeout=150, workdir=tmp_path)
-    failures = [line for result in results for line in result["failures"]]  # type: ignore[index]
+    results = cast(
+        "list[dict[str, Any]]",
+        spawn_ranks(_run_ranks, WORLD, str(tmp_path), timeout=150, workdir=tmp_path),
+    )
+    failures = [line for result in results for line in result["failures"]]
     assert not failures, f"{len(failures)} case(s) differ:\n" + "\n".join(failures)
     for rank, result in enumerate(results):
-        for label, got in result["bytes_read"].items():  # type: ignore[index]
-            assert got == result["own_bytes"], (  # type: ignore[index]
+        for label, got in result["bytes_read"].items():
+            assert got == result["own_bytes"], (
                 f"{label}: rank {rank} read {got} bytes for Shard(0) but its own rows are "
-                f"{result['own_bytes']} bytes"  # type: ignore[index]
+                f"{result['own_bytes']} bytes"
             )
     # The case list must really contain what the module docstring promises.
     names = [case.name for case in _cases()]

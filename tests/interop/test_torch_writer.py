@@ -10,6 +10,7 @@ process loads both outputs again with plain tensors.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -127,8 +128,10 @@ def test_torch_writer_output_and_a_transformers_model_load_into_other_layouts(
 ) -> None:
     root, llama = tmp_path / "torch-written", tmp_path / "llama"
     model = save_tiny_llama(llama, tied=True)
-    results = spawn_ranks(_run_ranks, WORLD, str(root), str(llama), timeout=150, workdir=tmp_path)
-    failures = [line for result in results for line in result]  # type: ignore[attr-defined]
+    results: list[Any] = spawn_ranks(
+        _run_ranks, WORLD, str(root), str(llama), timeout=150, workdir=tmp_path
+    )
+    failures = [line for result in results for line in result]
     assert not failures, f"{len(failures)} case(s) differ:\n" + "\n".join(failures)
 
     # What torch wrote: 2 per-rank files per output file, 2 consolidated files and an index.
