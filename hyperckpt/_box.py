@@ -106,6 +106,10 @@ class Box:
                     (*(1,) * dim, min(count, self.lengths[dim] - first), *self.lengths[dim + 1 :]),
                 )
 
+    def strides(self) -> tuple[int, ...]:
+        """The stored chunk's row-major strides, in elements."""
+        return tuple(_strides(self.shape))
+
     def view(self, data: torch.Tensor) -> torch.Tensor:
         """The box as a (strided) view of ``data``, the whole chunk's bytes as a 1-D tensor."""
         return narrow(data.view(self.shape), self.offsets, self.lengths)

@@ -1,10 +1,9 @@
-"""Positional scatter reads and read-only file mappings, through libc."""
+"""Positional scatter reads through libc ``preadv`` (ctypes releases the GIL)."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import mmap
 import os
 from collections.abc import Sequence
 
@@ -12,7 +11,7 @@ import torch
 
 from hyperckpt.errors import CheckpointChangedError, CheckpointError
 
-__all__ = ["IOV_MAX", "Mapping", "read_scatter", "read_table"]
+__all__ = ["IOV_MAX", "read_scatter", "read_table"]
 
 #: Most buffers one ``preadv`` call takes on Linux.
 IOV_MAX = 1024
@@ -20,18 +19,6 @@ IOV_MAX = 1024
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 _libc.preadv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
 _libc.preadv.restype = ctypes.c_ssize_t
-_libc.mmap.argtypes = [
-    ctypes.c_void_p,
-    ctypes.c_size_t,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_int64,
-]
-_libc.mmap.restype = ctypes.c_void_p
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_libc.munmap.restype = ctypes.c_int
-_MAP_FAILED = ctypes.c_void_p(-1).value
 
 
 class _Iovec(ctypes.Structure):
@@ -121,34 +108,3 @@ def _raise_read_error(name: str, offset: int, want: int) -> None:
         f"the storage reported an error, check the file system and load again",
         path=name,
     ) from OSError(code, os.strerror(code))
-
-
-class Mapping:
-    """A read-only shared mapping of a whole file, unmapped by :meth:`close`.
-
-    A mapped file that shrinks while it is read raises ``SIGBUS``; callers check the file's
-    identity before mapping it.
-    """
-
-    __slots__ = ("address", "size")
-
-    def __init__(self, fd: int, size: int) -> None:
-        """Map ``size`` bytes of ``fd`` (``size`` > 0)."""
-        address = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        if address is None or address == _MAP_FAILED:
-            code = ctypes.get_errno()
-            raise OSError(code, os.strerror(code))
-        self.address: int = address
-        self.size = size
-
-    def buffer(self, offset: int, length: int) -> ctypes.Array[ctypes.c_char]:
-        """The mapped bytes ``[offset, offset + length)`` as a ctypes buffer."""
-        assert offset >= 0
-        assert offset + length <= self.size
-        return (ctypes.c_char * length).from_address(self.address + offset)
-
-    def close(self) -> None:
-        """Unmap; views of the mapping must not be used afterwards."""
-        if self.size:
-            _libc.munmap(self.address, self.size)
-            self.size = 0

@@ -11,8 +11,11 @@ several in flight within one file and across files:
   :data:`CHUNK_BYTES` are split so that threads share them;
 * any other one-range sub-box (dtype conversion, non-contiguous view) is read into a
   per-thread staging buffer and copied once;
-* a strided sub-box (a column slice) is copied from a read-only memory map of the file,
-  which touches only the pages holding its bytes;
+* a strided sub-box (a column slice) bound for a contiguous CPU tensor of its dtype has its
+  runs read in place, the bytes between them into a scratch buffer; any other strided
+  sub-box is read as its span (first to last byte) into staging and copied once.  Every
+  byte comes through ``preadv``, never a memory map: a file truncated during a load must
+  raise, not kill the process with ``SIGBUS``, and the kernel's I/O counters see it all;
 * CUDA destinations receive their bytes through a small ring of pinned buffers, copied with
   ``non_blocking=True`` while the next read proceeds, and synchronised before any commit.
 
@@ -89,13 +92,12 @@ class LoadStats:
 
     Attributes:
         tensors: Read items completed (sub-boxes delivered to destinations).
-        bytes_read: Bytes read from checkpoint files: by positional reads (over-read gaps
-            included) plus bytes copied from memory maps.
+        bytes_read: Bytes read from checkpoint files by positional reads, over-read gaps
+            included.
         reads: Positional read calls issued.
         files: Files opened.
         seconds: Wall time of the reads, in seconds.
         bytes_received: Bytes received from other ranks instead of read (replicated slices).
-        bytes_mapped: The part of ``bytes_read`` copied from memory maps (strided sub-boxes).
         staging_peak: Most staging memory held at once, in bytes.
     """
 
@@ -105,7 +107,6 @@ class LoadStats:
     files: int = 0
     seconds: float = 0.0
     bytes_received: int = 0
-    bytes_mapped: int = 0
     staging_peak: int = 0
 
 
@@ -157,12 +158,10 @@ class ReadEngine:
         self._local = threading.local()
         self._streams: list[torch.cuda.Stream] = []
         self._fds: dict[str, int] = {}
-        self._maps: dict[str, _sysio.Mapping] = {}
         self._ring: PinnedRing | None = None
         self._scratch: torch.Tensor | None = None
         self._host_block = 0
         self._bytes = 0
-        self._mapped = 0
         self._reads = 0
 
     def run(
@@ -198,19 +197,16 @@ class ReadEngine:
                 self._check_stamp(name, fd, "while it was being read")
         finally:
             self._ring = self._scratch = None
-            for mapping in self._maps.values():
-                mapping.close()
             for fd in self._fds.values():
                 os.close(fd)
         for item, target in resolved:
             planner.commit_tensor(item, target)
         return LoadStats(
             tensors=len(items),
-            bytes_read=self._bytes + self._mapped,
+            bytes_read=self._bytes,
             reads=self._reads,
             files=len(self._fds),
             seconds=time.perf_counter() - begin,
-            bytes_mapped=self._mapped,
             staging_peak=self._staging.peak,
         )
 
@@ -263,7 +259,7 @@ class ReadEngine:
                 strided.append(request)
         budget = self._staging.limit
         scratch_bytes = min(MAX_GAP, budget // 16) if direct or strided else 0
-        host_staged = any(r.box.is_one_run() for r in staged)
+        host_staged = bool(staged) or any(not r.box.is_one_run() for r in device)
         share = budget - scratch_bytes
         ring_bytes = (share // 2 if host_staged else share) if device else 0
         self._host_block = max(1, (share - ring_bytes) // self._threads)
@@ -341,11 +337,8 @@ class ReadEngine:
     def _staged_jobs(self, request: _Request) -> list[tuple[str, int, _Job]]:
         box, target = request.box, request.target
         one_run = box.is_one_run()
-        budget = self._host_block if one_run else CHUNK_BYTES
-        if not one_run:
-            self._map(request.name)
         jobs: list[tuple[str, int, _Job]] = []
-        for offsets, lengths in box.blocks(budget):
+        for offsets, lengths in self._blocks(box, self._host_block):
             part = box.sub(offsets, lengths)
             destination = narrow(target, offsets, lengths)
             job = _bind(self._host_part, request, part, destination, one_run)
@@ -360,9 +353,8 @@ class ReadEngine:
         self._ring = PinnedRing(self._staging, slot_bytes=slot_bytes, slots=slots)
         jobs: list[tuple[str, int, _Job]] = []
         for request in device:
-            if not request.box.is_one_run():
-                self._map(request.name)
-            for offsets, lengths in request.box.blocks(slot_bytes):
+            limit = slot_bytes if request.box.is_one_run() else min(slot_bytes, self._host_block)
+            for offsets, lengths in self._blocks(request.box, limit):
                 part = request.box.sub(offsets, lengths)
                 destination = narrow(request.target, offsets, lengths)
                 job = _bind(self._device_part, request, part, destination)
@@ -381,13 +373,22 @@ class ReadEngine:
         """Bring ``part`` into the start of ``buffer``, compact; return it as a tensor."""
         if part.is_one_run():
             offset, length = part.run()
+            _check_fits(length, buffer)
             self._read(request.name, self._fds[request.name], offset, [(buffer.data_ptr(), length)])
             return buffer[:length].view(request.dtype).view(part.lengths)
         compact = buffer[: part.nbytes].view(request.dtype).view(part.lengths)
-        compact.copy_(part.view(self._mapped_chunk(request)))
-        with self._count_lock:
-            self._mapped += part.nbytes
+        compact.copy_(self._gather(request, part))
         return compact
+
+    def _gather(self, request: _Request, part: Box) -> torch.Tensor:
+        """A strided ``part`` as a view of its span, read with one positional read into
+        this thread's host buffer (:meth:`_blocks` keeps every span within it)."""
+        offset, length = part.span()
+        buffer = self._staging.thread_buffer(self._host_block)
+        _check_fits(length, buffer)
+        self._read(request.name, self._fds[request.name], offset, [(buffer.data_ptr(), length)])
+        data = buffer[:length].view(request.dtype)
+        return data.as_strided(part.lengths, part.strides())
 
     def _host_part(
         self, request: _Request, part: Box, destination: torch.Tensor, one_run: bool
@@ -395,9 +396,7 @@ class ReadEngine:
         if one_run:
             source = self._fill(request, part, self._staging.thread_buffer(self._host_block))
         else:
-            source = part.view(self._mapped_chunk(request))
-            with self._count_lock:
-                self._mapped += part.nbytes
+            source = self._gather(request, part)
         _copy(request, destination, source, non_blocking=False)
 
     def _device_part(self, request: _Request, part: Box, destination: torch.Tensor) -> None:
@@ -455,22 +454,23 @@ class ReadEngine:
 
     # -- files ---------------------------------------------------------------------------
 
-    def _map(self, name: str) -> None:
-        if name not in self._maps:
-            size = self._stamps[name].size
-            try:
-                self._maps[name] = _sysio.Mapping(self._fds[name], size)
-            except OSError as err:
-                raise CheckpointError(
-                    f"{name}: cannot map for reading ({err.strerror or err}); check the file "
-                    f"system supports memory maps",
-                    path=name,
-                ) from err
+    @staticmethod
+    def _blocks(box: Box, limit: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+        """Parts of ``box`` whose bytes fit ``limit``, and whose spans too when it is strided.
 
-    def _mapped_chunk(self, request: _Request) -> torch.Tensor:
-        info = request.info
-        data = self._maps[request.name].buffer(info.offset, info.length)
-        return torch.frombuffer(data, dtype=request.dtype)
+        A strided part's span exceeds its bytes about as the whole box's does, so the budget
+        is scaled by that ratio and halved until every span fits (one element always does).
+        """
+        if box.is_one_run():
+            return list(box.blocks(limit))
+        budget = max(box.itemsize, limit * box.nbytes // max(1, box.span()[1]))
+        while True:
+            parts = list(box.blocks(budget))
+            if budget <= box.itemsize or all(
+                box.sub(offsets, lengths).span()[1] <= limit for offsets, lengths in parts
+            ):
+                return parts
+            budget //= 2
 
     def _open(self, name: str) -> int:
         path = os.path.join(self._root, name)
@@ -506,6 +506,15 @@ def _bind(function: Callable[..., None], *args: object) -> _Job:
         function(*args)
 
     return job
+
+
+def _check_fits(length: int, buffer: torch.Tensor) -> None:
+    """Refuse to read past a staging buffer (its address goes to ``preadv`` unchecked)."""
+    if length > buffer.numel():
+        raise ValueError(
+            f"staging_bytes is too small: a read of {length} bytes does not fit a "
+            f"{buffer.numel()}-byte staging buffer; use a larger staging_bytes"
+        )
 
 
 def _is_cuda(tensor: torch.Tensor) -> bool:

@@ -93,7 +93,6 @@ def test_contiguous_destinations_of_the_stored_dtype_are_read_in_place(tmp_path:
     assert torch.equal(out["a"], tensors["a"])
     assert torch.equal(out["b"], tensors["b"])
     assert sorted(planner.committed) == ["a", "b"]
-    assert stats.bytes_mapped == 0
     assert stats.bytes_read == sum(t.numel() * t.element_size() for t in tensors.values())
 
 
@@ -134,10 +133,9 @@ def test_a_column_slice_lands_in_place_with_scatter_reads(tmp_path: Path) -> Non
     tensors = {"w": torch.randn(50, 40).to(torch.bfloat16), "x": torch.randn(3, 4, 10)}
     out = {"w": _poisoned(tensors["w"][:, 10:30]), "x": _poisoned(tensors["x"][:, 1:3, 2:7])}
     items = [_item("w", (0, 10), (50, 20)), _item("x", (0, 1, 2), (3, 2, 5))]
-    stats, _ = _load(tmp_path, tensors, out, items)
+    _load(tmp_path, tensors, out, items)
     assert torch.equal(out["w"], tensors["w"][:, 10:30])
     assert torch.equal(out["x"], tensors["x"][:, 1:3, 2:7])
-    assert stats.bytes_mapped == 0
 
 
 def test_runs_far_apart_are_read_one_by_one_without_over_reading(tmp_path: Path) -> None:
@@ -159,10 +157,9 @@ def test_a_different_destination_dtype_is_converted_through_staging(tmp_path: Pa
         "c": _poisoned(tensors["c"][:, 2:5], torch.float64),
     }
     items = [_whole("a", tensors["a"]), _item("c", (0, 2), (6, 3))]
-    stats, _ = _load(tmp_path, tensors, out, items, staging_bytes=4096)
+    _load(tmp_path, tensors, out, items, staging_bytes=4096)
     assert torch.equal(out["a"], tensors["a"].float())
     assert torch.equal(out["c"], tensors["c"][:, 2:5].double())
-    assert stats.bytes_mapped == 6 * 3 * 2
 
 
 def test_non_contiguous_destinations_are_filled_through_one_copy(tmp_path: Path) -> None:
