@@ -52,10 +52,13 @@ class BroadcastReady:
     Attributes:
         rank: The rank in the reader's process group.
         world_size: The size of that group.
+        host: The host the rank runs on (``socket.gethostname()``), so the coordinator can
+            tell whether the ranks span several nodes.
     """
 
     rank: int
     world_size: int
+    host: str = ""
 
 
 @dataclass(frozen=True, slots=True)

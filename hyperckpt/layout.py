@@ -9,17 +9,16 @@ checked as a whole.  No torch import here.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import os
 import stat
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Final, Literal
 
 from hyperckpt import tiling
+from hyperckpt._gcpause import collector_paused
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
 from hyperckpt.format import FileHeader, decode_strict_json, read_header
 
@@ -176,24 +175,7 @@ def detect_kind(path: str | os.PathLike[str]) -> Kind:
     )
 
 
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while headers turn into many small objects.
-
-    A large checkpoint creates about ten objects per tensor and no reference cycles; the
-    collector would otherwise rescan the growing heap many times (about half of
-    ``describe``'s time on DeepSeek-V3's 92k tensors).
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-@_collector_paused()
+@collector_paused()
 def huggingface_layout(path: str | os.PathLike[str]) -> CheckpointLayout:
     """Describe a Hugging Face checkpoint: the index's files, or ``model.safetensors``.
 
@@ -251,7 +233,7 @@ def huggingface_layout(path: str | os.PathLike[str]) -> CheckpointLayout:
     )
 
 
-@_collector_paused()
+@collector_paused()
 def torch_sharded_layout(path: str | os.PathLike[str]) -> CheckpointLayout:
     """Describe a torch sharded directory: every ``*.safetensors`` in it, pieces tiled.
 

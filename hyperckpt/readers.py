@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import math
 import os
+import socket
 from typing import ClassVar
 
 import torch
@@ -28,6 +29,7 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
 from hyperckpt._dedup import BroadcastReady, BroadcastSchedule, plan_broadcast
+from hyperckpt._gcpause import collector_paused
 from hyperckpt.broadcast import BroadcastStats, load_with_broadcast
 from hyperckpt.dtypes import to_torch_dtype, to_torch_shape
 from hyperckpt.errors import CheckpointError
@@ -54,7 +56,7 @@ class _SafetensorsReader(FileSystemReader):
         *,
         thread_count: int | None = None,
         staging_bytes: int = DEFAULT_STAGING_BYTES,
-        broadcast_replicated: bool = True,
+        broadcast_replicated: bool | None = None,
         process_group: dist.ProcessGroup | None = None,
     ) -> None:
         """Point the reader at a checkpoint; nothing is read until DCP asks.
@@ -68,9 +70,11 @@ class _SafetensorsReader(FileSystemReader):
                 also the most bytes of replicated slices exchanged per broadcast round.
             broadcast_replicated: Read each slice that several ranks need (``Replicate``,
                 HSDP replicas) on one rank only and send it to the others (see
-                :mod:`hyperckpt.broadcast`).  Takes effect only when torch.distributed is
-                initialized and the group has more than one rank; ``False`` makes every
-                rank read all its slices from storage itself.
+                :mod:`hyperckpt.broadcast`).  ``None`` (the default) turns it on when the
+                ranks span more than one host, where it saves storage traffic; ranks on one
+                node share its page cache, so there every rank reads its own slices.
+                ``True`` forces it on, ``False`` off.  It takes effect only when
+                torch.distributed is initialized and the group has more than one rank.
             process_group: The group ``dcp.load`` was given (DCP does not tell the reader);
                 ``None`` means the default group.
         """
@@ -145,7 +149,7 @@ class _SafetensorsReader(FileSystemReader):
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
         """Mark the plan as able to take part in broadcasting replicated slices."""
-        if not self.broadcast_replicated or plan.storage_data is not None:
+        if self.broadcast_replicated is False or plan.storage_data is not None:
             return plan
         if not (dist.is_available() and dist.is_initialized()):
             return plan
@@ -154,13 +158,15 @@ class _SafetensorsReader(FileSystemReader):
         # DCP's rank is its own group's; a different group than dcp.load's disables broadcast.
         if size < 2 or getattr(self, "rank", rank) not in (None, rank):
             return plan
-        return dataclasses.replace(plan, storage_data=BroadcastReady(rank, size))
+        ready = BroadcastReady(rank, size, socket.gethostname())
+        return dataclasses.replace(plan, storage_data=ready)
 
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
         """On the coordinator: pick one reader for each slice several ranks ask for.
 
         Broadcast happens only when every rank marked its plan, in rank order, for a group
-        of ``len(plans)`` ranks; otherwise every rank reads all its slices itself.
+        of ``len(plans)`` ranks, and (unless forced on) the ranks span several hosts;
+        otherwise every rank reads all its slices itself.
         """
         ready = all(
             isinstance(plan.storage_data, BroadcastReady)
@@ -168,6 +174,9 @@ class _SafetensorsReader(FileSystemReader):
             and plan.storage_data.world_size == len(plans)
             for index, plan in enumerate(plans)
         )
+        if ready and self.broadcast_replicated is None:
+            hosts = {plan.storage_data.host for plan in plans}
+            ready = len(hosts) > 1
         if not ready or len(plans) < 2:
             return [
                 dataclasses.replace(plan, storage_data=None)
@@ -223,6 +232,7 @@ class TorchShardedSafetensorsReader(_SafetensorsReader):
     _describe = staticmethod(torch_sharded_layout)
 
 
+@collector_paused()
 def to_metadata(layout: CheckpointLayout) -> Metadata:
     """DCP metadata for a layout: one chunk per stored piece, our own storage info per chunk.
 

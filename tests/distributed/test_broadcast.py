@@ -55,11 +55,16 @@ LAYOUTS: dict[str, tuple[tuple[int, ...], tuple[Placement, ...]]] = {
 }
 # case -> (layout of each dtensor by its position in SPECS, reader options)
 CASES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
-    "replicate": (("Replicate",), {}),
-    "hsdp": (("HSDP",), {}),
-    "mixed": (("Replicate", "HSDP", "Shard(0)"), {}),
-    "replicate-in-small-rounds": (("Replicate",), {"staging_bytes": 2**20}),
+    "replicate": (("Replicate",), {"broadcast_replicated": True}),
+    "hsdp": (("HSDP",), {"broadcast_replicated": True}),
+    "mixed": (("Replicate", "HSDP", "Shard(0)"), {"broadcast_replicated": True}),
+    "replicate-in-small-rounds": (
+        ("Replicate",),
+        {"broadcast_replicated": True, "staging_bytes": 2**20},
+    ),
     "replicate-broadcast-off": (("Replicate",), {"broadcast_replicated": False}),
+    # One host: the default leaves every rank to read its own slices from the page cache.
+    "replicate-default-one-host": (("Replicate",), {}),
 }
 BROKEN_FILE = "model-00001-of-00002.safetensors"
 
@@ -155,7 +160,7 @@ def _failing_load(
     dist.barrier()
     state = {name: _place(poison_(torch.empty(64, 64)), "Replicate", meshes) for name in ("a", "b")}
     try:
-        dcp.load(state, storage_reader=_TruncatingReader(root))
+        dcp.load(state, storage_reader=_TruncatingReader(root, broadcast_replicated=True))
     except CheckpointException as err:
         return {r: str(failure[0]) for r, failure in err.failures.items()}
     raise AssertionError(f"rank {rank}: a load from a truncated file did not raise")
@@ -219,6 +224,15 @@ def test_with_broadcast_off_every_replica_reads_its_own_copy(ranks: list[dict[st
     assert _total(ranks, "replicate-broadcast-off", "bytes_read") == WORLD * data
     assert _total(ranks, "replicate-broadcast-off", "bytes_received") == 0
     assert _total(ranks, "replicate-broadcast-off", "messages_sent") == 0
+
+
+@pytest.mark.distributed
+def test_by_default_ranks_on_one_host_each_read_their_own_slices(
+    ranks: list[dict[str, Any]],
+) -> None:
+    data = _data_bytes()
+    assert _total(ranks, "replicate-default-one-host", "bytes_read") == WORLD * data
+    assert _total(ranks, "replicate-default-one-host", "messages_sent") == 0
 
 
 @pytest.mark.distributed
