@@ -160,7 +160,7 @@ def _parser() -> argparse.ArgumentParser:
         "--size",
         choices=("tiny", "small", "medium"),
         default="small",
-        help="sample size: tiny ~0.4 MB, small ~40 MB, medium ~300 MB (default small)",
+        help="sample size: tiny 0.3 MB, small 40 MB, medium 320 MB (default small)",
     )
     demo.add_argument("--keep", action="store_true", help="keep the checkpoints and say where")
     demo.add_argument("--dir", help="write the checkpoints here instead of a temporary directory")

@@ -300,7 +300,7 @@ def _rank_main(
         mesh = flat if layout in ("fsdp", "tp") else square
         if mesh is None:
             cases += [
-                _skipped(layout, c, (0,), "needs an even number of ranks, 4 or more")
+                _skipped(layout, c, (0,), "needs 4 or more ranks, an even number")
                 for c in _CHECKPOINTS
             ]
             continue
@@ -327,6 +327,7 @@ def _rank_main(
         for checkpoint, path, factory in runs:
             name = layout if factory is not None or layout != "fsdp-tp" else "fsdp-tp-torch"
             cases.append(_load(name, checkpoint, path, shape, expected, state, factory))
+    dist.barrier()  # every rank done before any leaves the group
     return cases
 
 
