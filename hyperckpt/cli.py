@@ -139,9 +139,26 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--tp", type=int, default=2, help="TP degree of fsdp-tp (default 2)")
     plan.add_argument("--replicas", type=int, default=2, help="replica groups of hsdp (default 2)")
     plan.add_argument(
+        "--hosts",
+        type=int,
+        default=1,
+        help="hosts the ranks span (default 1); the readers broadcast replicated slices by "
+        "default only across several hosts",
+    )
+    forced = plan.add_mutually_exclusive_group()
+    forced.add_argument(
+        "--broadcast",
+        dest="broadcast",
+        action="store_const",
+        const=True,
+        help="plan as with broadcast_replicated=True: one rank reads each shared slice",
+    )
+    forced.add_argument(
         "--no-broadcast",
-        action="store_true",
-        help="every rank reads all it needs (broadcast_replicated=False, torch's behaviour)",
+        dest="broadcast",
+        action="store_const",
+        const=False,
+        help="plan as with broadcast_replicated=False: every rank reads all it needs",
     )
     plan.add_argument("--json", action="store_true", help="print JSON for machines")
     plan.set_defaults(run=_plan)
@@ -315,6 +332,9 @@ def _plan(args: argparse.Namespace) -> int:
         mesh = _plan.mesh_shape(args.layout, args.world, tp=args.tp, replicas=args.replicas)
     except ValueError as err:
         raise _UsageError(str(err)) from err
+    if args.hosts < 1:
+        raise _UsageError(f"--hosts must be at least 1, got {args.hosts}")
+    broadcast = args.hosts > 1 if args.broadcast is None else args.broadcast
     layout = describe(args.path)
     ranks = _plan.plan_load(
         layout,
@@ -322,7 +342,7 @@ def _plan(args: argparse.Namespace) -> int:
         args.world,
         tp=args.tp,
         replicas=args.replicas,
-        broadcast=not args.no_broadcast,
+        broadcast=broadcast,
     )
     if args.json:
         print(
@@ -332,7 +352,7 @@ def _plan(args: argparse.Namespace) -> int:
                     "kind": layout.kind,
                     "layout": args.layout,
                     "mesh": list(mesh),
-                    "broadcast": not args.no_broadcast,
+                    "broadcast": broadcast,
                     "total_bytes": layout.nbytes,
                     "ranks": [
                         {
@@ -355,7 +375,7 @@ def _plan(args: argparse.Namespace) -> int:
     print(
         f"{layout.root}: {layout.kind} checkpoint, {format_bytes(layout.nbytes)}; "
         f"layout {args.layout} on {args.world} ranks, mesh {'x'.join(map(str, mesh))}, "
-        f"broadcast of replicated slices {'off' if args.no_broadcast else 'on'}"
+        f"broadcast of replicated slices {'on' if broadcast else 'off'}"
     )
     print(f"{'rank':>5}  {'mesh':<8}{'reads':>12}{'receives':>12}{'requests':>10}  files")
     for r in ranks:

@@ -49,6 +49,7 @@ _TITLES: Final = {
     "fsdp-tp": "FSDP\u00d7TP",
     "hsdp": "HSDP",
     "fsdp-tp-torch": "FSDP\u00d7TP, torch planner",
+    "hsdp-broadcast": "HSDP, broadcast on",
 }
 _CHECKPOINTS: Final = ("huggingface", "torch-sharded")
 
@@ -58,8 +59,9 @@ class DemoRow:
     """One load of one checkpoint in one layout, across all ranks.
 
     Attributes:
-        layout: One of :data:`LAYOUTS`, or ``"fsdp-tp-torch"`` for FSDPxTP through torch's
-            default planner (shown to make its silent error visible).
+        layout: One of :data:`LAYOUTS`, ``"fsdp-tp-torch"`` for FSDPxTP through torch's
+            default planner (shown to make its silent error visible), or
+            ``"hsdp-broadcast"`` for HSDP with ``broadcast_replicated=True``.
         checkpoint: ``"huggingface"`` or ``"torch-sharded"``.
         mesh: The device mesh's shape.
         seconds: The slowest rank's ``dcp.load`` wall time, in seconds.
@@ -321,11 +323,15 @@ def _rank_main(
         if layout == "fsdp":
             _save_sharded(expected, sharded_dir, with_torch=torch_writer)
         state = {name: _poisoned(t) for name, t in expected.items()}
-        runs = [(c, p, planner) for c, p in zip(_CHECKPOINTS, (hf_dir, sharded_dir), strict=True)]
+        runs = [
+            (layout, c, p, planner)
+            for c, p in zip(_CHECKPOINTS, (hf_dir, sharded_dir), strict=True)
+        ]
         if layout == "fsdp-tp":
-            runs.append(("huggingface", hf_dir, None))
-        for checkpoint, path, factory in runs:
-            name = layout if factory is not None or layout != "fsdp-tp" else "fsdp-tp-torch"
+            runs.append(("fsdp-tp-torch", "huggingface", hf_dir, None))
+        if layout == "hsdp":
+            runs.append(("hsdp-broadcast", "huggingface", hf_dir, planner))
+        for name, checkpoint, path, factory in runs:
             cases.append(_load(name, checkpoint, path, shape, expected, state, factory))
     dist.barrier()  # every rank done before any leaves the group
     return cases
@@ -393,7 +399,8 @@ def _load(
     reader_type = (
         HuggingFaceStorageReader if checkpoint == "huggingface" else TorchShardedSafetensorsReader
     )
-    reader = reader_type(path)
+    # On one host the readers broadcast replicated slices only when told to.
+    reader = reader_type(path, broadcast_replicated=True if layout == "hsdp-broadcast" else None)
     dist.barrier()
     begin = time.perf_counter()
     dcp_load(state, storage_reader=reader, planner=planner() if planner is not None else None)

@@ -89,18 +89,28 @@ def test_the_code_blocks_of_a_page_run(
             exec(compile(block.code, where, "exec"), namespace)
 
 
+# torch 2.13 sometimes aborts a rank as the interpreter exits, after all of the script ran
+# ("terminate called without an active exception": a native thread still joinable at exit),
+# about one run in ten on a loaded machine, with or without hyperckpt.  A rank that printed
+# the marker below finished every statement of the block, assertions included.
+_DONE = "__doc_block_done__"
+_EXIT_ABORT = "terminate called without an active exception"
+
+
 def run_torchrun(block: Block, where: str, cwd: Path) -> None:
     script = cwd / f"block_{block.line}.py"
-    script.write_text(block.code)
+    script.write_text(f"{block.code}\nprint({_DONE!r}, flush=True)\n")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     command += [f"--nproc-per-node={block.ranks}", script.name]
     done = subprocess.run(
         command, cwd=cwd, capture_output=True, text=True, timeout=150, env=env, check=False
     )
-    errors = (
-        done.stderr
-        if len(done.stderr) < 8000
-        else done.stderr[:4000] + "\n...\n" + done.stderr[-4000:]
-    )
+    finished = done.stdout.count(_DONE) == block.ranks
+    if done.returncode != 0 and finished and _EXIT_ABORT in done.stderr:
+        return  # every rank ran the whole block; torch aborted one on the way out
+    errors = done.stderr
+    if len(errors) > 8000:
+        errors = errors[:4000] + "\n...\n" + errors[-4000:]
     assert done.returncode == 0, f"{where} failed:\n{done.stdout}\n{errors}"
+    assert finished, f"{where}: not every rank reached the end:\n{done.stdout}"

@@ -195,29 +195,35 @@ def test_plan_fsdp_reads_every_byte_exactly_once(
     assert all(r["files"] == [FIRST, SECOND] for r in report["ranks"])
 
 
-def test_plan_replicate_without_broadcast_reads_everything_on_every_rank(
+def test_plan_replicate_reads_everything_on_every_rank_unless_broadcast(
     capsys: pytest.CaptureFixture[str], sample: Path
 ) -> None:
     total = describe(sample).nbytes
     argv = ("plan", sample, "--world", "3", "--layout", "replicate", "--json")
-    _, out, _ = run(capsys, *argv, "--no-broadcast")
-    assert [r["bytes_read"] for r in json.loads(out)["ranks"]] == [total] * 3
-    _, out, _ = run(capsys, *argv)
-    ranks = json.loads(out)["ranks"]
-    assert sum(r["bytes_read"] for r in ranks) == total
-    assert all(r["bytes_read"] + r["bytes_received"] == total for r in ranks)
+    for options in ((), ("--no-broadcast",), ("--hosts", "2", "--no-broadcast")):
+        _, out, _ = run(capsys, *argv, *options)
+        assert [r["bytes_read"] for r in json.loads(out)["ranks"]] == [total] * 3
+    for options in (("--broadcast",), ("--hosts", "3")):
+        _, out, _ = run(capsys, *argv, *options)
+        ranks = json.loads(out)["ranks"]
+        assert sum(r["bytes_read"] for r in ranks) == total
+        assert all(r["bytes_read"] + r["bytes_received"] == total for r in ranks)
 
 
 def test_plan_hsdp_and_fsdp_tp_cover_each_replica_once(
     capsys: pytest.CaptureFixture[str], sample: Path
 ) -> None:
     total = describe(sample).nbytes
-    _, out, _ = run(capsys, "plan", sample, "--world", "4", "--layout", "hsdp", "--json")
+    _, out, _ = run(
+        capsys, "plan", sample, "--world", "4", "--layout", "hsdp", "--json", "--hosts", "2"
+    )
     ranks = json.loads(out)["ranks"]
     assert [r["coordinate"] for r in ranks] == [[0, 0], [0, 1], [1, 0], [1, 1]]
     assert sum(r["bytes_needed"] for r in ranks) == 2 * total
     assert sum(r["bytes_read"] for r in ranks) == total
-    _, out, _ = run(capsys, "plan", sample, "--world", "4", "--layout", "fsdp-tp", "--json")
+    _, out, _ = run(
+        capsys, "plan", sample, "--world", "4", "--layout", "fsdp-tp", "--json", "--broadcast"
+    )
     ranks = json.loads(out)["ranks"]
     # Only the replicated norms are needed twice (once per TP rank of a DP group).
     assert sum(r["bytes_read"] for r in ranks) == total
@@ -273,7 +279,9 @@ def test_demo_loads_every_layout_bit_exact_with_nothing_but_torch(tmp_path: Path
     assert done.returncode == 0, done.stdout + done.stderr
     for title in ("FSDP ", "TP ", "FSDP\u00d7TP ", "HSDP "):
         assert title in done.stdout
-    assert done.stdout.count("bit-exact") == 8
+    assert done.stdout.count("bit-exact") == 9
+    broadcast_row = next(line for line in done.stdout.splitlines() if "broadcast on" in line)
+    assert "bit-exact" in broadcast_row
     assert "WRONG rows" in done.stdout  # torch's planner on _StridedShard, shown on purpose
     assert "written like torch's writer" in done.stdout
     assert "all verified" in done.stdout
