@@ -94,5 +94,8 @@ def _entry(
     try:
         result = fn(rank, world_size, *args)
         Path(scratch, f"result-{rank}").write_bytes(pickle.dumps(result))
+        # Leave together: torch 2.13 sometimes aborts a rank at exit ("terminate called
+        # without an active exception") when it tears gloo down while a peer still talks.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
