@@ -107,10 +107,11 @@ def _huggingface_problems(root: Path) -> list[CheckpointError]:
             problems.append(err)
             continue
         if not (root / file).is_file():
+            others = sum(f == file for f in weight_map.values()) - 1
+            more = f" (and {others} more)" if others else ""
             problems.append(
                 CheckpointNotFoundError(
-                    f"{file}: named by {INDEX_NAME} for tensor {tensor!r} (and "
-                    f"{sum(f == file for f in weight_map.values()) - 1} more) but missing; a "
+                    f"{file}: named by {INDEX_NAME} for tensor {tensor!r}{more} but missing; a "
                     f"shard file of the checkpoint is missing or the download is incomplete",
                     path=file,
                     tensor=tensor,
