@@ -27,6 +27,7 @@ __all__ = [
     "FileStamp",
     "TensorEntry",
     "decode_strict_json",
+    "is_unicode",
     "parse_header",
     "read_header",
     "strict_json",
@@ -477,7 +478,7 @@ def _check_metadata(value: object, name: str) -> dict[str, str] | None:
                 f"{name}: {METADATA_KEY}[{key!r}] must be a string, not a JSON {_json_type(item)}",
                 path=name,
             )
-        if not _is_unicode(key) or not _is_unicode(item):
+        if not is_unicode(key) or not is_unicode(item):
             raise CheckpointError(
                 f"{name}: {METADATA_KEY}[{key!r}] holds a lone surrogate escape (\\ud800 to "
                 f"\\udfff), which is not Unicode; the reference implementation refuses it too",
@@ -486,7 +487,8 @@ def _check_metadata(value: object, name: str) -> dict[str, str] | None:
     return value
 
 
-def _is_unicode(text: str) -> bool:
+def is_unicode(text: str) -> bool:
+    """Whether ``text`` encodes to UTF-8 (JSON's ``\\ud800`` escapes can make it not)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -525,7 +527,7 @@ def _valid_entry(key: str, value: object) -> tuple[str, str, tuple[int, ...], in
         or (dtype == "F4" and (not shape or shape[-1] % 2))
         or not key
         or "\x00" in key
-        or not (key.isascii() or _is_unicode(key))
+        or not (key.isascii() or is_unicode(key))
     ):
         return None
     return key, dtype, tuple(shape), begin, end

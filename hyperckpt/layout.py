@@ -20,7 +20,7 @@ from typing import Final, Literal
 from hyperckpt import tiling
 from hyperckpt._gcpause import collector_paused
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
-from hyperckpt.format import FileHeader, decode_strict_json, read_header
+from hyperckpt.format import FileHeader, decode_strict_json, is_unicode, read_header
 
 __all__ = [
     "HUGGINGFACE",
@@ -370,7 +370,7 @@ def _check_plain_name(file: str, tensor: str) -> None:
         and "\\" not in file
         and "\x00" not in file
         and not os.path.isabs(file)
-        and _is_unicode(file)
+        and is_unicode(file)
     )
     if not plain:
         raise CheckpointError(
@@ -380,14 +380,6 @@ def _check_plain_name(file: str, tensor: str) -> None:
             path=INDEX_NAME,
             tensor=tensor,
         )
-
-
-def _is_unicode(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _check_index_agreement(weight_map: Mapping[str, str], owner: Mapping[str, str]) -> None:
