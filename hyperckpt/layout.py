@@ -274,6 +274,12 @@ def torch_sharded_layout(path: str | os.PathLike[str]) -> CheckpointLayout:
 def _require_directory(root: Path) -> None:
     if not root.exists():
         raise CheckpointNotFoundError(f"{root}: no such file or directory", path=str(root))
+    if root.is_file():
+        raise CheckpointError(
+            f"{root}: a single file, but a torch sharded checkpoint is a directory of per-rank "
+            f"files: pass the directory (HuggingFaceStorageReader reads a single file)",
+            path=str(root),
+        )
     if not root.is_dir():
         raise CheckpointError(
             f"{root}: not a directory or a regular file; a checkpoint directory is expected",

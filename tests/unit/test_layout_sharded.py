@@ -139,6 +139,15 @@ def test_a_directory_with_an_index_names_the_hugging_face_reader(tmp_path: Path)
     refused(root, "use HuggingFaceStorageReader", path=str(root))
 
 
+def test_a_single_file_is_refused_with_the_directory_asked_for(tmp_path: Path) -> None:
+    root = shards(tmp_path, {"w": ("U8", [2], [0])})
+    single = next(root.glob("*.safetensors"))
+    with pytest.raises(CheckpointError, match="a single file, but a torch sharded") as info:
+        torch_sharded_layout(single)
+    assert info.value.path == str(single)
+    assert "pass the directory" in str(info.value)
+
+
 def test_a_file_without_sharding_info_is_refused_naming_it(tmp_path: Path) -> None:
     root = shards(tmp_path, {"w": ("U8", [2], [0])})
     (root / "extra.safetensors").write_bytes(encode_file({"__metadata__": {"format": "pt"}}))
