@@ -113,7 +113,14 @@ def _safetensors_load(
 
 
 def _rank(
-    rank: int, world: int, path: str, specs: list[Spec], repeats: int, cold: bool, threads: int
+    rank: int,
+    world: int,
+    path: str,
+    specs: list[Spec],
+    repeats: int,
+    cold: bool,
+    threads: int,
+    cold_repeats: int = 1,
 ) -> list[dict[str, object]]:
     directory = Path(path)
     total = sum(spec.nbytes for spec in specs)
@@ -123,7 +130,7 @@ def _rank(
     for layout in LAYOUTS:
         state = _state_dict(layout, specs, world)
         for cache in caches:
-            for repeat in range(repeats if cache == "warm" else 1):
+            for repeat in range(repeats if cache == "warm" else cold_repeats):
                 for reader in READERS:
                     if repeat == 0 and reader != "limit":
                         for tensor in state.values():
@@ -261,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
         "--cold-ranks", type=int, nargs="*", default=[2], help="rank counts also run cold"
     )
     parser.add_argument(
+        "--cold-repeats", type=int, default=1, help="repetitions of each cold case (median)"
+    )
+    parser.add_argument(
         "--out", type=Path, default=Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
     )
     parser.add_argument("--keep", action="store_true", help="keep the generated checkpoint")
@@ -294,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.repeats,
                 world in args.cold_ranks,
                 threads,
+                args.cold_repeats,
                 timeout=3600,
             )
             rows += results[0]  # type: ignore[operator]
