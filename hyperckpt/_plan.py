@@ -26,7 +26,7 @@ from hyperckpt.format import DTYPES
 from hyperckpt.io import DEFAULT_STAGING_BYTES
 from hyperckpt.layout import CheckpointLayout, Piece
 from hyperckpt.readers import BATCH_BYTES
-from hyperckpt.regions import local_regions
+from hyperckpt.regions import DTENSOR, FSDP, Order, fsdp_order_applies, local_regions
 
 __all__ = ["LAYOUTS", "RankPlan", "mesh_shape", "placements_for", "plan_load"]
 
@@ -205,7 +205,10 @@ def _rank_items(
     for tensor in checkpoint.tensors.values():
         bits = DTYPES[tensor.dtype].bits
         placements = placements_for(layout, tensor.name, len(tensor.shape))
-        for region in local_regions(tensor.shape, mesh, placements, coordinate):
+        # FSDP2 over tensor parallelism lays rows out in its own order (regions.py).
+        fsdp = fsdp_order_applies(mesh, placements, len(tensor.shape))
+        order: Order = FSDP if fsdp else DTENSOR
+        for region in local_regions(tensor.shape, mesh, placements, coordinate, order=order):
             for piece in tensor.pieces:
                 overlap = _overlap(region.offsets, region.sizes, piece)
                 if overlap is None:
