@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from hyperckpt import CheckpointError
+
 __all__ = ["mismatch", "poison_", "sample_tensor", "write_hf_checkpoint"]
 
 
@@ -126,3 +128,12 @@ def _bytes(tensor: torch.Tensor) -> torch.Tensor:
         # Bytes first: copying a bool would normalise any nonzero byte to 0x01.
         return tensor.detach().view(torch.uint8).reshape(-1)
     return tensor.detach().reshape(-1).contiguous().view(torch.uint8)
+
+
+def assert_names(err: CheckpointError, *, path: str, tensor: str | None) -> None:
+    """``err`` carries ``path`` and ``tensor`` as attributes and names them in its text."""
+    assert err.path == path
+    assert path in str(err)
+    assert err.tensor == tensor
+    if tensor is not None:
+        assert repr(tensor) in str(err)

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers import assert_names
 
 from hyperckpt import CheckpointError, CheckpointNotFoundError, describe
 from hyperckpt.layout import huggingface_layout
@@ -38,11 +39,7 @@ def refused(root: Path, match: str, *, path: str, tensor: str | None = None) -> 
     with pytest.raises(CheckpointError, match=match) as info:
         huggingface_layout(root)
     err = info.value
-    assert err.path == path
-    assert path in str(err)
-    assert err.tensor == tensor
-    if tensor is not None:
-        assert repr(tensor) in str(err)
+    assert_names(err, path=path, tensor=tensor)
     return err
 
 

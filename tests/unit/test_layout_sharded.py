@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers import assert_names
 
 from hyperckpt import CheckpointError, CheckpointNotFoundError, describe
 from hyperckpt.layout import detect_kind, torch_sharded_layout
@@ -25,11 +26,7 @@ def refused(root: Path, match: str, *, path: str, tensor: str | None = None) -> 
         torch_sharded_layout(root)
     err = info.value
     assert type(err) is CheckpointError
-    assert err.path == path
-    assert path in str(err)
-    assert err.tensor == tensor
-    if tensor is not None:
-        assert repr(tensor) in str(err)
+    assert_names(err, path=path, tensor=tensor)
     return err
 
 
