@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -96,10 +97,7 @@ class TensorSpec:
     @property
     def elements(self) -> int:
         """Number of elements (1 for a 0-d tensor)."""
-        count = 1
-        for size in self.shape:
-            count *= size
-        return count
+        return math.prod(self.shape)
 
 
 @dataclass(frozen=True, slots=True)

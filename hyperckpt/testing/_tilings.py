@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 from hypothesis import strategies as st
@@ -25,10 +26,7 @@ class Block:
     @property
     def elements(self) -> int:
         """Number of elements in the box."""
-        count = 1
-        for size in self.shape:
-            count *= size
-        return count
+        return math.prod(self.shape)
 
 
 def _cuts(draw: st.DrawFn, size: int, most: int) -> list[int]:
