@@ -42,8 +42,8 @@ from _common import (
     write_checkpoint,
 )
 
-from hyperckpt import _spawn
-from hyperckpt.readers import HuggingFaceStorageReader
+from hyperckpt._cli import spawn as _spawn
+from hyperckpt._readers import HuggingFaceStorageReader
 
 logger = logging.getLogger("bench_load")
 LAYOUTS = ("fsdp", "tp", "replicate")

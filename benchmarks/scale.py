@@ -53,8 +53,8 @@ from torch.distributed.checkpoint.planner_helpers import create_read_items_for_c
 
 import hyperckpt
 from hyperckpt import HuggingFaceStorageReader, describe
-from hyperckpt._box import Box
-from hyperckpt.dtypes import to_torch_dtype
+from hyperckpt._read.boxes import Box
+from hyperckpt._read.dtypes import to_torch_dtype
 
 logger = logging.getLogger("scale")
 

@@ -8,13 +8,14 @@ dcp.load(state_dict, storage_reader=HuggingFaceStorageReader("/models/Llama-3-8B
 
 from __future__ import annotations
 
-from hyperckpt.api import LoadReport, load
+from hyperckpt._api import LoadReport, load
+from hyperckpt._cli.sample import write_sample
+from hyperckpt._format.header import FileHeader, FileStamp, TensorEntry
+from hyperckpt._layout.directory import CheckpointLayout, Piece, TensorLayout, describe
+from hyperckpt._planner.load_planner import LoadPlanner
+from hyperckpt._read.engine import LoadStats, StorageInfo
+from hyperckpt._readers import HuggingFaceStorageReader, TorchShardedSafetensorsReader
 from hyperckpt.errors import CheckpointChangedError, CheckpointError, CheckpointNotFoundError
-from hyperckpt.format import FileHeader, FileStamp, TensorEntry
-from hyperckpt.io import LoadStats, StorageInfo
-from hyperckpt.layout import CheckpointLayout, Piece, TensorLayout, describe
-from hyperckpt.planner import LoadPlanner
-from hyperckpt.readers import HuggingFaceStorageReader, TorchShardedSafetensorsReader
 
 __all__ = [
     "CheckpointChangedError",
@@ -35,6 +36,15 @@ __all__ = [
     "__version__",
     "describe",
     "load",
+    "write_sample",
 ]
 
 __version__ = "0.1.0"
+
+# Public names say where users import them from (reprs, pickles, docs), not the private
+# module that defines them.
+for _name in __all__:
+    _value = globals()[_name]
+    if hasattr(_value, "__module__") and not isinstance(_value, str):
+        _value.__module__ = __name__
+del _name, _value

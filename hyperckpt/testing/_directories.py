@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 
-from hyperckpt.format import DTYPES
+from hyperckpt._format.header import DTYPES
 from hyperckpt.testing._files import (
     LOADABLE_DTYPES,
     SafetensorsFile,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from hypothesis import strategies as st
 
-from hyperckpt.format import DTYPES
+from hyperckpt._format.header import DTYPES
 
 if TYPE_CHECKING:
     import torch
@@ -263,7 +263,7 @@ def to_torch(spec: TensorSpec) -> torch.Tensor:
     """
     import torch
 
-    from hyperckpt.dtypes import to_torch_dtype, to_torch_shape
+    from hyperckpt._read.dtypes import to_torch_dtype, to_torch_shape
 
     dtype = to_torch_dtype(spec.dtype)
     shape = to_torch_shape(spec.dtype, spec.shape)

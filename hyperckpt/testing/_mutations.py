@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 from hypothesis import strategies as st
 
-from hyperckpt.format import MAX_HEADER_LENGTH
+from hyperckpt._format.header import MAX_HEADER_LENGTH
 from hyperckpt.testing._directories import StoredPiece, TorchShardedCheckpoint, shard_file_name
 from hyperckpt.testing._files import Pairs, SafetensorsFile, encode_file, encode_json
 

@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from hyperckpt._layout.directory import describe, huggingface_layout, torch_sharded_layout
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
-from hyperckpt.layout import describe, huggingface_layout, torch_sharded_layout
 from hyperckpt.testing._directories import INDEX_NAME, shard_file, write_files
 from hyperckpt.testing._files import Pairs, encode_file
 
@@ -135,7 +135,7 @@ def _big_index(root: Path) -> object:
 
 
 def _f4_mid_byte(root: Path) -> object:
-    from hyperckpt.readers import TorchShardedSafetensorsReader
+    from hyperckpt._readers import TorchShardedSafetensorsReader
 
     # Only an empty F4 tensor can have a piece at an odd column: even widths tile from 0.
     write_files(root, {"shard-00001-a.safetensors": _shard({"w": ("F4", [0, 2], [0, 1])})})

@@ -28,7 +28,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import Placement, Replicate, Shard, distribute_tensor
 
 from hyperckpt import HuggingFaceStorageReader
-from hyperckpt._spawn import spawn_ranks
+from hyperckpt._cli.spawn import spawn_ranks
 
 WORLD = 4
 TINY = 200

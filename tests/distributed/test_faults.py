@@ -29,8 +29,9 @@ from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-from hyperckpt import HuggingFaceStorageReader, _sysio
-from hyperckpt._spawn import spawn_ranks
+from hyperckpt import HuggingFaceStorageReader
+from hyperckpt._cli.spawn import spawn_ranks
+from hyperckpt._read import sysio as _sysio
 
 WORLD = 4
 FAULTY = "model-00001-of-00002.safetensors"  # holds a.replicated and c.rows

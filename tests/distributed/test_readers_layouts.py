@@ -26,8 +26,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
 
 from hyperckpt import HuggingFaceStorageReader, TorchShardedSafetensorsReader
-from hyperckpt._spawn import spawn_ranks
-from hyperckpt.io import MAX_GAP
+from hyperckpt._cli.spawn import spawn_ranks
+from hyperckpt._read.engine import MAX_GAP
 
 WORLD = 4
 DTYPES = (

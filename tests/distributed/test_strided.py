@@ -56,8 +56,8 @@ from hyperckpt import (
     LoadPlanner,
     TorchShardedSafetensorsReader,
 )
-from hyperckpt._spawn import spawn_ranks
-from hyperckpt.regions import local_regions, orders_differ
+from hyperckpt._cli.spawn import spawn_ranks
+from hyperckpt._planner.regions import local_regions, orders_differ
 
 # A placement as plain values, so cases pickle: ("S", dim), ("SS", dim, split), ("R",).
 Spec = tuple[object, ...]

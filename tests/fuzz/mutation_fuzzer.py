@@ -48,8 +48,8 @@ from hyperckpt import (
     TorchShardedSafetensorsReader,
     describe,
 )
-from hyperckpt.dtypes import to_torch_dtype, to_torch_shape
-from hyperckpt.format import DTYPES
+from hyperckpt._format.header import DTYPES
+from hyperckpt._read.dtypes import to_torch_dtype, to_torch_shape
 
 logger = logging.getLogger("mutation_fuzzer")
 

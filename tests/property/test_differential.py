@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 
 from hyperckpt import CheckpointError
-from hyperckpt.format import FileHeader, read_header
+from hyperckpt._format.header import FileHeader, read_header
 from hyperckpt.testing import encode_file, safetensors_files
 
 NAME = "model.safetensors"

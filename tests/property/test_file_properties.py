@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 
 from hyperckpt import CheckpointError
-from hyperckpt.format import parse_header, read_header
+from hyperckpt._format.header import parse_header, read_header
 from hyperckpt.testing import (
     SafetensorsFile,
     TensorSpec,

@@ -18,7 +18,8 @@ from hyperckpt import (
     TorchShardedSafetensorsReader,
     describe,
 )
-from hyperckpt.layout import torch_sharded_layout
+from hyperckpt._layout.directory import torch_sharded_layout
+from hyperckpt._layout.tiling import tile
 from hyperckpt.testing import (
     Block,
     HuggingFaceCheckpoint,
@@ -33,7 +34,6 @@ from hyperckpt.testing import (
     torch_sharded_checkpoints,
 )
 from hyperckpt.testing.rules import RULES
-from hyperckpt.tiling import tile
 
 RULE = {rule.id: rule for rule in RULES}
 

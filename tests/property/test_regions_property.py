@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from torch.distributed.tensor import Placement, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
-from hyperckpt.regions import Region, local_regions
+from hyperckpt._planner.regions import Region, local_regions
 
 
 @st.composite

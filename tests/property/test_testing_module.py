@@ -9,7 +9,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hyperckpt.format import DTYPES
+from hyperckpt._format.header import DTYPES
 from hyperckpt.testing import BYTE_DTYPES, slice_bytes, tensor_specs, tilings, to_torch
 
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from hyperckpt import describe
-from hyperckpt._sample import write_sample
-from hyperckpt.cli import main
-from hyperckpt.io import LoadStats
-from hyperckpt.progress import StatusLine, format_bytes, log_load_summary
+from hyperckpt._cli.main import main
+from hyperckpt._cli.sample import write_sample
+from hyperckpt._read.engine import LoadStats
+from hyperckpt._read.progress import StatusLine, format_bytes, log_load_summary
 from hyperckpt.testing import write_files
 from hyperckpt.testing._directories import shard_file, shard_file_name
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pkgutil
+
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
@@ -26,6 +28,7 @@ PUBLIC = [
     "__version__",
     "describe",
     "load",
+    "write_sample",
 ]
 
 
@@ -33,6 +36,22 @@ def test_the_public_names_are_exactly_the_pinned_list() -> None:
     assert sorted(hyperckpt.__all__) == sorted(PUBLIC)
     for name in PUBLIC:
         assert hasattr(hyperckpt, name), name
+
+
+def test_public_names_say_they_come_from_the_package_root() -> None:
+    for name in PUBLIC:
+        value = getattr(hyperckpt, name)
+        if not isinstance(value, str):
+            assert value.__module__ == "hyperckpt", name
+
+
+def test_every_module_outside_the_public_ones_is_private() -> None:
+    public_modules = {"hyperckpt", "hyperckpt.errors", "hyperckpt.testing", "hyperckpt.__main__"}
+    for info in pkgutil.walk_packages(hyperckpt.__path__, "hyperckpt."):
+        if info.name in public_modules or info.name.startswith("hyperckpt.testing."):
+            continue
+        parts = info.name.split(".")[1:]
+        assert any(part.startswith("_") for part in parts), f"{info.name} is public by name"
 
 
 def test_the_readers_and_planner_plug_into_torch_distributed_checkpoint() -> None:

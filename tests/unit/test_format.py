@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from hyperckpt._format.header import DTYPES, parse_header, read_header
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
-from hyperckpt.format import DTYPES, parse_header, read_header
 from hyperckpt.testing import Pairs, encode_file
 
 NAME = "model.safetensors"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hyperckpt import CheckpointError, CheckpointNotFoundError, describe
-from hyperckpt.format import MAX_HEADER_LENGTH, read_header
+from hyperckpt._format.header import MAX_HEADER_LENGTH, read_header
 
 FILE = "model.safetensors"
 INDEX = "model.safetensors.index.json"

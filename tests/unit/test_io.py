@@ -11,14 +11,15 @@ from safetensors.torch import save_file
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
-from hyperckpt import _staging, _sysio
-from hyperckpt import io as engine_io
-from hyperckpt._box import Box
-from hyperckpt._coalesce import coalesce
+from hyperckpt._layout.directory import huggingface_layout
+from hyperckpt._read import engine as engine_io
+from hyperckpt._read import staging as _staging
+from hyperckpt._read import sysio as _sysio
+from hyperckpt._read.boxes import Box
+from hyperckpt._read.coalesce import coalesce
+from hyperckpt._read.engine import LoadStats, ReadEngine, StorageInfo
+from hyperckpt._readers import to_metadata
 from hyperckpt.errors import CheckpointError
-from hyperckpt.io import LoadStats, ReadEngine, StorageInfo
-from hyperckpt.layout import huggingface_layout
-from hyperckpt.readers import to_metadata
 
 
 class _Planner:

@@ -10,7 +10,7 @@ import pytest
 from helpers import assert_names
 
 from hyperckpt import CheckpointError, CheckpointNotFoundError, describe
-from hyperckpt.layout import huggingface_layout
+from hyperckpt._layout.directory import huggingface_layout
 from hyperckpt.testing import Pairs, encode_file, shard_file, write_files
 
 INDEX = "model.safetensors.index.json"

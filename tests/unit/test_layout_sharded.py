@@ -9,7 +9,7 @@ import pytest
 from helpers import assert_names
 
 from hyperckpt import CheckpointError, CheckpointNotFoundError, describe
-from hyperckpt.layout import detect_kind, torch_sharded_layout
+from hyperckpt._layout.directory import detect_kind, torch_sharded_layout
 from hyperckpt.testing import encode_file, shard_file, shard_file_name, write_files
 
 R0, R1, R2, R3 = (shard_file_name(r) for r in range(4))

@@ -23,9 +23,9 @@ from hyperckpt import (
     HuggingFaceStorageReader,
     TorchShardedSafetensorsReader,
 )
+from hyperckpt._read.engine import MAX_GAP
+from hyperckpt._readers import _SafetensorsReader
 from hyperckpt.errors import CheckpointChangedError
-from hyperckpt.io import MAX_GAP
-from hyperckpt.readers import _SafetensorsReader
 
 READERS = (HuggingFaceStorageReader, TorchShardedSafetensorsReader)
 

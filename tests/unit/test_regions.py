@@ -6,7 +6,7 @@ import pytest
 from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
-from hyperckpt.regions import (
+from hyperckpt._planner.regions import (
     Region,
     chunk_range,
     fsdp_order_applies,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from hyperckpt import CheckpointError
-from hyperckpt.layout import Piece
-from hyperckpt.tiling import tile
+from hyperckpt._layout.directory import Piece
+from hyperckpt._layout.tiling import tile
 
 
 def piece(file: str, offsets: tuple[int, ...], shape: tuple[int, ...]) -> Piece:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from hyperckpt._sysio import IOV_MAX
+from hyperckpt._read.sysio import IOV_MAX
 
 __all__ = ["coalesce"]
 
@@ -16,7 +16,7 @@ def coalesce(
 
     Extents in offset order join one read while the bytes between them are at most ``gap``
     (read into ``scratch`` and dropped), the read spans at most ``chunk`` bytes and it needs
-    at most :data:`~hyperckpt._sysio.IOV_MAX` buffers; an extent longer than ``chunk`` is
+    at most :data:`~hyperckpt._read.sysio.IOV_MAX` buffers; an extent longer than ``chunk`` is
     split into reads of ``chunk`` bytes so that several threads share it.
 
     Args:

@@ -1,8 +1,8 @@
 """The two ``FileSystemReader`` subclasses: a validated layout as DCP metadata, and reads.
 
-``read_metadata`` describes the checkpoint from its headers (see :mod:`hyperckpt.layout`)
+``read_metadata`` describes the checkpoint from its headers (see :mod:`hyperckpt._layout.directory`)
 and hands DCP one chunk per stored piece; DCP's planner then asks each rank for the
-sub-boxes it needs, and ``read_data`` reads exactly those bytes (see :mod:`hyperckpt.io`).
+sub-boxes it needs, and ``read_data`` reads exactly those bytes (see :mod:`hyperckpt._read.engine`).
 """
 
 from __future__ import annotations
@@ -28,14 +28,20 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
-from hyperckpt._dedup import BroadcastReady, BroadcastSchedule, plan_broadcast
-from hyperckpt._gcpause import collector_paused
-from hyperckpt.broadcast import BroadcastStats, load_with_broadcast
-from hyperckpt.dtypes import to_torch_dtype, to_torch_shape
+from hyperckpt._broadcast.exchange import BroadcastStats, load_with_broadcast
+from hyperckpt._broadcast.schedule import BroadcastReady, BroadcastSchedule, plan_broadcast
+from hyperckpt._layout.directory import CheckpointLayout, huggingface_layout, torch_sharded_layout
+from hyperckpt._layout.gcpause import collector_paused
+from hyperckpt._read.dtypes import to_torch_dtype, to_torch_shape
+from hyperckpt._read.engine import (
+    DEFAULT_STAGING_BYTES,
+    LoadStats,
+    ReadEngine,
+    StorageInfo,
+    default_threads,
+)
+from hyperckpt._read.progress import log_load_summary
 from hyperckpt.errors import CheckpointError
-from hyperckpt.io import DEFAULT_STAGING_BYTES, LoadStats, ReadEngine, StorageInfo, default_threads
-from hyperckpt.layout import CheckpointLayout, huggingface_layout, torch_sharded_layout
-from hyperckpt.progress import log_load_summary
 
 __all__ = ["HuggingFaceStorageReader", "TorchShardedSafetensorsReader", "to_metadata"]
 
@@ -70,7 +76,7 @@ class _SafetensorsReader(FileSystemReader):
                 also the most bytes of replicated slices exchanged per broadcast round.
             broadcast_replicated: Read each slice that several ranks need (``Replicate``,
                 HSDP replicas) on one rank only and send it to the others (see
-                :mod:`hyperckpt.broadcast`).  ``None`` (the default) turns it on when the
+                :mod:`hyperckpt._broadcast.exchange`).  ``None`` (the default) turns it on when the
                 ranks span more than one host, where it saves storage traffic; ranks on one
                 node share its page cache, so there every rank reads its own slices.
                 ``True`` forces it on, ``False`` off.  It takes effect only when

@@ -10,7 +10,7 @@ from typing import Final, TextIO
 
 import torch.distributed as dist
 
-from hyperckpt.io import LoadStats
+from hyperckpt._read.engine import LoadStats
 
 __all__ = ["SUMMARY_AFTER_SECONDS", "StatusLine", "log_load_summary"]
 

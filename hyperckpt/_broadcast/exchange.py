@@ -1,11 +1,11 @@
 """Replicated slices read once: one rank reads each shared slice and sends it to the others.
 
-The coordinator's plan (:mod:`hyperckpt._dedup`) gives every rank a
-:class:`~hyperckpt._dedup.BroadcastSchedule`.  ``read_data`` then runs the same rounds on
+The coordinator's plan (:mod:`hyperckpt._broadcast.schedule`) gives every rank a
+:class:`~hyperckpt._broadcast.schedule.BroadcastSchedule`.  ``read_data`` then runs the same rounds on
 every rank, in the same order:
 
 1. **read** — this rank's own slices (first round only) and the shared slices it was chosen
-   to read in this round, through :class:`~hyperckpt.io.ReadEngine`; shared slices land in
+   to read in this round, through :class:`~hyperckpt._read.engine.ReadEngine`; shared slices land in
    their send buffer (the destination itself when it is contiguous, of the stored dtype and on
    the transfer device; otherwise a buffer of the stored dtype there);
 2. **agree** — a small all-gather of each rank's status, so a rank whose read failed tells
@@ -34,10 +34,10 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 
-from hyperckpt._dedup import BroadcastSchedule, ItemKey, Transfer, item_key
-from hyperckpt.dtypes import to_torch_dtype
+from hyperckpt._broadcast.schedule import BroadcastSchedule, ItemKey, Transfer, item_key
+from hyperckpt._read.dtypes import to_torch_dtype
+from hyperckpt._read.engine import LoadStats, ReadEngine, StorageInfo
 from hyperckpt.errors import CheckpointError
-from hyperckpt.io import LoadStats, ReadEngine, StorageInfo
 
 __all__ = ["BroadcastStats", "load_with_broadcast", "transfer_device"]
 

@@ -15,11 +15,11 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.planner import LoadPlanner as DcpLoadPlanner
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-from hyperckpt.dtypes import to_torch_shape
+from hyperckpt._layout.directory import TORCH_SHARDED, CheckpointLayout, Kind, describe
+from hyperckpt._planner.load_planner import LoadPlanner, strided_regions
+from hyperckpt._read.dtypes import to_torch_shape
+from hyperckpt._readers import HuggingFaceStorageReader, TorchShardedSafetensorsReader
 from hyperckpt.errors import CheckpointError
-from hyperckpt.layout import TORCH_SHARDED, CheckpointLayout, Kind, describe
-from hyperckpt.planner import LoadPlanner, strided_regions
-from hyperckpt.readers import HuggingFaceStorageReader, TorchShardedSafetensorsReader
 
 __all__ = ["LoadReport", "load"]
 

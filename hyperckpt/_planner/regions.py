@@ -30,7 +30,7 @@ from typing import Final, Literal
 
 from torch.distributed.tensor import Placement
 
-from hyperckpt._placements import PlacementSpec, placement_specs
+from hyperckpt._planner.placements import PlacementSpec, placement_specs
 
 __all__ = [
     "DTENSOR",

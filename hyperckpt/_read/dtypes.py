@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hyperckpt.format import DTYPES
+from hyperckpt._format.header import DTYPES
 
 __all__ = ["to_torch_dtype", "to_torch_shape"]
 

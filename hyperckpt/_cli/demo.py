@@ -28,11 +28,11 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from hyperckpt import _sample
-from hyperckpt._plan import placements_for
-from hyperckpt._spawn import spawn_ranks
-from hyperckpt.readers import HuggingFaceStorageReader, TorchShardedSafetensorsReader
-from hyperckpt.regions import local_regions
+from hyperckpt._cli import sample as _sample
+from hyperckpt._cli.dryrun import placements_for
+from hyperckpt._cli.spawn import spawn_ranks
+from hyperckpt._planner.regions import local_regions
+from hyperckpt._readers import HuggingFaceStorageReader, TorchShardedSafetensorsReader
 
 __all__ = ["LAYOUTS", "DemoReport", "DemoRow", "format_report", "run_demo", "write_sample"]
 
@@ -139,7 +139,7 @@ def run_demo(
 
     Args:
         ranks: CPU ranks to spawn (gloo); FSDPxTP and HSDP need an even number.
-        size: A sample size, one of ``hyperckpt._sample.SIZES``.
+        size: A sample size, one of ``hyperckpt._cli.sample.SIZES``.
         keep: Keep the checkpoints instead of deleting them.
         directory: Where to write; a new temporary directory by default.
         on_step: Called with a short description as each step starts.

@@ -13,10 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from hyperckpt import layout as _layout
-from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
-from hyperckpt.format import FileHeader, decode_strict_json, read_header
-from hyperckpt.layout import (
+from hyperckpt._format.header import FileHeader, decode_strict_json, read_header
+from hyperckpt._layout import directory as _layout
+from hyperckpt._layout.directory import (
     HUGGINGFACE,
     INDEX_NAME,
     SINGLE_FILE_NAME,
@@ -26,6 +25,7 @@ from hyperckpt.layout import (
     describe,
     detect_kind,
 )
+from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
 
 __all__ = ["Findings", "find_problems"]
 

@@ -2,9 +2,9 @@
 
 For a named layout (FSDP, TP, FSDP x TP, HSDP, replicate) every tensor gets a Llama-style
 placement; each rank's global regions come from DTensor placement arithmetic
-(:func:`hyperckpt.regions.local_regions`) and are cut against the stored pieces exactly as
+(:func:`hyperckpt._planner.regions.local_regions`) and are cut against the stored pieces exactly as
 DCP's planner cuts them into read items.  Slices several ranks need are then assigned to
-one reader as the readers' broadcast does (:func:`hyperckpt._dedup.plan_broadcast`).
+one reader as the readers' broadcast does (:func:`hyperckpt._broadcast.schedule.plan_broadcast`).
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadIte
 from torch.distributed.tensor import Placement, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
-from hyperckpt._dedup import item_key, plan_broadcast
-from hyperckpt.format import DTYPES
-from hyperckpt.io import DEFAULT_STAGING_BYTES
-from hyperckpt.layout import CheckpointLayout, Piece
-from hyperckpt.readers import BATCH_BYTES
-from hyperckpt.regions import DTENSOR, FSDP, Order, fsdp_order_applies, local_regions
+from hyperckpt._broadcast.schedule import item_key, plan_broadcast
+from hyperckpt._format.header import DTYPES
+from hyperckpt._layout.directory import CheckpointLayout, Piece
+from hyperckpt._planner.regions import DTENSOR, FSDP, Order, fsdp_order_applies, local_regions
+from hyperckpt._read.engine import DEFAULT_STAGING_BYTES
+from hyperckpt._readers import BATCH_BYTES
 
 __all__ = ["LAYOUTS", "RankPlan", "mesh_shape", "placements_for", "plan_load"]
 

@@ -4,7 +4,7 @@ torch's ``DefaultLoadPlanner`` describes every DTensor's local tensor as one box
 global tensor starting at its first element.  Under ``_StridedShard`` (packed weights such
 as ``gate_up_proj`` under tensor parallelism, FSDP2 over tensor parallelism) the local rows
 are several boxes, so the default plan reads the wrong rows without any error.
-:class:`LoadPlanner` plans such tensors region by region (see :mod:`hyperckpt.regions`)
+:class:`LoadPlanner` plans such tensors region by region (see :mod:`hyperckpt._planner.regions`)
 and everything else exactly as the default planner does.
 """
 
@@ -23,9 +23,9 @@ from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 from torch.distributed.tensor import DTensor, Partial
 
-from hyperckpt._placements import is_strided
+from hyperckpt._planner.placements import is_strided
+from hyperckpt._planner.regions import DTENSOR, FSDP, Order, Region, local_regions, orders_differ
 from hyperckpt.errors import CheckpointError
-from hyperckpt.regions import DTENSOR, FSDP, Order, Region, local_regions, orders_differ
 
 __all__ = ["LoadPlanner", "StridedLayout", "strided_regions"]
 
@@ -61,7 +61,7 @@ class LoadPlanner(DefaultLoadPlanner):
             ``k`` ways of tensor parallelism on ``d``) would put other rows there: then the
             layout that fits every rank's local shape, FSDP2's when both fit.
             ``"dtensor"`` or ``"fsdp"`` force one reading (see
-            :func:`hyperckpt.regions.local_regions`).
+            :func:`hyperckpt._planner.regions.local_regions`).
     """
 
     def __init__(

@@ -17,10 +17,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Final, Literal
 
-from hyperckpt import tiling
-from hyperckpt._gcpause import collector_paused
+from hyperckpt._format.header import FileHeader, decode_strict_json, is_unicode, read_header
+from hyperckpt._layout import tiling
+from hyperckpt._layout.gcpause import collector_paused
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
-from hyperckpt.format import FileHeader, decode_strict_json, is_unicode, read_header
 
 __all__ = [
     "HUGGINGFACE",

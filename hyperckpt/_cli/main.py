@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from hyperckpt._layout.directory import CheckpointLayout, describe
+from hyperckpt._read.progress import StatusLine, format_bytes
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
-from hyperckpt.layout import CheckpointLayout, describe
-from hyperckpt.progress import StatusLine, format_bytes
 
 __all__ = ["main"]
 
@@ -283,7 +283,7 @@ def _files(count: int) -> str:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from hyperckpt._validate import find_problems
+    from hyperckpt._layout.problems import find_problems
 
     findings = find_problems(args.path)
     layout = findings.layout
@@ -324,7 +324,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from hyperckpt import _plan
+    from hyperckpt._cli import dryrun as _plan
 
     if args.world < 1:
         raise _UsageError(f"--world must be at least 1, got {args.world}")
@@ -396,8 +396,8 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from hyperckpt import demo
-    from hyperckpt._spawn import RankFailure
+    from hyperckpt._cli import demo
+    from hyperckpt._cli.spawn import RankFailure
 
     if args.ranks < 1:
         raise _UsageError(f"--ranks must be at least 1, got {args.ranks}")

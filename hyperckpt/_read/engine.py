@@ -36,13 +36,13 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlanner, ReadItem
 
-from hyperckpt import _sysio
-from hyperckpt._box import Box, narrow
-from hyperckpt._coalesce import coalesce
-from hyperckpt._staging import PinnedRing, Staging
-from hyperckpt.dtypes import to_torch_dtype
+from hyperckpt._format.header import FileStamp
+from hyperckpt._read import sysio as _sysio
+from hyperckpt._read.boxes import Box, narrow
+from hyperckpt._read.coalesce import coalesce
+from hyperckpt._read.dtypes import to_torch_dtype
+from hyperckpt._read.staging import PinnedRing, Staging
 from hyperckpt.errors import CheckpointChangedError, CheckpointError
-from hyperckpt.format import FileStamp
 
 __all__ = [
     "CHUNK_BYTES",

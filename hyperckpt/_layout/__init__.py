@@ -1,0 +1,4 @@
+"""Stage 2, one directory: validated headers in, a frozen ``CheckpointLayout`` out.
+
+Which files belong to the checkpoint, how each tensor's pieces tile it, every problem named.  No torch.
+"""

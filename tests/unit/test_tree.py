@@ -1,0 +1,106 @@
+"""The package tree is the pipeline: a module imports only from its own stage or the ones below."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "hyperckpt"
+
+#: The stages in pipeline order; a module may import from its own stage and those before it.
+STAGES = [
+    "hyperckpt.errors",
+    "hyperckpt._format",
+    "hyperckpt._layout",
+    "hyperckpt._planner",
+    "hyperckpt._read",
+    "hyperckpt._broadcast",
+    "hyperckpt._readers",
+    "hyperckpt._api",
+    "hyperckpt._cli",
+]
+
+#: Stages that promise not to import torch, directly or through what they import.
+TORCH_FREE = {"hyperckpt.errors", "hyperckpt._format", "hyperckpt._layout"}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _stage(module: str) -> int | None:
+    for index, stage in enumerate(STAGES):
+        if module == stage or module.startswith(stage + "."):
+            return index
+    return None
+
+
+def _imports(path: Path) -> list[str]:
+    """Absolute names of every module ``path`` imports, at any depth of its code."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+            names += [f"{node.module}.{alias.name}" for alias in node.names]
+    return names
+
+
+MODULES = {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_every_module_belongs_to_a_stage_or_is_the_public_top() -> None:
+    unplaced = [
+        name
+        for name in MODULES
+        if _stage(name) is None
+        and name not in {"hyperckpt", "hyperckpt.__main__"}
+        and not name.startswith("hyperckpt.testing")
+    ]
+    assert unplaced == [], "add these modules to a stage folder, or the stage to STAGES"
+
+
+@pytest.mark.parametrize("module", [name for name in MODULES if _stage(name) is not None])
+def test_no_module_imports_from_a_later_stage(module: str) -> None:
+    own = _stage(module)
+    assert own is not None
+    later = [
+        name
+        for name in _imports(MODULES[module])
+        if name.startswith("hyperckpt") and (_stage(name) or 0) > own
+    ]
+    assert later == [], f"{module} (stage {STAGES[own]}) imports from a later stage: {later}"
+
+
+def test_the_root_package_is_not_imported_from_inside_a_stage() -> None:
+    for module, path in MODULES.items():
+        if _stage(module) is None:
+            continue
+        roots = [
+            node.lineno
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ImportFrom)
+            and node.module == "hyperckpt"
+            and not all(alias.name.startswith("_") for alias in node.names)
+        ]
+        assert roots == [], f"{module} imports public names from the package root"
+
+
+@pytest.mark.parametrize("module", [name for name in MODULES if _stage(name) is not None and STAGES[_stage(name) or 0] in TORCH_FREE])
+def test_the_parsing_stages_never_import_torch(module: str) -> None:
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        current = todo.pop()
+        if current in seen or current not in MODULES:
+            continue
+        seen.add(current)
+        for name in _imports(MODULES[current]):
+            assert name.split(".")[0] != "torch", f"{module} reaches torch through {current}"
+            if name in MODULES:
+                todo.append(name)
