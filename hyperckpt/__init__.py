@@ -13,8 +13,11 @@ from hyperckpt._cli.sample import write_sample
 from hyperckpt._format.header import FileHeader, FileStamp, TensorEntry
 from hyperckpt._layout.directory import CheckpointLayout, Piece, TensorLayout, describe
 from hyperckpt._planner.load_planner import LoadPlanner
+from hyperckpt._read.dtype_policy import Conversion
 from hyperckpt._read.engine import LoadStats, StorageInfo
+from hyperckpt._read.tracker import Progress
 from hyperckpt._readers import HuggingFaceStorageReader, TorchShardedSafetensorsReader
+from hyperckpt._verify import FileCheck, TensorCheck, VerifyReport, verify
 from hyperckpt.errors import CheckpointChangedError, CheckpointError, CheckpointNotFoundError
 
 __all__ = [
@@ -22,6 +25,8 @@ __all__ = [
     "CheckpointError",
     "CheckpointLayout",
     "CheckpointNotFoundError",
+    "Conversion",
+    "FileCheck",
     "FileHeader",
     "FileStamp",
     "HuggingFaceStorageReader",
@@ -29,14 +34,18 @@ __all__ = [
     "LoadReport",
     "LoadStats",
     "Piece",
+    "Progress",
     "StorageInfo",
+    "TensorCheck",
     "TensorEntry",
     "TensorLayout",
     "TorchShardedSafetensorsReader",
+    "VerifyReport",
     "__version__",
     "describe",
     "load",
     "write_sample",
+    "verify",
 ]
 
 __version__ = "0.1.0"

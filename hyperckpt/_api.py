@@ -17,7 +17,9 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
 from hyperckpt._layout.directory import TORCH_SHARDED, CheckpointLayout, Kind, describe
 from hyperckpt._planner.load_planner import LoadPlanner, strided_regions
+from hyperckpt._read.dtype_policy import Conversion, DtypePolicy, check_policy, enforce
 from hyperckpt._read.dtypes import to_torch_shape
+from hyperckpt._read.tracker import ProgressCallback
 from hyperckpt._readers import HuggingFaceStorageReader, TorchShardedSafetensorsReader
 from hyperckpt.errors import CheckpointError
 
@@ -41,6 +43,10 @@ class LoadReport:
         skipped: State-dict keys the checkpoint lacks that were left untouched because
             ``allow_missing`` allowed it (tied weights such as ``lm_head.weight``), sorted.
         unused: Tensors of the checkpoint that no state-dict key asked for, sorted.
+        conversions: The dtype conversions made (stored -> destination, tensors, stored
+            bytes of the whole tensors), empty when every destination has the stored dtype.
+        rank_seconds: Seconds each rank spent reading (its ``read_data``), by rank.
+        slowest_rank: The rank with the most ``rank_seconds``.
     """
 
     kind: Kind
@@ -50,6 +56,9 @@ class LoadReport:
     seconds: float
     skipped: tuple[str, ...]
     unused: tuple[str, ...]
+    conversions: tuple[Conversion, ...] = ()
+    rank_seconds: tuple[float, ...] = ()
+    slowest_rank: int = 0
 
 
 def load(
@@ -61,6 +70,8 @@ def load(
     allow_missing: bool | Collection[str] = False,
     thread_count: int | None = None,
     reader_options: Mapping[str, object] | None = None,
+    dtype_policy: DtypePolicy = "convert",
+    progress: ProgressCallback | None = None,
 ) -> LoadReport:
     """Load a safetensors checkpoint of either kind into ``state_dict``, in place.
 
@@ -82,6 +93,11 @@ def load(
             ``allow_missing={"lm_head.weight"}``.
         thread_count: Reads in flight per rank (see the readers).
         reader_options: Further keyword options for the reader's constructor.
+        dtype_policy: Which dtype conversions are allowed, checked for every key before
+            anything is read: ``"convert"`` (any, the default), ``"exact"`` (none) or
+            ``"no-narrowing"`` (only widening ones; the table is in ``docs/rules.md``).
+        progress: Called with this rank's :class:`~hyperckpt.Progress` at most ten times
+            a second and once at the end (see the readers).
 
     Returns:
         A :class:`LoadReport` (``bytes_read`` gathered from every rank).
@@ -89,14 +105,25 @@ def load(
     Raises:
         CheckpointNotFoundError: The checkpoint, or a file it needs, does not exist.
         CheckpointError: The checkpoint breaks a rule, lacks keys not allowed to be
-            missing, a tensor's shape differs from the state dict's, or a DTensor's local
+            missing, a tensor's shape differs from the state dict's, ``dtype_policy``
+            refuses a tensor's conversion, or a DTensor's local
             tensor cannot be matched to its placements.  Raised on every rank when any
             rank refuses (the others name that rank and its message).
     """
     begin = time.perf_counter()
+    policy = check_policy(dtype_policy)
     # A refusal on one rank must stop every rank, or the others wait in collectives.
     try:
         layout, wanted, skipped = _validate(state_dict, path, allow_missing)
+        conversions = enforce(
+            policy,
+            (
+                (name, layout.tensors[name].dtype, value.dtype, layout.tensors[name].nbytes)
+                for name, value in wanted.items()
+            ),
+            where=str(layout.root),
+            files={name: _file_of(layout, name) for name in wanted},
+        )
         failure = None
     except CheckpointError as err:
         failure = err
@@ -113,6 +140,8 @@ def load(
         _agree(failure, process_group)
     options: dict[str, Any] = dict(reader_options or {})
     options.setdefault("thread_count", thread_count)
+    options.setdefault("dtype_policy", policy)
+    options.setdefault("progress", progress)
     if process_group is not None:
         options.setdefault("process_group", process_group)
     reader_type = (
@@ -129,15 +158,22 @@ def load(
             process_group=process_group,
         )
     stats = reader.last_stats
-    counts = _gather((stats.bytes_read, stats.bytes_received) if stats else (0, 0), process_group)
+    counts = _gather(
+        (stats.bytes_read, stats.bytes_received, stats.seconds) if stats else (0, 0, 0.0),
+        process_group,
+    )
+    seconds = tuple(float(spent) for _, _, spent in counts)
     return LoadReport(
         kind=layout.kind,
         tensors=len(wanted),
-        bytes_read=tuple(read for read, _ in counts),
-        bytes_received=tuple(received for _, received in counts),
+        bytes_read=tuple(int(read) for read, _, _ in counts),
+        bytes_received=tuple(int(received) for _, received, _ in counts),
         seconds=time.perf_counter() - begin,
         skipped=tuple(skipped),
         unused=tuple(sorted(set(layout.tensors) - set(state_dict))),
+        conversions=conversions,
+        rank_seconds=seconds,
+        slowest_rank=max(range(len(seconds)), key=lambda rank: (seconds[rank], -rank)),
     )
 
 
@@ -196,12 +232,14 @@ def _agree(failure: CheckpointError | None, group: dist.ProcessGroup | None) -> 
             raise CheckpointError(f"rank {rank} of the load refused it: {message}")
 
 
-def _gather(value: tuple[int, int], group: dist.ProcessGroup | None) -> list[tuple[int, int]]:
+def _gather(
+    value: tuple[int, int, float], group: dist.ProcessGroup | None
+) -> list[tuple[int, int, float]]:
     if not (dist.is_available() and dist.is_initialized()):
         return [value]
     values: list[object] = [None] * dist.get_world_size(group)
     dist.all_gather_object(values, value, group=group)
-    return [cast(tuple[int, int], v) for v in values]
+    return [cast(tuple[int, int, float], v) for v in values]
 
 
 def _file_of(layout: CheckpointLayout, name: str) -> str:

@@ -32,6 +32,13 @@ from hyperckpt._broadcast.exchange import BroadcastStats, load_with_broadcast
 from hyperckpt._broadcast.schedule import BroadcastReady, BroadcastSchedule, plan_broadcast
 from hyperckpt._layout.directory import CheckpointLayout, huggingface_layout, torch_sharded_layout
 from hyperckpt._layout.gcpause import collector_paused
+from hyperckpt._read.dtype_policy import (
+    Conversion,
+    DtypePolicy,
+    check_policy,
+    log_conversions,
+    plan_conversions,
+)
 from hyperckpt._read.dtypes import to_torch_dtype, to_torch_shape
 from hyperckpt._read.engine import (
     DEFAULT_STAGING_BYTES,
@@ -41,6 +48,7 @@ from hyperckpt._read.engine import (
     default_threads,
 )
 from hyperckpt._read.progress import log_load_summary
+from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
 from hyperckpt.errors import CheckpointError
 
 __all__ = ["HuggingFaceStorageReader", "TorchShardedSafetensorsReader", "to_metadata"]
@@ -64,6 +72,8 @@ class _SafetensorsReader(FileSystemReader):
         staging_bytes: int = DEFAULT_STAGING_BYTES,
         broadcast_replicated: bool | None = None,
         process_group: dist.ProcessGroup | None = None,
+        dtype_policy: DtypePolicy = "convert",
+        progress: ProgressCallback | None = None,
     ) -> None:
         """Point the reader at a checkpoint; nothing is read until DCP asks.
 
@@ -83,6 +93,12 @@ class _SafetensorsReader(FileSystemReader):
                 torch.distributed is initialized and the group has more than one rank.
             process_group: The group ``dcp.load`` was given (DCP does not tell the reader);
                 ``None`` means the default group.
+            dtype_policy: Which dtype conversions the load may make, checked for every
+                read item before any byte is read: ``"convert"`` (any, the default),
+                ``"exact"`` (none) or ``"no-narrowing"`` (only conversions that keep every
+                value; see :mod:`hyperckpt._read.dtype_policy`).
+            progress: Called with a :class:`~hyperckpt.Progress` of this rank's read at
+                most ten times a second and once at the end, one call at a time.
         """
         super().__init__(path)
         if thread_count is not None and thread_count < 1:
@@ -93,6 +109,9 @@ class _SafetensorsReader(FileSystemReader):
         self.staging_bytes = staging_bytes
         self.broadcast_replicated = broadcast_replicated
         self.process_group = process_group
+        self.dtype_policy = check_policy(dtype_policy)
+        self.progress = progress
+        self.last_conversions: tuple[Conversion, ...] = ()
         self.layout: CheckpointLayout | None = None
         self.last_stats: LoadStats | None = None
         self.last_broadcast: BroadcastStats | None = None
@@ -127,6 +146,12 @@ class _SafetensorsReader(FileSystemReader):
                 path=str(self.path),
             )
         layout = self.layout
+        self.last_conversions = plan_conversions(
+            plan.items, self.storage_data, planner, self.dtype_policy, where=str(layout.root)
+        )
+        tracker = ProgressTracker(self.progress)
+        for item in plan.items:
+            tracker.expect(item, self._locate(item)[0])
 
         def engine() -> ReadEngine:
             return ReadEngine(
@@ -134,10 +159,13 @@ class _SafetensorsReader(FileSystemReader):
                 {name: header.stamp for name, header in layout.files.items()},
                 threads=self.thread_count or default_threads(),
                 staging_bytes=self.staging_bytes,
+                progress=tracker,
             )
 
         schedule = plan.storage_data
-        if isinstance(schedule, BroadcastSchedule) and schedule.rounds > 0:
+        broadcast = isinstance(schedule, BroadcastSchedule) and schedule.rounds > 0
+        if broadcast:
+            assert isinstance(schedule, BroadcastSchedule)
             self.last_stats, self.last_broadcast = load_with_broadcast(
                 plan,
                 planner,
@@ -148,7 +176,10 @@ class _SafetensorsReader(FileSystemReader):
             )
         else:
             self.last_stats = engine().run(plan.items, self.storage_data, planner)
+        # Slices received from other ranks are counted as they complete the load.
+        tracker.finish(complete=broadcast)
         log_load_summary(self.last_stats)
+        log_conversions(logger, self.last_conversions, rank=self._rank())
         future: Future[None] = Future()
         future.set_result(None)
         return future
@@ -204,6 +235,9 @@ class _SafetensorsReader(FileSystemReader):
     def _locate(self, item: ReadItem) -> tuple[int, str, int]:
         info: StorageInfo = self.storage_data[item.storage_index]
         return math.prod(item.lengths) * to_torch_dtype(info.dtype).itemsize, info.file, info.offset
+
+    def _rank(self) -> int:
+        return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
     def _group(self) -> dist.ProcessGroup:
         group = self.process_group if self.process_group is not None else dist.group.WORLD

@@ -18,6 +18,7 @@ from typing import Any, Final
 
 from hyperckpt._layout.directory import CheckpointLayout, describe
 from hyperckpt._read.progress import StatusLine, format_bytes
+from hyperckpt._verify import command as verify_command
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
 
 __all__ = ["main"]
@@ -111,11 +112,13 @@ def _parser() -> argparse.ArgumentParser:
         parents=[common],
         help="check every rule; list every problem",
         description="Check a checkpoint (either kind, auto-detected) against every rule and "
-        "list every problem found, each naming its file and tensor.  No tensor data is read.  "
-        "Exit 0 when valid, 1 when not, 2 when the path cannot be read.",
+        "list every problem found, each naming its file and tensor.  No tensor data is read "
+        "unless --data is given.  Exit 0 when valid, 1 when not (or when the data pass finds a "
+        "checksum mismatch or NaN/Inf), 2 when the path cannot be read.",
     )
     validate.add_argument("path", help="checkpoint directory or .safetensors file")
     validate.add_argument("--json", action="store_true", help="print JSON for machines")
+    verify_command.add_arguments(validate)
     validate.set_defaults(run=_validate)
 
     plan = commands.add_parser(
@@ -159,6 +162,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_const",
         const=False,
         help="plan as with broadcast_replicated=False: every rank reads all it needs",
+    )
+    plan.add_argument(
+        "--dtype",
+        metavar="DTYPE",
+        help="the destination dtype (e.g. bfloat16, float32): list the conversions a load "
+        "into it makes and whether dtype_policy='no-narrowing' or 'exact' would refuse them",
     )
     plan.add_argument("--json", action="store_true", help="print JSON for machines")
     plan.set_defaults(run=_plan)
@@ -287,6 +296,7 @@ def _validate(args: argparse.Namespace) -> int:
 
     findings = find_problems(args.path)
     layout = findings.layout
+    data_ok = True
     if args.json:
         report = {
             "path": str(args.path),
@@ -305,19 +315,23 @@ def _validate(args: argparse.Namespace) -> int:
             "tensors": None if layout is None else len(layout.tensors),
             "total_bytes": None if layout is None else layout.nbytes,
         }
+        if layout is not None and verify_command.wants_data(args):
+            data_ok = verify_command.validate_data(args, report)
         print(json.dumps(report, indent=2))
     elif layout is not None:
         print(
             f"{args.path}: valid {layout.kind} checkpoint: {len(layout.tensors)} tensors, "
             f"{format_bytes(layout.nbytes)} in {_files(len(layout.files))}"
         )
+        if verify_command.wants_data(args):
+            data_ok = verify_command.validate_data(args, None)
     else:
         count = len(findings.problems)
         kind = f" {findings.kind}" if findings.kind else ""
         print(f"{args.path}: INVALID{kind} checkpoint: {count} problem{'s' * (count != 1)}")
         for number, problem in enumerate(findings.problems, 1):
             print(f"  {number}. {problem}")
-    return OK if layout is not None else INVALID
+    return OK if layout is not None and data_ok else INVALID
 
 
 # ---- plan ----------------------------------------------------------------------------------
@@ -325,6 +339,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     from hyperckpt._cli import dryrun as _plan
+    from hyperckpt._read import dtype_policy
 
     if args.world < 1:
         raise _UsageError(f"--world must be at least 1, got {args.world}")
@@ -335,7 +350,14 @@ def _plan(args: argparse.Namespace) -> int:
     if args.hosts < 1:
         raise _UsageError(f"--hosts must be at least 1, got {args.hosts}")
     broadcast = args.hosts > 1 if args.broadcast is None else args.broadcast
+    target = None
+    if args.dtype is not None:
+        try:
+            target = dtype_policy.destination_dtype(args.dtype)
+        except ValueError as err:
+            raise _UsageError(f"--dtype: {err}") from err
     layout = describe(args.path)
+    made = None if target is None else dtype_policy.layout_conversions(layout, target)
     ranks = _plan.plan_load(
         layout,
         args.layout,
@@ -354,6 +376,19 @@ def _plan(args: argparse.Namespace) -> int:
                     "mesh": list(mesh),
                     "broadcast": broadcast,
                     "total_bytes": layout.nbytes,
+                    "dtype": None if target is None else dtype_policy.torch_name(target),
+                    "conversions": None
+                    if made is None
+                    else [
+                        {
+                            "from": c.source,
+                            "to": c.target,
+                            "tensors": c.tensors,
+                            "bytes": c.nbytes,
+                            "widening": c.widening,
+                        }
+                        for c in made
+                    ],
                     "ranks": [
                         {
                             "rank": r.rank,
@@ -389,6 +424,9 @@ def _plan(args: argparse.Namespace) -> int:
         f"({total_read / layout.nbytes if layout.nbytes else 0:.2f}x the checkpoint); sub-box "
         f"bytes: narrow column slices may be read as whole rows"
     )
+    if made is not None and target is not None:
+        for line in dtype_policy.conversion_lines(made, dtype_policy.torch_name(target)):
+            print(line)
     return OK
 
 

@@ -25,6 +25,7 @@ load and reaches the caller unchanged.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import threading
@@ -42,6 +43,7 @@ from hyperckpt._read.boxes import Box, narrow
 from hyperckpt._read.coalesce import coalesce
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.staging import PinnedRing, Staging
+from hyperckpt._read.tracker import ProgressTracker
 from hyperckpt.errors import CheckpointChangedError, CheckpointError
 
 __all__ = [
@@ -129,6 +131,7 @@ class _Request:
     dtype: torch.dtype
     target: torch.Tensor
     fqn: str
+    item: ReadItem
 
 
 class ReadEngine:
@@ -140,6 +143,8 @@ class ReadEngine:
             opened or after its reads is refused.
         threads: Reads in flight at once.
         staging_bytes: Staging memory for the whole load, all threads together.
+        progress: Told each read item's bytes as they arrive (keyed by the ``ReadItem``);
+            the caller registers the items and makes the final call.
     """
 
     def __init__(
@@ -149,7 +154,9 @@ class ReadEngine:
         *,
         threads: int,
         staging_bytes: int = DEFAULT_STAGING_BYTES,
+        progress: ProgressTracker | None = None,
     ) -> None:
+        self._progress = progress
         self._root = root
         self._stamps = stamps
         self._threads = max(1, threads)
@@ -230,13 +237,14 @@ class ReadEngine:
             )
         dtype = to_torch_dtype(info.dtype)
         box = Box(info.offset, info.shape, tuple(item.storage_offsets), lengths, dtype.itemsize)
-        return _Request(info.file, info, box, dtype, target, fqn)
+        return _Request(info.file, info, box, dtype, target, fqn, item)
 
     # -- planning ------------------------------------------------------------------------
 
     def _plan(self, requests: list[_Request]) -> list[_Job]:
         """Turn the requests into jobs, ordered by file and offset."""
         direct: dict[str, list[tuple[int, int, int]]] = {}
+        owners: dict[str, list[tuple[int, int, ReadItem]]] = {}
         staged: list[_Request] = []
         strided: list[_Request] = []
         device: list[_Request] = []
@@ -255,6 +263,7 @@ class ReadEngine:
             elif box.is_one_run():
                 offset, length = box.run()
                 direct.setdefault(request.name, []).append((offset, length, target.data_ptr()))
+                owners.setdefault(request.name, []).append((target.data_ptr(), length, request.item))
             else:
                 strided.append(request)
         budget = self._staging.limit
@@ -268,7 +277,7 @@ class ReadEngine:
             # Kept on the engine: jobs hold its address only.
             self._scratch = scratch = self._staging.allocate(max(1, scratch_bytes))
             for name, extents in direct.items():
-                jobs.extend(self._direct_jobs(name, extents, scratch, scratch_bytes))
+                jobs.extend(self._direct_jobs(name, extents, scratch, scratch_bytes, owners[name]))
             for request in strided:
                 jobs.extend(self._strided_jobs(request, scratch, scratch_bytes))
         for request in staged:
@@ -279,14 +288,34 @@ class ReadEngine:
         return [job for _, _, job in jobs]
 
     def _direct_jobs(
-        self, name: str, extents: list[tuple[int, int, int]], scratch: torch.Tensor, gap: int
+        self,
+        name: str,
+        extents: list[tuple[int, int, int]],
+        scratch: torch.Tensor,
+        gap: int,
+        owners: list[tuple[int, int, ReadItem]],
     ) -> list[tuple[str, int, _Job]]:
         fd = self._fds[name]
         reads = coalesce(extents, gap=gap, scratch=scratch.data_ptr(), chunk=CHUNK_BYTES)
+        owners.sort(key=lambda owner: owner[0])
         return [
-            (name, offset, _bind(self._read, name, fd, offset, buffers))
+            (name, offset, self._tracked(
+                _bind(self._read, name, fd, offset, buffers), _owned(buffers, owners)
+            ))
             for offset, buffers in reads
         ]
+
+    def _tracked(self, job: _Job, parts: list[tuple[ReadItem, int]]) -> _Job:
+        """``job``, then its read items' bytes told to the progress tracker (if any)."""
+        progress = self._progress
+        if progress is None:
+            return job
+
+        def tracked() -> None:
+            job()
+            progress.deliver(parts)
+
+        return tracked
 
     def _strided_jobs(
         self, request: _Request, scratch: torch.Tensor, gap: int
@@ -306,6 +335,7 @@ class ReadEngine:
             job = _bind(
                 self._read_runs, request.name, part, run, address + first * run, together, scratch
             )
+            job = self._tracked(job, [(request.item, part.numel() * run)])
             jobs.append((request.name, int(part[0]), job))
         return jobs
 
@@ -342,6 +372,7 @@ class ReadEngine:
             part = box.sub(offsets, lengths)
             destination = narrow(target, offsets, lengths)
             job = _bind(self._host_part, request, part, destination, one_run)
+            job = self._tracked(job, [(request.item, part.nbytes)])
             jobs.append((request.name, part.span()[0], job))
         return jobs
 
@@ -358,6 +389,7 @@ class ReadEngine:
                 part = request.box.sub(offsets, lengths)
                 destination = narrow(request.target, offsets, lengths)
                 job = _bind(self._device_part, request, part, destination)
+                job = self._tracked(job, [(request.item, part.nbytes)])
                 jobs.append((request.name, part.span()[0], job))
         return jobs
 
@@ -506,6 +538,20 @@ def _bind(function: Callable[..., None], *args: object) -> _Job:
         function(*args)
 
     return job
+
+
+def _owned(
+    buffers: list[tuple[int, int]], owners: list[tuple[int, int, ReadItem]]
+) -> list[tuple[ReadItem, int]]:
+    """Which read item each destination buffer of a coalesced read belongs to, with its
+    bytes (scratch buffers for gaps belong to none); ``owners`` sorted by address."""
+    starts = [address for address, _, _ in owners]
+    parts = []
+    for address, length in buffers:
+        index = bisect.bisect_right(starts, address) - 1
+        if index >= 0 and address < owners[index][0] + owners[index][1]:
+            parts.append((owners[index][2], length))
+    return parts
 
 
 def _check_fits(length: int, buffer: torch.Tensor) -> None:

@@ -14,6 +14,8 @@ PUBLIC = [
     "CheckpointError",
     "CheckpointLayout",
     "CheckpointNotFoundError",
+    "Conversion",
+    "FileCheck",
     "FileHeader",
     "FileStamp",
     "HuggingFaceStorageReader",
@@ -21,14 +23,18 @@ PUBLIC = [
     "LoadReport",
     "LoadStats",
     "Piece",
+    "Progress",
     "StorageInfo",
     "TensorEntry",
+    "TensorCheck",
     "TensorLayout",
     "TorchShardedSafetensorsReader",
+    "VerifyReport",
     "__version__",
     "describe",
     "load",
     "write_sample",
+    "verify",
 ]
 
 
