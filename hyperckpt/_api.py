@@ -95,7 +95,7 @@ def load(
         reader_options: Further keyword options for the reader's constructor.
         dtype_policy: Which dtype conversions are allowed, checked for every key before
             anything is read: ``"convert"`` (any, the default), ``"exact"`` (none) or
-            ``"no-narrowing"`` (only widening ones; the table is in ``docs/rules.md``).
+            ``"no-narrowing"`` (only widening ones; the table is in ``docs/data-checks.md``).
         progress: Called with this rank's :class:`~hyperckpt.Progress` at most ten times
             a second and once at the end (see the readers).
 

@@ -246,7 +246,7 @@ def enforce(
             "give the destination tensors the stored dtypes"
             if policy == "exact"
             else "give the destination tensors the stored dtype or a wider one (see the "
-            "widening table in docs/rules.md)"
+            "widening table in docs/data-checks.md)"
         )
         first = refused[0][0]
         raise CheckpointError(

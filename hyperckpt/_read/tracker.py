@@ -90,6 +90,7 @@ class ProgressTracker:
         self._bytes_done = 0
         self._tensors_done = 0
         self._finished = False
+        self._final: Progress | None = None
 
     def expect(self, key: Hashable, nbytes: int, *, tensor: bool = True) -> None:
         """Add ``nbytes`` under ``key`` to the totals.
@@ -139,22 +140,22 @@ class ProgressTracker:
             return self._snapshot(time.perf_counter(), final=self._finished)
 
     def finish(self, *, complete: bool = False) -> Progress:
-        """Make the final call (once) and return the final progress.
+        """Make the final call (once) and return the final progress (the same each time).
 
         Args:
             complete: Count whatever is still outstanding as delivered (slices received
                 from other ranks rather than read).
         """
         with self._lock:
+            if self._final is not None:
+                return self._final
             if complete:
                 self._bytes_done = self._bytes_total
                 self._tensors_done = self._tensors_total
                 self._remaining.clear()
-            first = not self._finished
             self._finished = True
-            snapshot = self._snapshot(time.perf_counter(), final=True)
-        if first:
-            self._call(snapshot, wait=True)
+            self._final = snapshot = self._snapshot(time.perf_counter(), final=True)
+        self._call(snapshot, wait=True)
         return snapshot
 
     def _snapshot(self, now: float, *, final: bool) -> Progress:
