@@ -72,7 +72,9 @@ def test_wide_floats_count_special_patterns_and_random_bits_as_torch_does(
     counts = scan(code, data)
     reference = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype)
     assert (counts.nan, counts.posinf, counts.neginf) == torch_counts(reference)
-    assert counts.nan >= 2 and counts.posinf >= 1 and counts.neginf >= 1
+    assert counts.nan >= 2
+    assert counts.posinf >= 1
+    assert counts.neginf >= 1
 
 
 @pytest.mark.parametrize(
