@@ -21,8 +21,10 @@ TORCH_8BIT = {
 
 def scan(code: str, data: bytes, *, piece: int | None = None) -> ScanCounts:
     scanner = Scanner(code)
-    tensor = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(
-        0, dtype=torch.uint8
+    tensor = (
+        torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        if data
+        else torch.empty(0, dtype=torch.uint8)
     )
     step = piece or max(1, len(data))
     for start in range(0, len(data), step):
@@ -43,9 +45,9 @@ def torch_counts(values: torch.Tensor) -> tuple[int, int, int]:
 def test_every_byte_of_each_8_bit_float_counts_as_torch_reads_it(code: str) -> None:
     every = bytes(range(256))
     counts = scan(code, every)
-    expected = torch_counts(torch.frombuffer(bytearray(every), dtype=torch.uint8).view(
-        TORCH_8BIT[code]
-    ))
+    expected = torch_counts(
+        torch.frombuffer(bytearray(every), dtype=torch.uint8).view(TORCH_8BIT[code])
+    )
     assert (counts.nan, counts.posinf, counts.neginf) == expected
 
 
@@ -56,9 +58,14 @@ def test_every_16_bit_pattern_counts_as_torch_reads_it(code: str, dtype: torch.d
     assert (counts.nan, counts.posinf, counts.neginf) == torch_counts(every.view(dtype))
 
 
-@pytest.mark.parametrize(("code", "dtype", "width"), [
-    ("F32", torch.float32, 4), ("F64", torch.float64, 8), ("C64", torch.float32, 4),
-])
+@pytest.mark.parametrize(
+    ("code", "dtype", "width"),
+    [
+        ("F32", torch.float32, 4),
+        ("F64", torch.float64, 8),
+        ("C64", torch.float32, 4),
+    ],
+)
 def test_wide_floats_count_special_patterns_and_random_bits_as_torch_does(
     code: str, dtype: torch.dtype, width: int
 ) -> None:
@@ -67,7 +74,7 @@ def test_wide_floats_count_special_patterns_and_random_bits_as_torch_does(
     # Random bits rarely hit an exponent of all ones: add every special value by hand.
     specials = [float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.0]
     special = torch.tensor(specials, dtype=dtype).view(torch.uint8)
-    signalling = (b"\x01\x00\x80\x7f" if width == 4 else b"\x01" + b"\x00" * 5 + b"\xf0\x7f")
+    signalling = b"\x01\x00\x80\x7f" if width == 4 else b"\x01" + b"\x00" * 5 + b"\xf0\x7f"
     data = noise.numpy().tobytes() + special.numpy().tobytes() + signalling
     counts = scan(code, data)
     reference = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype)
@@ -80,13 +87,28 @@ def test_wide_floats_count_special_patterns_and_random_bits_as_torch_does(
 @pytest.mark.parametrize(
     ("code", "data", "nan", "posinf", "neginf"),
     [
-        ("F16", struct.pack("<8H", 0x7C00, 0xFC00, 0x7E00, 0xFE01, 0x7C01, 0x8000, 0, 0x7BFF),
-         3, 1, 1),
+        (
+            "F16",
+            struct.pack("<8H", 0x7C00, 0xFC00, 0x7E00, 0xFE01, 0x7C01, 0x8000, 0, 0x7BFF),
+            3,
+            1,
+            1,
+        ),
         ("BF16", struct.pack("<6H", 0x7F80, 0xFF80, 0x7FC0, 0xFF81, 0x7F81, 0x7F7F), 3, 1, 1),
-        ("F32", struct.pack("<5I", 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFFFFFFF, 0x7F7FFFFF),
-         2, 1, 1),
-        ("F64", struct.pack("<3Q", 0x7FF0_0000_0000_0000, 0xFFF8_0000_0000_0000,
-                            0x7FEF_FFFF_FFFF_FFFF), 1, 1, 0),
+        (
+            "F32",
+            struct.pack("<5I", 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFFFFFFF, 0x7F7FFFFF),
+            2,
+            1,
+            1,
+        ),
+        (
+            "F64",
+            struct.pack("<3Q", 0x7FF0_0000_0000_0000, 0xFFF8_0000_0000_0000, 0x7FEF_FFFF_FFFF_FFFF),
+            1,
+            1,
+            0,
+        ),
         ("F8_E5M2", bytes([0x7C, 0xFC, 0x7D, 0x7E, 0x7F, 0xFD, 0xFE, 0xFF, 0x7B]), 6, 1, 1),
         ("F8_E4M3", bytes([0x7F, 0xFF, 0x7E, 0xFE, 0x78, 0xF8, 0x00, 0x80]), 2, 0, 0),
         ("F8_E4M3FNUZ", bytes([0x80, 0x7F, 0xFF, 0x00, 0x01]), 1, 0, 0),
@@ -158,3 +180,16 @@ def test_every_float_code_of_safetensors_has_a_rule() -> None:
 
     floats = {code for code in DTYPES if code.startswith(("F", "BF", "C"))}
     assert floats == set(FLOAT_CODES)
+
+
+@pytest.mark.parametrize(
+    ("code", "dtype"), [("F16", torch.float16), ("BF16", torch.bfloat16), ("F32", torch.float32)]
+)
+def test_finite_values_whose_sum_overflows_are_not_counted_as_infinite(
+    code: str, dtype: torch.dtype
+) -> None:
+    largest = torch.finfo(dtype).max
+    data = torch.full((64,), largest, dtype=dtype).view(torch.uint8).numpy().tobytes()
+    assert not torch.isfinite(torch.full((64,), largest, dtype=dtype).sum())
+    counts = scan(code, data)
+    assert (counts.nan, counts.posinf, counts.neginf) == (0, 0, 0)
