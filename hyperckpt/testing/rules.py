@@ -351,6 +351,10 @@ matching error is raised.  Each example message is real: this page is generated 
 `tests/unit/test_rules_doc.py` fails when it is stale.  The checkpoint directory in the
 examples is `ckpt`.
 
+What the data holds (checksums, NaN and infinities) and which dtype conversions a load may
+make are checked by `hyperckpt validate --data` and `dtype_policy`: see
+[data checks](data-checks.md).
+
 | id | rule | error | example message |
 |---|---|---|---|
 """

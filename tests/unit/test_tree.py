@@ -19,6 +19,7 @@ STAGES = [
     "hyperckpt._broadcast",
     "hyperckpt._readers",
     "hyperckpt._api",
+    "hyperckpt._verify",
     "hyperckpt._cli",
 ]
 
