@@ -163,6 +163,15 @@ def load(
         process_group,
     )
     seconds = tuple(float(spent) for _, _, spent in counts)
+    slowest = max(range(len(seconds)), key=lambda rank: (seconds[rank], -rank))
+    if len(seconds) > 1 and dist.get_rank(process_group) == 0:
+        logger.info(
+            "hyperckpt.load: slowest rank %d read %d bytes in %.2f s (fastest rank %.2f s)",
+            slowest,
+            counts[slowest][0],
+            seconds[slowest],
+            min(seconds),
+        )
     return LoadReport(
         kind=layout.kind,
         tensors=len(wanted),
@@ -173,7 +182,7 @@ def load(
         unused=tuple(sorted(set(layout.tensors) - set(state_dict))),
         conversions=conversions,
         rank_seconds=seconds,
-        slowest_rank=max(range(len(seconds)), key=lambda rank: (seconds[rank], -rank)),
+        slowest_rank=slowest,
     )
 
 

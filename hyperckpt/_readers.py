@@ -159,7 +159,7 @@ class _SafetensorsReader(FileSystemReader):
                 {name: header.stamp for name, header in layout.files.items()},
                 threads=self.thread_count or default_threads(),
                 staging_bytes=self.staging_bytes,
-                progress=tracker,
+                progress=tracker if self.progress is not None else None,
             )
 
         schedule = plan.storage_data

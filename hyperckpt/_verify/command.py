@@ -9,6 +9,7 @@ from typing import Any, Final
 from hyperckpt._read.tracker import ProgressLine
 from hyperckpt._verify.checksums import write_checksums
 from hyperckpt._verify.run import VerifyReport, verify
+from hyperckpt.progress import format_bytes
 
 __all__ = [
     "add_arguments",
@@ -126,7 +127,7 @@ def print_report(report: VerifyReport, *, allow_nonfinite: bool, written: str | 
     """The data pass for people: throughput, checksums, a per-dtype table, the problems."""
     rate = report.bytes_read / report.seconds / 1e9 if report.seconds > 0 else 0.0
     print(
-        f"data: read {report.bytes_read / 1e9:.3f} GB of {len(report.files)} files once in "
+        f"data: read {format_bytes(report.bytes_read)} of {len(report.files)} files once in "
         f"{report.seconds:.2f} s ({rate:.2f} GB/s)"
     )
     checked = [f for f in report.files if f.expected]

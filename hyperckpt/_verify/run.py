@@ -268,7 +268,7 @@ def verify(
         raise ValueError(f"threads must be at least 1, got {threads}")
     layout = describe(path)
     listed = {} if checksums is None else read_checksums(checksums)
-    jobs, missing = _jobs(layout, listed)
+    jobs, missing = _jobs(layout, listed, whole_directory=os.path.isdir(path))
     expected = {name: _expectations(job.path, listed.get(name)) for name, job in jobs.items()}
     for job in jobs.values():
         job.git_size = any(e.algorithm == "git-sha1" for e in expected[job.name])
@@ -313,9 +313,10 @@ def verify(
 
 
 def _jobs(
-    layout: CheckpointLayout, listed: Mapping[str, Expected]
+    layout: CheckpointLayout, listed: Mapping[str, Expected], *, whole_directory: bool
 ) -> tuple[dict[str, _FileJob], list[str]]:
-    """The files to read (the checkpoint's, its index, listed extras) and listed ones missing."""
+    """The files to read (the checkpoint's, its index unless one file was named, listed
+    extras) and the listed ones that are missing."""
     root = layout.root
     jobs = {
         name: _FileJob(
@@ -327,7 +328,7 @@ def _jobs(
         for name, header in layout.files.items()
     }
     extras = set(listed)
-    if os.path.isdir(root) and os.path.lexists(os.path.join(root, INDEX_NAME)):
+    if whole_directory and os.path.lexists(os.path.join(root, INDEX_NAME)):
         extras.add(INDEX_NAME)
     missing = []
     for name in sorted(extras - set(jobs)):
