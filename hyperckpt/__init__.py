@@ -44,8 +44,8 @@ __all__ = [
     "__version__",
     "describe",
     "load",
-    "write_sample",
     "verify",
+    "write_sample",
 ]
 
 __version__ = "0.1.0"

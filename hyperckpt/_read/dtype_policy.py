@@ -42,13 +42,13 @@ from typing import TYPE_CHECKING, Final, Literal, get_args
 import torch
 from torch.distributed.checkpoint.planner import LoadPlanner, ReadItem
 
-from hyperckpt.dtypes import to_torch_dtype
+from hyperckpt._format.header import DTYPES
+from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt.errors import CheckpointError
-from hyperckpt.format import DTYPES
 
 if TYPE_CHECKING:
-    from hyperckpt.io import StorageInfo
-    from hyperckpt.layout import CheckpointLayout
+    from hyperckpt._layout.directory import CheckpointLayout
+    from hyperckpt._read.engine import StorageInfo
 
 __all__ = [
     "DTYPE_POLICIES",

@@ -6,10 +6,10 @@ import argparse
 from collections import defaultdict
 from typing import Any, Final
 
+from hyperckpt._read.progress import format_bytes
 from hyperckpt._read.tracker import ProgressLine
 from hyperckpt._verify.checksums import write_checksums
 from hyperckpt._verify.run import VerifyReport, verify
-from hyperckpt.progress import format_bytes
 
 __all__ = [
     "add_arguments",

@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hyperckpt._format.header import FileStamp, TensorEntry
+from hyperckpt._layout.directory import INDEX_NAME, CheckpointLayout, Kind, describe
+from hyperckpt._read.engine import default_threads
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
 from hyperckpt._verify.checksums import Expected, GitBlobHash, cache_blob_digest, read_checksums
 from hyperckpt._verify.scan import FLOAT_CODES, ScanCounts, Scanner
 from hyperckpt.errors import CheckpointChangedError, CheckpointError, CheckpointNotFoundError
-from hyperckpt.format import FileStamp, TensorEntry
-from hyperckpt.io import default_threads
-from hyperckpt.layout import INDEX_NAME, CheckpointLayout, Kind, describe
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "FileCheck", "TensorCheck", "VerifyReport", "verify"]
 

@@ -14,7 +14,7 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 import hyperckpt
 from hyperckpt import CheckpointError, Progress
-from hyperckpt._spawn import spawn_ranks
+from hyperckpt._cli.spawn import spawn_ranks
 
 pytestmark = [pytest.mark.distributed]
 

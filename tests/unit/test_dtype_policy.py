@@ -13,9 +13,9 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 import hyperckpt
 from hyperckpt import CheckpointError, Conversion, HuggingFaceStorageReader
+from hyperckpt._cli.main import main
+from hyperckpt._format.header import DTYPES
 from hyperckpt._read.dtype_policy import DTYPE_POLICIES, is_widening
-from hyperckpt.cli import main
-from hyperckpt.format import DTYPES
 
 CODE = {getattr(torch, info.torch_name): code for code, info in DTYPES.items() if info.torch_name}
 

@@ -15,9 +15,9 @@ from safetensors.torch import save_file
 
 import hyperckpt
 from hyperckpt import CheckpointChangedError, CheckpointError, Progress
+from hyperckpt._cli.main import main
+from hyperckpt._format.header import read_header
 from hyperckpt._verify.checksums import format_checksums, parse_checksums
-from hyperckpt.cli import main
-from hyperckpt.format import read_header
 from hyperckpt.testing import write_files
 from hyperckpt.testing._directories import shard_file, shard_file_name
 

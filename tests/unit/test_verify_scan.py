@@ -176,7 +176,7 @@ def test_a_piece_at_an_odd_address_is_read_through_an_aligned_copy() -> None:
 
 
 def test_every_float_code_of_safetensors_has_a_rule() -> None:
-    from hyperckpt.format import DTYPES
+    from hyperckpt._format.header import DTYPES
 
     floats = {code for code in DTYPES if code.startswith(("F", "BF", "C"))}
     assert floats == set(FLOAT_CODES)
