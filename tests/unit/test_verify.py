@@ -166,7 +166,7 @@ def test_a_cache_blob_whose_content_does_not_match_its_name_fails(tmp_path: Path
     snapshot = hf_cache(tmp_path, tensors(), files=2)
     link = sorted(snapshot.glob("*.safetensors"))[0]
     blob = Path(os.path.realpath(link))
-    flip_byte(blob, data_offset(blob, read_header(blob).tensors.__iter__().__next__()))
+    flip_byte(blob, data_offset(blob, next(iter(read_header(blob).tensors))))
     report = hyperckpt.verify(snapshot)
     (bad,) = report.mismatches
     assert bad.name == link.name
@@ -342,3 +342,23 @@ def test_save_file_output_with_every_torch_float8_verifies(tmp_path: Path) -> No
     save_file(values, str(tmp_path / "model.safetensors"))
     report = hyperckpt.verify(tmp_path)
     assert {t.name: t.nan for t in report.tensors} == dict.fromkeys(values, 1)
+
+
+def test_a_sharded_directory_written_by_torchs_writer_verifies_with_its_nan(
+    tmp_path: Path,
+) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+
+    values = {"w": sample_tensor((8, 4), torch.bfloat16, seed=5), "b": torch.zeros(4)}
+    values["w"][3, 1] = float("inf")
+    values["w"][6, 0] = NAN
+    writer = HuggingFaceStorageWriter(str(tmp_path / "sharded"), save_distributed=True)
+    dcp.save(values, storage_writer=writer)
+    report = hyperckpt.verify(tmp_path / "sharded")
+    assert report.kind == "torch-sharded"
+    by_name = {t.name: t for t in report.tensors}
+    assert (by_name["w"].nan, by_name["w"].posinf, by_name["w"].neginf) == (1, 1, 0)
+    assert by_name["b"].all_zero
+    files = {p.name for p in (tmp_path / "sharded").glob("*.safetensors")}
+    assert {f.name for f in report.files} == files
