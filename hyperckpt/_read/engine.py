@@ -224,7 +224,8 @@ class ReadEngine:
             raise CheckpointError(
                 f"{fqn}: the planner's destination has shape {list(target.shape)} but the read "
                 f"covers {list(lengths)} of {info.file}; the load planner and the checkpoint "
-                f"disagree",
+                f"disagree (for DTensors with _StridedShard placements, FSDP2 over tensor "
+                f"parallelism: load with planner=hyperckpt.LoadPlanner())",
                 path=info.file,
                 tensor=fqn,
             )
