@@ -36,7 +36,11 @@ class LoadReport:
         kind: The checkpoint's kind, ``"huggingface"`` or ``"torch-sharded"``.
         tensors: State-dict entries loaded (the same on every rank).
         bytes_read: Bytes each rank read from the checkpoint's files, by rank of the
-            process group (one entry when not distributed).
+            process group (one entry when not distributed); gaps of up to
+            ``hyperckpt.io.MAX_GAP`` bytes between two needed ranges are read through
+            rather than cost a second read, and counted.
+        bytes_needed: Bytes of each rank's own slices read from the files, by rank: what
+            ``hyperckpt plan`` counts, ``bytes_read`` without the gaps.
         bytes_received: Bytes each rank received from other ranks instead of reading them
             (replicated slices), by rank.
         seconds: Wall time of the whole load on this rank, validation included, in seconds.
@@ -49,6 +53,7 @@ class LoadReport:
     kind: Kind
     tensors: int
     bytes_read: tuple[int, ...]
+    bytes_needed: tuple[int, ...]
     bytes_received: tuple[int, ...]
     seconds: float
     skipped: tuple[str, ...]
@@ -147,18 +152,21 @@ def load(
     stats = reader.last_stats
     own = _untied_error(layout, untied)
     counts = _gather(
-        (stats.bytes_read, stats.bytes_received) if stats else (0, 0), own, process_group
+        (stats.bytes_read, stats.bytes_needed, stats.bytes_received) if stats else (0, 0, 0),
+        own,
+        process_group,
     )
     if own is not None:
         raise CheckpointError(own, path=layout.root, tensor=untied[0])
-    for rank, (_, _, message) in enumerate(counts):
+    for rank, (*_, message) in enumerate(counts):
         if message is not None:
             raise CheckpointError(f"rank {rank} of the load refused it: {message}")
     return LoadReport(
         kind=layout.kind,
         tensors=len(wanted),
-        bytes_read=tuple(read for read, _, _ in counts),
-        bytes_received=tuple(received for _, received, _ in counts),
+        bytes_read=tuple(read for read, *_ in counts),
+        bytes_needed=tuple(needed for _, needed, *_ in counts),
+        bytes_received=tuple(received for _, _, received, _ in counts),
         seconds=time.perf_counter() - begin,
         skipped=tuple(skipped),
         unused=tuple(sorted(set(layout.tensors) - set(state_dict))),
@@ -221,15 +229,15 @@ def _agree(failure: CheckpointError | None, group: dist.ProcessGroup | None) -> 
 
 
 def _gather(
-    counts: tuple[int, int], failure: str | None, group: dist.ProcessGroup | None
-) -> list[tuple[int, int, str | None]]:
+    counts: tuple[int, int, int], failure: str | None, group: dist.ProcessGroup | None
+) -> list[tuple[int, int, int, str | None]]:
     """Every rank's byte counts and refusal (``None`` when it has none), by rank."""
     value = (*counts, failure)
     if not (dist.is_available() and dist.is_initialized()):
         return [value]
     values: list[object] = [None] * dist.get_world_size(group)
     dist.all_gather_object(values, value, group=group)
-    return [cast(tuple[int, int, str | None], v) for v in values]
+    return [cast(tuple[int, int, int, str | None], v) for v in values]
 
 
 def _translate(err: CheckpointException, group: dist.ProcessGroup | None) -> CheckpointError:

@@ -99,6 +99,8 @@ class LoadStats:
         seconds: Wall time of the reads, in seconds.
         bytes_received: Bytes received from other ranks instead of read (replicated slices).
         staging_peak: Most staging memory held at once, in bytes.
+        bytes_needed: Bytes of the sub-boxes read from files for destinations (what
+            ``hyperckpt plan`` counts); ``bytes_read`` minus this is over-read gaps.
     """
 
     tensors: int = 0
@@ -108,6 +110,7 @@ class LoadStats:
     seconds: float = 0.0
     bytes_received: int = 0
     staging_peak: int = 0
+    bytes_needed: int = 0
 
 
 def default_threads() -> int:
@@ -204,6 +207,7 @@ class ReadEngine:
         return LoadStats(
             tensors=len(items),
             bytes_read=self._bytes,
+            bytes_needed=sum(request.box.nbytes for request in requests),
             reads=self._reads,
             files=len(self._fds),
             seconds=time.perf_counter() - begin,

@@ -143,6 +143,21 @@ def test_checkpoint_tensors_no_key_asks_for_are_reported_unused(tmp_path: Path) 
     assert report.bytes_read == (16,)
 
 
+def test_report_tells_bytes_needed_from_bytes_read_through_a_gap(tmp_path: Path) -> None:
+    # Two tensors with a small one between them in the file: the engine reads through the
+    # gap rather than issue a second read; bytes_needed is what `hyperckpt plan` counts.
+    model = {name: sample_tensor((8, 4), torch.float32, seed=n) for n, name in enumerate("abc")}
+    write_hf_checkpoint(tmp_path, model)
+    tensors = hyperckpt.describe(tmp_path).tensors
+    first, gap, last = sorted(tensors, key=lambda name: tensors[name].pieces[0].start)
+    state = _destinations({first: model[first], last: model[last]})
+    report = hyperckpt.load(state, tmp_path)
+    assert report.bytes_needed == (2 * 8 * 4 * 4,)
+    assert report.bytes_read == (3 * 8 * 4 * 4,)
+    assert mismatch(state[last], model[last]) is None
+    assert gap not in state
+
+
 def test_shape_mismatch_is_a_typed_error_naming_file_and_tensor(tmp_path: Path) -> None:
     model = _model()
     write_hf_checkpoint(tmp_path, model)
