@@ -308,3 +308,23 @@ def test_demo_on_two_ranks_skips_the_layouts_that_need_four_and_succeeds(tmp_pat
     assert done.stdout.count("bit-exact") == 4  # FSDP and TP, both checkpoints
     assert "all verified" in done.stdout
     assert "SOME LOADS FAILED" not in done.stdout
+
+
+def test_a_closed_output_pipe_ends_the_command_quietly(tmp_path: Path) -> None:
+    # `hyperckpt inspect P | head -1`: the reader goes away; no "Broken pipe" error.
+    sample = write_sample(tmp_path / "sample")
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # nobody will read: the first write fails with EPIPE
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "hyperckpt", "inspect", str(sample)],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert done.stderr == ""
+    assert done.returncode == 141  # 128 + SIGPIPE, what `ls` reports in the same place
