@@ -245,7 +245,10 @@ def _strided_ranks(rank: int, world_size: int, root: str, cases: list[Case]) -> 
     # reader re-plans its _StridedShard reads.  Forced broadcast: the coordinator schedules
     # the stock planner's items, so the ranks must drop that schedule together.
     planners = {
-        "LoadPlanner(strided_layout='dtensor')": (cases, lambda: LoadPlanner(strided_layout="dtensor")),
+        "LoadPlanner(strided_layout='dtensor')": (
+            cases,
+            lambda: LoadPlanner(strided_layout="dtensor"),
+        ),
         "LoadPlanner()": (plain, LoadPlanner),
         "plain dcp.load": (plain, lambda: None),
     }
@@ -327,6 +330,20 @@ def _strided_ranks(rank: int, world_size: int, root: str, cases: list[Case]) -> 
             errors[label] = "loaded"
         except CheckpointError as err:
             errors[label] = f"{err.tensor}: {err}"
+    # A key allowed to be missing must share storage with a loaded DTensor (tied weights);
+    # two DTensors of their own (a TP lm_head after to_empty()) are refused after the load.
+    embed = _destination(DESIGN[1], meshes)
+    hyperckpt.load({name: embed, "lm_head.weight": embed}, hf, allow_missing={"lm_head.weight"})
+    failures += _check("tied lm_head", [DESIGN[1]], {name: embed}, meshes)
+    untied = {
+        name: _destination(DESIGN[1], meshes),
+        "lm_head.weight": _destination(DESIGN[1], meshes),
+    }
+    try:
+        hyperckpt.load(untied, hf, allow_missing={"lm_head.weight"})
+        errors["untied"] = "loaded"
+    except CheckpointError as err:
+        errors["untied"] = f"{err.tensor}: {err}"
     return {
         "broadcast": broadcast,
         "errors": errors,
@@ -382,6 +399,9 @@ def _assert_unmatched_local_rows_and_partial_dtensors_are_refused(
             assert part in wrong, wrong
         assert "Partial" in partial, partial
         assert "mesh (4)" in partial, partial
+        untied = errors["untied"]
+        assert untied.startswith("lm_head.weight: "), untied
+        assert "model.tie_weights()" in untied, untied
 
 
 def _assert_plain_call_drops_a_stale_broadcast_schedule_on_every_rank(
