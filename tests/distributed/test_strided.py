@@ -281,6 +281,14 @@ def _strided_ranks(rank: int, world_size: int, root: str, cases: list[Case]) -> 
         if _check("stock", [case], state, meshes):
             stock_wrong.append(case.name)
 
+    # Different keys per rank (pipeline stages, experts) load too.
+    own = DESIGN[rank % 2]
+    alone = {own.name: poison_(torch.empty(own.shape))}
+    hyperckpt.load(alone, hf)
+    problem = mismatch(alone[own.name], _original(own))
+    if problem is not None:
+        failures.append(f"keys of rank {rank} only: {own.name}: {problem}")
+
     # 4. torch's writer on _StridedShard DTensors.  torch 2.13 validates its global plan and
     # refuses them (one chunk per rank at its first row: the chunks overlap); a writer
     # without that check (older torch) writes them, and our validation must refuse that.
