@@ -36,9 +36,8 @@ class LoadReport:
         kind: The checkpoint's kind, ``"huggingface"`` or ``"torch-sharded"``.
         tensors: State-dict entries loaded (the same on every rank).
         bytes_read: Bytes each rank read from the checkpoint's files, by rank of the
-            process group (one entry when not distributed); gaps of up to
-            ``hyperckpt.io.MAX_GAP`` bytes between two needed ranges are read through
-            rather than cost a second read, and counted.
+            process group (one entry when not distributed); short gaps between two
+            needed ranges are read through rather than cost a second read, and counted.
         bytes_needed: Bytes of each rank's own slices read from the files, by rank: what
             ``hyperckpt plan`` counts, ``bytes_read`` without the gaps.
         bytes_received: Bytes each rank received from other ranks instead of reading them
