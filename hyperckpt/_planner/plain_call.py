@@ -10,9 +10,11 @@ The reader first sees the planner in ``read_data``, before it reads a byte: ther
 :func:`replan` finds every ``_StridedShard`` DTensor of the planner's state dict, plans its
 reads region by region exactly as :class:`hyperckpt.LoadPlanner` would, and swaps them in.
 A planner whose destinations it cannot resolve the same way (not a ``DefaultLoadPlanner``)
-is refused with the fix named.  When the coordinator scheduled a broadcast of replicated
-slices, the schedule names the items the planner asked for; :func:`agree` makes every rank
-drop it together when any rank's plan changed, and raise together when any rank refused.
+is refused with the fix named.  When every rank of the reader's group takes part (the
+coordinator handed each a schedule, empty unless replicated slices are broadcast),
+:func:`agree` makes every rank raise together when any rank refused, before any rank reads,
+and drop a broadcast schedule together when any rank's plan changed (the schedule names the
+items the planner asked for).
 """
 
 from __future__ import annotations
@@ -69,9 +71,8 @@ def plan_to_read(
         plan: This rank's final plan.
         planner: The planner ``dcp.load`` runs with.
         metadata: What the reader's ``read_metadata`` returned.
-        exchange: The process group and its size when the coordinator scheduled a
-            broadcast of replicated slices (every rank of the group is then here), else
-            ``None``.
+        exchange: The process group and its size when the coordinator handed this rank
+            a schedule (every rank of the group is then here), else ``None``.
 
     Returns:
         The plan, and whether the broadcast schedule still holds: it does not once any
