@@ -4,6 +4,11 @@ import torch.distributed.checkpoint as dcp
 from hyperckpt import HuggingFaceStorageReader
 
 dcp.load(state_dict, storage_reader=HuggingFaceStorageReader("/models/Llama-3-8B"))
+
+``_StridedShard`` DTensors load into the right rows with torch's default planner too (the
+reader re-plans them); ``planner=hyperckpt.LoadPlanner()`` plans them so from the start.
+Errors inside ``dcp.load`` arrive as torch's ``CheckpointException``, a ``BaseException``
+that ``except Exception`` misses; :func:`hyperckpt.load` raises :class:`CheckpointError`.
 """
 
 from __future__ import annotations

@@ -12,8 +12,10 @@ from typing import Any, cast
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.planner import LoadPlanner as DcpLoadPlanner
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.tensor import DTensor
 
 from hyperckpt._layout.directory import TORCH_SHARDED, CheckpointLayout, Kind, describe
 from hyperckpt._planner.load_planner import LoadPlanner, strided_regions
@@ -36,12 +38,16 @@ class LoadReport:
         kind: The checkpoint's kind, ``"huggingface"`` or ``"torch-sharded"``.
         tensors: State-dict entries loaded (the same on every rank).
         bytes_read: Bytes each rank read from the checkpoint's files, by rank of the
-            process group (one entry when not distributed).
+            process group (one entry when not distributed); short gaps between two
+            needed ranges are read through rather than cost a second read, and counted.
+        bytes_needed: Bytes of each rank's own slices read from the files, by rank: what
+            ``hyperckpt plan`` counts, ``bytes_read`` without the gaps.
         bytes_received: Bytes each rank received from other ranks instead of reading them
             (replicated slices), by rank.
         seconds: Wall time of the whole load on this rank, validation included, in seconds.
         skipped: State-dict keys the checkpoint lacks that were left untouched because
-            ``allow_missing`` allowed it (tied weights such as ``lm_head.weight``), sorted.
+            ``allow_missing`` allowed it (tied weights such as ``lm_head.weight``, which
+            share storage with a loaded tensor), sorted.
         unused: Tensors of the checkpoint that no state-dict key asked for, sorted.
         conversions: The dtype conversions made (stored -> destination, tensors, stored
             bytes of the whole tensors), empty when every destination has the stored dtype.
@@ -52,6 +58,7 @@ class LoadReport:
     kind: Kind
     tensors: int
     bytes_read: tuple[int, ...]
+    bytes_needed: tuple[int, ...]
     bytes_received: tuple[int, ...]
     seconds: float
     skipped: tuple[str, ...]
@@ -80,7 +87,8 @@ def load(
     text); shapes are compared key by key.  Then ``dcp.load`` runs with the matching reader
     and :class:`~hyperckpt.LoadPlanner`, which loads ``_StridedShard`` DTensors (FSDP2 over
     tensor parallelism, packed weights) into the right rows.  Every rank of the process
-    group must call this with the same keys.
+    group must call this; ranks may pass different keys (pipeline stages, experts), but
+    the ranks of each DTensor's mesh must all pass that DTensor's key.
 
     Args:
         state_dict: Flat mapping of names to tensors or DTensors, e.g.
@@ -89,8 +97,11 @@ def load(
         process_group: The ranks taking part; the default group by default.
         planner: A DCP load planner; :class:`~hyperckpt.LoadPlanner` by default.
         allow_missing: State-dict keys the checkpoint may lack, left untouched and listed
-            in :attr:`LoadReport.skipped`; ``True`` allows any key.  Typically tied weights:
-            ``allow_missing={"lm_head.weight"}``.
+            in :attr:`LoadReport.skipped`.  Typically tied weights:
+            ``allow_missing={"lm_head.weight"}``; each key named here must share storage
+            with a loaded tensor once the load is done, or the load raises (after
+            ``to_empty()`` weights are no longer tied: call ``model.tie_weights()``).
+            ``True`` allows any key and only logs those that share no storage.
         thread_count: Reads in flight per rank (see the readers).
         reader_options: Further keyword options for the reader's constructor.
         dtype_policy: Which dtype conversions are allowed, checked for every key before
@@ -106,9 +117,11 @@ def load(
         CheckpointNotFoundError: The checkpoint, or a file it needs, does not exist.
         CheckpointError: The checkpoint breaks a rule, lacks keys not allowed to be
             missing, a tensor's shape differs from the state dict's, ``dtype_policy``
-            refuses a tensor's conversion, or a DTensor's local
-            tensor cannot be matched to its placements.  Raised on every rank when any
-            rank refuses (the others name that rank and its message).
+            refuses a tensor's conversion, a DTensor's local tensor cannot be matched to its
+            placements, a key allowed to be missing is not tied to a loaded tensor, or
+            ``dcp.load`` failed (torch's ``CheckpointException``, a ``BaseException``, is
+            translated).  Raised on every rank when any rank refuses (the others name that
+            rank and its message).
     """
     begin = time.perf_counter()
     policy = check_policy(dtype_policy)
@@ -151,18 +164,36 @@ def load(
     with warnings.catch_warnings():
         # One process without a process group is a supported use here, not a mistake.
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-        dcp_load(
-            cast(dict[str, Any], wanted),
-            storage_reader=reader,
-            planner=planner,
-            process_group=process_group,
-        )
+        try:
+            dcp_load(
+                cast(dict[str, Any], wanted),
+                storage_reader=reader,
+                planner=planner,
+                process_group=process_group,
+            )
+        except CheckpointException as err:
+            raise _translate(err, process_group) from err
+    untied = _untied(state_dict, wanted, skipped)
+    if untied and allow_missing is True:
+        logger.warning("hyperckpt.load: keys left as they were, tied to nothing: %s", untied)
+        untied = []
     stats = reader.last_stats
+    own = _untied_error(layout, untied)
     counts = _gather(
-        (stats.bytes_read, stats.bytes_received, stats.seconds) if stats else (0, 0, 0.0),
+        (
+            (stats.bytes_read, stats.bytes_needed, stats.bytes_received, stats.seconds)
+            if stats
+            else (0, 0, 0, 0.0)
+        ),
+        own,
         process_group,
     )
-    seconds = tuple(float(spent) for _, _, spent in counts)
+    if own is not None:
+        raise CheckpointError(own, path=layout.root, tensor=untied[0])
+    for rank, (*_, message) in enumerate(counts):
+        if message is not None:
+            raise CheckpointError(f"rank {rank} of the load refused it: {message}")
+    seconds = tuple(float(spent) for *_, spent, _ in counts)
     slowest = max(range(len(seconds)), key=lambda rank: (seconds[rank], -rank))
     if len(seconds) > 1 and dist.get_rank(process_group) == 0:
         logger.info(
@@ -175,8 +206,9 @@ def load(
     return LoadReport(
         kind=layout.kind,
         tensors=len(wanted),
-        bytes_read=tuple(int(read) for read, _, _ in counts),
-        bytes_received=tuple(int(received) for _, received, _ in counts),
+        bytes_read=tuple(read for read, *_ in counts),
+        bytes_needed=tuple(needed for _, needed, *_ in counts),
+        bytes_received=tuple(received for _, _, received, *_ in counts),
         seconds=time.perf_counter() - begin,
         skipped=tuple(skipped),
         unused=tuple(sorted(set(layout.tensors) - set(state_dict))),
@@ -202,11 +234,11 @@ def _validate(
     )
     refused = [name for name in missing if name not in allowed]
     if refused:
+        unused = sorted(set(tensor_shapes) - set(state_dict))
         raise CheckpointError(
             f"{layout.root}: the checkpoint lacks {len(refused)} tensor(s) the state dict "
-            f"has: {_preview(refused)}; if they are tied to another weight (lm_head.weight "
-            f"and embed_tokens.weight), pass allow_missing={{...}} naming them, otherwise the "
-            f"checkpoint belongs to another model",
+            f"has: {_preview(refused)}; it holds {len(unused)} tensor(s) no state-dict key "
+            f"asks for{': ' + _preview(unused) if unused else ''}; {_key_hint(refused, unused)}",
             path=layout.root,
             tensor=refused[0],
         )
@@ -242,13 +274,101 @@ def _agree(failure: CheckpointError | None, group: dist.ProcessGroup | None) -> 
 
 
 def _gather(
-    value: tuple[int, int, float], group: dist.ProcessGroup | None
-) -> list[tuple[int, int, float]]:
+    counts: tuple[int, int, int, float], failure: str | None, group: dist.ProcessGroup | None
+) -> list[tuple[int, int, int, float, str | None]]:
+    """Every rank's counts (read, needed, received, seconds) and refusal, by rank."""
+    value = (*counts, failure)
     if not (dist.is_available() and dist.is_initialized()):
         return [value]
     values: list[object] = [None] * dist.get_world_size(group)
     dist.all_gather_object(values, value, group=group)
-    return [cast(tuple[int, int, float], v) for v in values]
+    return [cast(tuple[int, int, int, float, str | None], v) for v in values]
+
+
+def _translate(err: CheckpointException, group: dist.ProcessGroup | None) -> CheckpointError:
+    """Our error for a failed ``dcp.load``: this rank's own failure, else the first rank's."""
+    rank = dist.get_rank(group) if dist.is_available() and dist.is_initialized() else 0
+    failures = err.failures
+    source = rank if rank in failures else min(failures, default=rank)
+    cause = failures[source][0] if source in failures else err
+    text = str(cause) if source == rank else f"rank {source} of the load failed: {cause}"
+    if isinstance(cause, CheckpointError):
+        return type(cause)(text, path=cause.path, tensor=cause.tensor)
+    return CheckpointError(f"dcp.load failed: {type(cause).__name__}: {text}")
+
+
+def _untied(
+    state_dict: Mapping[str, torch.Tensor], loaded: Mapping[str, torch.Tensor], keys: list[str]
+) -> list[str]:
+    """The ``keys`` whose tensors share no storage with a loaded tensor (and hold data)."""
+    if not keys:
+        return []
+    shared = {_storage(value) for value in loaded.values()}
+    return [
+        key
+        for key in keys
+        if _local(state_dict[key]).numel() and _storage(state_dict[key]) not in shared
+    ]
+
+
+def _local(value: torch.Tensor) -> torch.Tensor:
+    return value.to_local() if isinstance(value, DTensor) else value
+
+
+def _storage(value: torch.Tensor) -> int:
+    return _local(value).untyped_storage().data_ptr()
+
+
+def _untied_error(layout: CheckpointLayout, untied: list[str]) -> str | None:
+    if not untied:
+        return None
+    return (
+        f"{layout.root}: {len(untied)} key(s) allowed to be missing share storage with no "
+        f"loaded tensor, so they still hold whatever they held before (after to_empty(), "
+        f"uninitialised memory): {_preview(untied)}; if they are tied weights, call "
+        f"model.tie_weights() after to_empty() and before taking the state dict, otherwise "
+        f"the checkpoint lacks them"
+    )
+
+
+def _key_hint(missing: list[str], unused: list[str]) -> str:
+    """What probably went wrong: a prefix added or dropped, tied weights, another model."""
+    added, dropped = _prefixes(missing, set(unused)), _prefixes(unused, set(missing))
+    best = max([*added.items(), *dropped.items()], key=lambda pair: pair[1], default=None)
+    if best is not None and best[1] * 2 >= min(len(missing), len(unused)):
+        prefix, count = best
+        if prefix in added:
+            where = (
+                f"the state dict's keys start with {prefix!r} and the checkpoint's do not "
+                f"({count} missing key(s) are checkpoint tensors with {prefix!r} in front: "
+                f"a base model's checkpoint loaded into the model with a head?)"
+            )
+            fix = f"load into {{k.removeprefix({prefix!r}): v for k, v in state.items()}}"
+            if prefix.endswith("_orig_mod."):
+                fix = "take the state dict of the module torch.compile wrapped, or " + fix
+        else:
+            where = (
+                f"the checkpoint's keys start with {prefix!r} and the state dict's do not "
+                f"({count} checkpoint tensor(s) are missing keys with {prefix!r} in front)"
+            )
+            fix = f"load into {{{prefix!r} + k: v for k, v in state.items()}}"
+        return f"{where}; {fix} (the same tensors, loaded in place)"
+    return (
+        "if the missing ones are tied to another weight (lm_head.weight and "
+        "embed_tokens.weight), pass allow_missing={...} naming them; otherwise the keys were "
+        "renamed or the checkpoint belongs to another model"
+    )
+
+
+def _prefixes(keys: list[str], others: set[str]) -> dict[str, int]:
+    """Prefixes ending at a dot that turn ``keys`` into members of ``others``, by count."""
+    counts: dict[str, int] = {}
+    for key in keys:
+        for cut, char in enumerate(key):
+            if char == "." and key[cut + 1 :] in others:
+                prefix = key[: cut + 1]
+                counts[prefix] = counts.get(prefix, 0) + 1
+    return counts
 
 
 def _file_of(layout: CheckpointLayout, name: str) -> str:

@@ -32,6 +32,7 @@ from hyperckpt._broadcast.exchange import BroadcastStats, load_with_broadcast
 from hyperckpt._broadcast.schedule import BroadcastReady, BroadcastSchedule, plan_broadcast
 from hyperckpt._layout.directory import CheckpointLayout, huggingface_layout, torch_sharded_layout
 from hyperckpt._layout.gcpause import collector_paused
+from hyperckpt._planner.plain_call import plan_to_read
 from hyperckpt._read.dtype_policy import (
     Conversion,
     DtypePolicy,
@@ -113,6 +114,7 @@ class _SafetensorsReader(FileSystemReader):
         self.progress = progress
         self.last_conversions: tuple[Conversion, ...] = ()
         self.layout: CheckpointLayout | None = None
+        self.metadata: Metadata | None = None
         self.last_stats: LoadStats | None = None
         self.last_broadcast: BroadcastStats | None = None
 
@@ -120,6 +122,7 @@ class _SafetensorsReader(FileSystemReader):
         """Forget the previous load; point at ``checkpoint_id`` when one is given."""
         super().reset(checkpoint_id)
         self.layout = None
+        self.metadata = None
         self.last_stats = None
         self.last_broadcast = None
 
@@ -138,17 +141,35 @@ class _SafetensorsReader(FileSystemReader):
         metadata.storage_meta = StorageMeta(checkpoint_id=str(self.path), load_id=self.load_id)
         return metadata
 
+    def set_up_storage_reader(
+        self, metadata: Metadata, is_coordinator: bool, *args: object, **kwargs: object
+    ) -> None:
+        """Keep the metadata DCP plans with: ``read_data`` re-plans from it."""
+        super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
+        self.metadata = metadata
+
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        """Read this rank's sub-boxes into the planner's destinations and commit them."""
-        if self.layout is None:
+        """Read this rank's sub-boxes into the planner's destinations and commit them.
+
+        With a planner other than :class:`hyperckpt.LoadPlanner` (the plain ``dcp.load``
+        call), the reads of ``_StridedShard`` DTensors are first re-planned region by region
+        (see :mod:`hyperckpt._planner.plain_call`), or the load refused before any read.
+        """
+        if self.layout is None or self.metadata is None:
             raise CheckpointError(
                 f"{self.path}: read_data before read_metadata; let dcp.load drive the reader",
                 path=str(self.path),
             )
         layout = self.layout
+        # The policy looks at dtypes per tensor only, so it can refuse before any collective.
         self.last_conversions = plan_conversions(
             plan.items, self.storage_data, planner, self.dtype_policy, where=str(layout.root)
         )
+        schedule = plan.storage_data
+        exchange = None
+        if isinstance(schedule, BroadcastSchedule):  # every rank of the group is here
+            exchange = (self._group(), schedule.world_size)
+        plan, exchanging = plan_to_read(plan, planner, self.metadata, exchange=exchange)
         tracker = ProgressTracker(self.progress)
         for item in plan.items:
             tracker.expect(item, self._locate(item)[0])
@@ -162,8 +183,7 @@ class _SafetensorsReader(FileSystemReader):
                 progress=tracker if self.progress is not None else None,
             )
 
-        schedule = plan.storage_data
-        broadcast = isinstance(schedule, BroadcastSchedule) and schedule.rounds > 0
+        broadcast = isinstance(schedule, BroadcastSchedule) and schedule.rounds > 0 and exchanging
         if broadcast:
             assert isinstance(schedule, BroadcastSchedule)
             self.last_stats, self.last_broadcast = load_with_broadcast(
@@ -185,8 +205,8 @@ class _SafetensorsReader(FileSystemReader):
         return future
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
-        """Mark the plan as able to take part in broadcasting replicated slices."""
-        if self.broadcast_replicated is False or plan.storage_data is not None:
+        """Mark the plan: this rank loads with the whole group (see prepare_global_plan)."""
+        if plan.storage_data is not None:
             return plan
         if not (dist.is_available() and dist.is_initialized()):
             return plan
@@ -203,7 +223,10 @@ class _SafetensorsReader(FileSystemReader):
 
         Broadcast happens only when every rank marked its plan, in rank order, for a group
         of ``len(plans)`` ranks, and (unless forced on) the ranks span several hosts;
-        otherwise every rank reads all its slices itself.
+        otherwise every rank reads all its slices itself.  A group that takes part but does
+        not broadcast gets empty schedules: ``read_data`` then knows every rank of the
+        group is there to agree on re-planned reads (see
+        :func:`hyperckpt._planner.plain_call.plan_to_read`).
         """
         ready = all(
             isinstance(plan.storage_data, BroadcastReady)
@@ -211,9 +234,6 @@ class _SafetensorsReader(FileSystemReader):
             and plan.storage_data.world_size == len(plans)
             for index, plan in enumerate(plans)
         )
-        if ready and self.broadcast_replicated is None:
-            hosts = {plan.storage_data.host for plan in plans}
-            ready = len(hosts) > 1
         if not ready or len(plans) < 2:
             return [
                 dataclasses.replace(plan, storage_data=None)
@@ -221,12 +241,18 @@ class _SafetensorsReader(FileSystemReader):
                 else plan
                 for plan in plans
             ]
-        schedules = plan_broadcast(
-            plans,
-            self._locate,
-            round_bytes=self.staging_bytes,
-            batch_bytes=BATCH_BYTES,
-        )
+        wanted = self.broadcast_replicated
+        if wanted is None:
+            wanted = len({plan.storage_data.host for plan in plans}) > 1
+        if wanted:
+            schedules = plan_broadcast(
+                plans,
+                self._locate,
+                round_bytes=self.staging_bytes,
+                batch_bytes=BATCH_BYTES,
+            )
+        else:
+            schedules = [BroadcastSchedule(rank, len(plans), 0, ()) for rank in range(len(plans))]
         return [
             dataclasses.replace(plan, storage_data=schedule)
             for plan, schedule in zip(plans, schedules, strict=True)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import signal
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -47,7 +49,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         status: int = args.run(args)
+        sys.stdout.flush()  # so a closed pipe shows here, not as an error at exit
         return status
+    except BrokenPipeError:
+        return _pipe_closed()
     except _UsageError as err:
         _fail(args, err)
         return _error(args, err, USAGE)
@@ -60,6 +65,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError) as err:
         _fail(args, err)
         return _error(args, err, USAGE)
+
+
+def _pipe_closed() -> int:
+    """The reader of our output went away (``| head``): stop quietly, as ``ls`` does."""
+    # Python flushes stdout again at exit and would report the broken pipe there.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 def _fail(args: argparse.Namespace, err: Exception) -> None:
@@ -85,7 +99,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="hyperckpt",
         description="Strict, header-only safetensors checkpoints for torch.distributed.checkpoint.",
         epilog="Exit status: 0 ok, 1 invalid checkpoint or failed load, 2 usage error or "
-        "unreadable path.",
+        "unreadable path, 141 the output pipe closed early (as ls | head).",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     common = argparse.ArgumentParser(add_help=False)

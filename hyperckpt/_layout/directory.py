@@ -9,6 +9,7 @@ checked as a whole.  No torch import here.
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from collections.abc import Iterable, Mapping
@@ -41,6 +42,8 @@ __all__ = [
 Kind = Literal["huggingface", "torch-sharded"]
 HUGGINGFACE: Final = "huggingface"
 TORCH_SHARDED: Final = "torch-sharded"
+logger = logging.getLogger(__name__)
+
 INDEX_NAME: Final = "model.safetensors.index.json"
 SINGLE_FILE_NAME: Final = "model.safetensors"
 SHARDING_INFO_KEY: Final = "DCP_SHARDING_INFO"
@@ -161,7 +164,7 @@ def detect_kind(path: str | os.PathLike[str]) -> Kind:
     if not names:
         raise CheckpointNotFoundError(
             f"{root}: no {INDEX_NAME}, {SINGLE_FILE_NAME} or *.safetensors files; "
-            f"this is not a checkpoint directory{_sharded_hint(root)}",
+            f"{_pickled_hint(root) or 'this is not a checkpoint directory'}{_sharded_hint(root)}",
             path=str(root),
         )
     first = read_header(root / names[0], name=names[0])
@@ -224,6 +227,7 @@ def huggingface_layout(path: str | os.PathLike[str]) -> CheckpointLayout:
         _check_whole_tensors(header)
     if weight_map is not None:
         _check_index_agreement(weight_map, owner)
+        _check_single_file_beside_index(root, headers, owner)
     tensors = {
         name: _whole(headers[owner[name]].tensors[name].dtype, headers[owner[name]], name)
         for name in sorted(owner)
@@ -518,6 +522,83 @@ def _preview(names: list[str]) -> str:
     return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
 
 
+def _pickled_hint(root: Path) -> str:
+    """What to do with a directory of pickled torch weights (``pytorch_model.bin``), or ""."""
+    pickled = sorted(
+        entry.name
+        for entry in os.scandir(root)
+        if entry.name.endswith((".bin", ".pt", ".pth", ".bin.index.json"))
+    )
+    if not pickled:
+        return ""
+    return (
+        f"it holds {_preview(pickled)}: pickled torch weights (torch.save), which hyperckpt "
+        f"does not read (unpickling runs code); convert them to safetensors, e.g. with "
+        f"transformers: AutoModel.from_pretrained(path).save_pretrained(out), which writes "
+        f"{SINGLE_FILE_NAME} or its index"
+    )
+
+
+def _check_single_file_beside_index(
+    root: Path, headers: Mapping[str, FileHeader], owner: Mapping[str, str]
+) -> None:
+    """``model.safetensors`` beside an index that does not name it: a second checkpoint.
+
+    transformers reads ``model.safetensors`` first, this reader the index's files: say so
+    when both hold the same tensors, refuse when they differ.
+    """
+    if SINGLE_FILE_NAME in headers or not (root / SINGLE_FILE_NAME).exists():
+        return
+    try:
+        single = read_header(root / SINGLE_FILE_NAME, name=SINGLE_FILE_NAME)
+    except CheckpointError as err:  # a stray broken file: never read, but named
+        logger.warning(
+            "%s: reading the files %s names; %s beside it, which it does not name, is not a "
+            "valid file (transformers would try that one): %s",
+            root,
+            INDEX_NAME,
+            SINGLE_FILE_NAME,
+            err,
+        )
+        return
+    indexed = {name: headers[file].tensors[name] for name, file in owner.items()}
+    differ = sorted(set(single.tensors) ^ set(indexed)) or sorted(
+        name
+        for name, entry in single.tensors.items()
+        if (entry.dtype, entry.shape) != (indexed[name].dtype, indexed[name].shape)
+    )
+    if not differ:
+        logger.warning(
+            "%s: reading the files %s names; %s, which it does not name, holds the same "
+            "tensors (transformers would read that one instead)",
+            root,
+            INDEX_NAME,
+            SINGLE_FILE_NAME,
+        )
+        return
+    name = differ[0]
+    where = {
+        SINGLE_FILE_NAME: single.tensors.get(name),
+        _index_file(owner, name): indexed.get(name),
+    }
+    seen = "; ".join(
+        f"{file}: " + (f"{entry.dtype} {list(entry.shape)}" if entry else "absent")
+        for file, entry in where.items()
+    )
+    raise CheckpointError(
+        f"{SINGLE_FILE_NAME} and {INDEX_NAME} are both here, the index does not name "
+        f"{SINGLE_FILE_NAME}, and they disagree on {len(differ)} tensor(s), first {name!r} "
+        f"({seen}); transformers reads {SINGLE_FILE_NAME}, this reader the index's files: "
+        f"remove the stale one, or pass the path of {SINGLE_FILE_NAME} to read it alone",
+        path=SINGLE_FILE_NAME,
+        tensor=name,
+    )
+
+
+def _index_file(owner: Mapping[str, str], name: str) -> str:
+    return owner.get(name, "the index's files")
+
+
 def _sharded_hint(root: Path) -> str:
     if (root / _SHARDED_SUBDIR).is_dir():
         return (
@@ -540,4 +621,7 @@ def _other_kind_hint(root: Path) -> str:
             f"; it holds {_preview(names)}: without an index only {SINGLE_FILE_NAME} is read, "
             f"so pass a single file's path or add the index"
         )
-    return _sharded_hint(root) or "; this is not a checkpoint directory"
+    pickled = _pickled_hint(root)
+    return _sharded_hint(root) or (
+        f"; {pickled}" if pickled else "; this is not a checkpoint directory"
+    )

@@ -101,6 +101,8 @@ class LoadStats:
         seconds: Wall time of the reads, in seconds.
         bytes_received: Bytes received from other ranks instead of read (replicated slices).
         staging_peak: Most staging memory held at once, in bytes.
+        bytes_needed: Bytes of the sub-boxes read from files for destinations (what
+            ``hyperckpt plan`` counts); ``bytes_read`` minus this is over-read gaps.
     """
 
     tensors: int = 0
@@ -110,6 +112,7 @@ class LoadStats:
     seconds: float = 0.0
     bytes_received: int = 0
     staging_peak: int = 0
+    bytes_needed: int = 0
 
 
 def default_threads() -> int:
@@ -211,6 +214,7 @@ class ReadEngine:
         return LoadStats(
             tensors=len(items),
             bytes_read=self._bytes,
+            bytes_needed=sum(request.box.nbytes for request in requests),
             reads=self._reads,
             files=len(self._fds),
             seconds=time.perf_counter() - begin,
@@ -231,7 +235,8 @@ class ReadEngine:
             raise CheckpointError(
                 f"{fqn}: the planner's destination has shape {list(target.shape)} but the read "
                 f"covers {list(lengths)} of {info.file}; the load planner and the checkpoint "
-                f"disagree",
+                f"disagree (for DTensors with _StridedShard placements, FSDP2 over tensor "
+                f"parallelism: load with planner=hyperckpt.LoadPlanner())",
                 path=info.file,
                 tensor=fqn,
             )

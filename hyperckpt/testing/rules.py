@@ -230,6 +230,10 @@ RULES: tuple[Rule, ...] = (
          r"not a directory or a regular file", _fifo),
     Rule("dir.empty", "A directory holds a checkpoint (hints at a `sharded/` folder).", _NF,
          r"this is not a checkpoint directory", lambda root: describe(write_files(root, {}))),
+    Rule("dir.pickled", "A directory of pickled torch weights (`pytorch_model.bin`) is named "
+         "as such, with how to convert it.", _NF,
+         r"it holds pytorch_model.bin: pickled torch weights .* convert them to safetensors",
+         lambda root: describe(write_files(root, {"pytorch_model.bin": b"PK"}))),
     Rule("dir.unknown_kind", "Safetensors files need an index, `model.safetensors` or "
          "DCP_SHARDING_INFO to say which belong.", _E,
          r"so which files form the checkpoint is unknown",
@@ -237,6 +241,12 @@ RULES: tuple[Rule, ...] = (
     Rule("hf.no_checkpoint", "A Hugging Face directory has the index or `model.safetensors`.", _NF,
          r"neither model.safetensors.index.json nor model.safetensors is there",
          _hf({"a.safetensors": encode_file({})})),
+    Rule("hf.single_beside_index", "`model.safetensors` beside an index that does not name it "
+         "holds the same tensors (transformers reads it, hyperckpt the index).", _E,
+         r"are both here, the index does not name model.safetensors, and they disagree",
+         _hf({"m-1.safetensors": encode_file({"a": _ENTRY}, b"\0\0"),
+              "model.safetensors": encode_file({"b": _ENTRY}, b"\0\0")},
+             {"weight_map": {"a": "m-1.safetensors"}})),
     Rule("index.too_big", "The index is at most 100,000,000 bytes.", _E,
          r"more than any real index", _big_index),
     Rule("index.not_regular", "The index is a regular file.", _E,

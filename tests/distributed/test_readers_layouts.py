@@ -3,15 +3,18 @@
 One spawn runs every case (spawning costs seconds): three checkpoints of the same tensors
 (a Hugging Face ``model.safetensors``, a Hugging Face index over three files, and a torch
 sharded directory written by torch's own ``HuggingFaceStorageWriter`` from another layout)
-are each loaded into ``Shard(0)``, ``Shard(1)``, a 2x2 ``[Shard(0), Shard(1)]`` mesh and
-``Replicate``, across dtypes, uneven sizes, empty local shards, 0-d and zero-size tensors and
-a dtype conversion.  Destinations are poisoned first and compared bit for bit with
+are each loaded into ``Shard(0)``, ``Shard(1)``, a 2x2 ``[Shard(0), Shard(1)]`` mesh,
+``Replicate``, ``_StridedShard(0, 2)`` (a packed weight under TP) and a 2x2
+``[_StridedShard(1, 2), Shard(0)]`` mesh, across dtypes, uneven sizes, empty local shards,
+0-d and zero-size tensors and a dtype conversion, with hyperckpt's planner and through the
+plain ``dcp.load`` call.  Destinations are poisoned first and compared bit for bit with
 ``distribute_tensor(original, mesh, placements).to_local()``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -24,8 +27,9 @@ from helpers import mismatch, poison_, sample_tensor, write_hf_checkpoint
 from torch.distributed.checkpoint import HuggingFaceStorageWriter
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.placement_types import _StridedShard
 
-from hyperckpt import HuggingFaceStorageReader, TorchShardedSafetensorsReader
+from hyperckpt import HuggingFaceStorageReader, LoadPlanner, TorchShardedSafetensorsReader
 from hyperckpt._cli.spawn import spawn_ranks
 from hyperckpt._read.engine import MAX_GAP
 
@@ -47,12 +51,23 @@ LAYOUTS: dict[str, tuple[tuple[int, ...], tuple[Placement, ...]]] = {
     "Shard(1)": ((WORLD,), (Shard(1),)),
     "2x2[Shard(0),Shard(1)]": ((2, 2), (Shard(0), Shard(1))),
     "Replicate": ((WORLD,), (Replicate(),)),
+    # Packed weights under TP, and a 2-D mesh whose first dimension is strided.
+    "_StridedShard(0,2)": ((WORLD,), (_StridedShard(0, split_factor=2),)),
+    "2x2[_StridedShard(1,2),Shard(0)]": ((2, 2), (_StridedShard(1, split_factor=2), Shard(0))),
 }
 SAVED_AS = {
     "Shard(0)": "Shard(1)",
     "Shard(1)": "Shard(0)",
     "2x2[Shard(0),Shard(1)]": "Shard(0)",
     "Replicate": "Shard(1)",
+    "_StridedShard(0,2)": "Shard(1)",
+    "2x2[_StridedShard(1,2),Shard(0)]": "Shard(0)",
+}
+# Each checkpoint is loaded with hyperckpt's planner and through the plain call (no planner:
+# torch's DefaultLoadPlanner, whose _StridedShard reads the reader re-plans).
+PLANNERS: dict[str, Callable[[], LoadPlanner | None]] = {
+    "LoadPlanner()": LoadPlanner,
+    "plain dcp.load": lambda: None,
 }
 
 
@@ -205,9 +220,10 @@ def _run_ranks(rank: int, world_size: int, root: str) -> dict[str, object]:
     }
     failures: list[str] = []
     for label, make_reader in readers.items():
-        state = _destinations(cases, meshes)
-        dcp.load(state, storage_reader=make_reader())
-        failures += _check(label, cases, state, meshes)
+        for how, make_planner in PLANNERS.items():
+            state = _destinations(cases, meshes)
+            dcp.load(state, storage_reader=make_reader(), planner=make_planner())
+            failures += _check(f"{label}, {how}", cases, state, meshes)
 
     # Shard(0): each rank reads exactly the bytes of its own rows, nothing more.
     own_bytes = sum(

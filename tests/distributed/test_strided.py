@@ -31,7 +31,8 @@ from torch.distributed.checkpoint.default_planner import (
     create_default_global_save_plan,
 )
 from torch.distributed.checkpoint.metadata import Metadata
-from torch.distributed.checkpoint.planner import SavePlan
+from torch.distributed.checkpoint.planner import LoadPlan, SavePlan
+from torch.distributed.checkpoint.planner import LoadPlanner as LoadPlannerBase
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import (
@@ -240,15 +241,32 @@ def _strided_ranks(rank: int, world_size: int, root: str, cases: list[Case]) -> 
         for c in cases
         if not orders_differ(c.shape, meshes[c.mesh].shape, [_placement(s) for s in c.placements])
     ]
+    # The plain call (no planner: torch's DefaultLoadPlanner) must load the same rows; the
+    # reader re-plans its _StridedShard reads.  Forced broadcast: the coordinator schedules
+    # the stock planner's items, so the ranks must drop that schedule together.
+    planners = {
+        "LoadPlanner(strided_layout='dtensor')": (
+            cases,
+            lambda: LoadPlanner(strided_layout="dtensor"),
+        ),
+        "LoadPlanner()": (plain, LoadPlanner),
+        "plain dcp.load": (plain, lambda: None),
+    }
     for label, make_reader in readers.items():
-        state = {case.name: _destination(case, meshes) for case in cases}
-        dcp.load(state, storage_reader=make_reader(), planner=LoadPlanner(strided_layout="dtensor"))
-        failures += _check(f"{label}, dtensor layout", cases, state, meshes)
-        state = {case.name: _destination(case, meshes) for case in plain}
-        dcp.load(state, storage_reader=make_reader(), planner=LoadPlanner())
-        failures += _check(f"{label}, auto layout", plain, state, meshes)
+        for how, (subset, make_planner) in planners.items():
+            state = {case.name: _destination(case, meshes) for case in subset}
+            dcp.load(state, storage_reader=make_reader(), planner=make_planner())
+            failures += _check(f"{label}, {how}", subset, state, meshes)
+    broadcast: dict[str, bool] = {}
+    for how in ("LoadPlanner()", "plain dcp.load"):
+        subset, make_planner = planners[how]
+        state = {case.name: _destination(case, meshes) for case in subset}
+        reader = HuggingFaceStorageReader(hf, broadcast_replicated=True)
+        dcp.load(state, storage_reader=reader, planner=make_planner())
+        failures += _check(f"hf, {how}, broadcast forced on", subset, state, meshes)
+        broadcast[how] = reader.last_broadcast is not None
 
-    # 3. hyperckpt.load on the design layouts, and torch's stock planner on the same.
+    # 3. hyperckpt.load on the design layouts, and torch's own reader on the same.
     state = {case.name: _destination(case, meshes) for case in DESIGN}
     report = hyperckpt.load(state, hf)
     failures += _check("hyperckpt.load", DESIGN, state, meshes)
@@ -256,14 +274,20 @@ def _strided_ranks(rank: int, world_size: int, root: str, cases: list[Case]) -> 
     for case in DESIGN:
         state = {case.name: _destination(case, meshes)}
         try:
-            dcp.load(
-                state, storage_reader=HuggingFaceStorageReader(hf), planner=DefaultLoadPlanner()
-            )
+            dcp.load(state, storage_reader=dcp.HuggingFaceStorageReader(str(hf)))
         except (dcp.api.CheckpointException, RuntimeError, ValueError):
             stock_wrong.append(case.name)
             continue
         if _check("stock", [case], state, meshes):
             stock_wrong.append(case.name)
+
+    # Different keys per rank (pipeline stages, experts) load too.
+    own = DESIGN[rank % 2]
+    alone = {own.name: poison_(torch.empty(own.shape))}
+    hyperckpt.load(alone, hf)
+    problem = mismatch(alone[own.name], _original(own))
+    if problem is not None:
+        failures.append(f"keys of rank {rank} only: {own.name}: {problem}")
 
     # 4. torch's writer on _StridedShard DTensors.  torch 2.13 validates its global plan and
     # refuses them (one chunk per rank at its first row: the chunks overlap); a writer
@@ -314,7 +338,22 @@ def _strided_ranks(rank: int, world_size: int, root: str, cases: list[Case]) -> 
             errors[label] = "loaded"
         except CheckpointError as err:
             errors[label] = f"{err.tensor}: {err}"
+    # A key allowed to be missing must share storage with a loaded DTensor (tied weights);
+    # two DTensors of their own (a TP lm_head after to_empty()) are refused after the load.
+    embed = _destination(DESIGN[1], meshes)
+    hyperckpt.load({name: embed, "lm_head.weight": embed}, hf, allow_missing={"lm_head.weight"})
+    failures += _check("tied lm_head", [DESIGN[1]], {name: embed}, meshes)
+    untied = {
+        name: _destination(DESIGN[1], meshes),
+        "lm_head.weight": _destination(DESIGN[1], meshes),
+    }
+    try:
+        hyperckpt.load(untied, hf, allow_missing={"lm_head.weight"})
+        errors["untied"] = "loaded"
+    except CheckpointError as err:
+        errors["untied"] = f"{err.tensor}: {err}"
     return {
+        "broadcast": broadcast,
         "errors": errors,
         "failures": failures,
         "rows": rows,
@@ -368,6 +407,18 @@ def _assert_unmatched_local_rows_and_partial_dtensors_are_refused(
             assert part in wrong, wrong
         assert "Partial" in partial, partial
         assert "mesh (4)" in partial, partial
+        untied = errors["untied"]
+        assert untied.startswith("lm_head.weight: "), untied
+        assert "model.tie_weights()" in untied, untied
+
+
+def _assert_plain_call_drops_a_stale_broadcast_schedule_on_every_rank(
+    strided_results: list[dict[str, object]],
+) -> None:
+    # With hyperckpt's planner the forced broadcast runs; after the plain call re-planned
+    # some rank's _StridedShard reads, every rank read its own slices instead.
+    for result in strided_results:
+        assert result["broadcast"] == {"LoadPlanner()": True, "plain dcp.load": False}
 
 
 def _assert_torch_stock_planner_loads_wrong_rows(
@@ -436,6 +487,38 @@ def _block_differences(label: str, got: _Block, want: _Block) -> list[str]:
     return out
 
 
+class _OpaquePlanner(LoadPlannerBase):
+    """Torch's default planner behind a planner of another kind (DCP's plain interface)."""
+
+    def __init__(self) -> None:
+        self.inner = DefaultLoadPlanner()
+
+    @property
+    def state_dict(self) -> dict[str, object]:
+        return self.inner.state_dict
+
+    def set_up_planner(self, state_dict, metadata=None, is_coordinator=False) -> None:  # type: ignore[no-untyped-def]
+        self.inner.set_up_planner(state_dict, metadata, is_coordinator)
+
+    def create_local_plan(self) -> LoadPlan:
+        return self.inner.create_local_plan()
+
+    def create_global_plan(self, global_plan: list[LoadPlan]) -> list[LoadPlan]:
+        return self.inner.create_global_plan(global_plan)
+
+    def finish_plan(self, central_plan: LoadPlan) -> LoadPlan:
+        return self.inner.finish_plan(central_plan)
+
+    def load_bytes(self, read_item, value) -> None:  # type: ignore[no-untyped-def]
+        self.inner.load_bytes(read_item, value)
+
+    def resolve_tensor(self, read_item):  # type: ignore[no-untyped-def]
+        return self.inner.resolve_tensor(read_item)
+
+    def commit_tensor(self, read_item, tensor) -> None:  # type: ignore[no-untyped-def]
+        self.inner.commit_tensor(read_item, tensor)
+
+
 def _fsdp_tp_ranks(
     rank: int, world_size: int, root: str, mesh_shape: tuple[int, int], sizes: tuple[int, int, int]
 ) -> dict[str, object]:
@@ -459,13 +542,33 @@ def _fsdp_tp_ranks(
             failures.append(f"unsharded {name}: rank {rank}: {problem}")
     loaded.reshard()
 
-    stock = _poisoned_block(mesh, sizes)
+    # The plain call with our reader: the same rows, broadcast off and forced on.
+    for broadcast in (False, True):
+        plain = _poisoned_block(mesh, sizes)
+        reader = HuggingFaceStorageReader(hf, broadcast_replicated=broadcast)
+        dcp.load(plain.state_dict(), storage_reader=reader)
+        failures += _block_differences(f"plain dcp.load, broadcast {broadcast}", plain, truth)
+
+    # A planner the reader cannot re-plan for is refused before any rank writes a byte.
+    refused = _poisoned_block(mesh, sizes)
+    untouched = {k: v.to_local().clone() for k, v in refused.state_dict().items()}
+    refusal = "loaded"
     try:
         dcp.load(
-            stock.state_dict(),
+            refused.state_dict(),
             storage_reader=HuggingFaceStorageReader(hf),
-            planner=DefaultLoadPlanner(),
+            planner=_OpaquePlanner(),
         )
+    except dcp.api.CheckpointException as err:
+        refusal = str(err)
+    for name, value in refused.state_dict().items():
+        if mismatch(value.to_local(), untouched[name]) is not None:
+            failures.append(f"refused load wrote {name} on rank {rank}")
+
+    # torch's own reader with its stock planner.
+    stock = _poisoned_block(mesh, sizes)
+    try:
+        dcp.load(stock.state_dict(), storage_reader=dcp.HuggingFaceStorageReader(hf))
         stock_wrong = [
             line.split(":")[1].split()[0] for line in _block_differences("", stock, truth)
         ]
@@ -482,7 +585,12 @@ def _fsdp_tp_ranks(
     state = {case.name: _destination(case, meshes)}
     hyperckpt.load(state, Path(root, "plain"))
     failures += _check("DTensor semantics under auto", [case], state, meshes)
-    return {"failures": failures, "stock_wrong": stock_wrong, "bytes_read": report.bytes_read}
+    return {
+        "failures": failures,
+        "refusal": refusal,
+        "stock_wrong": stock_wrong,
+        "bytes_read": report.bytes_read,
+    }
 
 
 def _assert_fsdp_over_tensor_parallel_module_matches_the_reference(
@@ -495,6 +603,15 @@ def _assert_fsdp_over_tensor_parallel_module_matches_the_reference(
     # torch's stock planner puts the packed weight's rows in the wrong places, silently.
     wrong = {name for result in results for name in result["stock_wrong"]}  # type: ignore[index]
     assert wrong == {"gate_up_proj.weight"}
+    _assert_opaque_planner_refused(results)
+
+
+def _assert_opaque_planner_refused(results: list[dict[str, object]]) -> None:
+    for result in results:
+        refusal = str(result["refusal"])
+        assert "gate_up_proj.weight" in refusal, refusal
+        assert "planner=hyperckpt.LoadPlanner()" in refusal, refusal
+        assert "nothing was read" in refusal, refusal
     assert sum(results[0]["bytes_read"]) > 0  # type: ignore[arg-type]
 
 
@@ -508,6 +625,7 @@ def test_strided_layouts_load_bit_exact_on_four_ranks_where_torch_stock_planner_
     _assert_design_layouts_hold_the_rows_of_the_design_notes(results)
     _assert_unmatched_local_rows_and_partial_dtensors_are_refused(results)
     _assert_torch_stock_planner_loads_wrong_rows(results)
+    _assert_plain_call_drops_a_stale_broadcast_schedule_on_every_rank(results)
     _assert_torch_written_strided_checkpoint_is_refused(results)
     _assert_fsdp_over_tensor_parallel_module_matches_the_reference(results)
 
@@ -522,3 +640,4 @@ def test_uneven_fsdp_dp3_by_tp2_loads_the_rows_fsdp_holds(tmp_path: Path) -> Non
     assert not failures, "\n".join(failures[:20])
     wrong = {name for result in results for name in result["stock_wrong"]}  # type: ignore[index]
     assert wrong, "torch's stock planner loaded uneven FSDPxTP right; update DESIGN.md section 3"
+    _assert_opaque_planner_refused(results)

@@ -279,11 +279,52 @@ def test_demo_loads_every_layout_bit_exact_with_nothing_but_torch(tmp_path: Path
     assert done.returncode == 0, done.stdout + done.stderr
     for title in ("FSDP ", "TP ", "FSDP\u00d7TP ", "HSDP "):
         assert title in done.stdout
-    assert done.stdout.count("bit-exact") == 9
+    assert done.stdout.count("bit-exact") == 10
     broadcast_row = next(line for line in done.stdout.splitlines() if "broadcast on" in line)
     assert "bit-exact" in broadcast_row
-    assert "WRONG rows" in done.stdout  # torch's planner on _StridedShard, shown on purpose
+    # The plain dcp.load call (no planner) puts _StridedShard rows right too.
+    plain_row = next(line for line in done.stdout.splitlines() if "plain dcp.load" in line)
+    assert "bit-exact" in plain_row
+    assert "torch's reader" not in done.stdout  # it needs safetensors, hidden here
     assert "written like torch's writer" in done.stdout
     assert "all verified" in done.stdout
     assert (out / "huggingface" / INDEX).is_file()
     assert describe(out / "sharded").kind == "torch-sharded"
+
+
+@pytest.mark.distributed
+def test_demo_on_two_ranks_skips_the_layouts_that_need_four_and_succeeds(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run(
+        [sys.executable, "-m", "hyperckpt", "demo", "--size", "tiny", "--ranks", "2"],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "skipped: needs 4 or more ranks" in done.stdout
+    assert done.stdout.count("bit-exact") == 4  # FSDP and TP, both checkpoints
+    assert "all verified" in done.stdout
+    assert "SOME LOADS FAILED" not in done.stdout
+
+
+def test_a_closed_output_pipe_ends_the_command_quietly(tmp_path: Path) -> None:
+    # `hyperckpt inspect P | head -1`: the reader goes away; no "Broken pipe" error.
+    sample = write_sample(tmp_path / "sample")
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # nobody will read: the first write fails with EPIPE
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "hyperckpt", "inspect", str(sample)],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert done.stderr == ""
+    assert done.returncode == 141  # 128 + SIGPIPE, what `ls` reports in the same place

@@ -279,3 +279,34 @@ def test_an_index_that_is_a_directory_is_refused(tmp_path: Path) -> None:
     root = write_files(tmp_path / "ckpt", {A: u8("a")})
     (root / INDEX).mkdir()
     refused(root, "not a regular file; the index must be a JSON file", path=INDEX)
+
+
+def test_model_safetensors_beside_an_index_holding_the_same_tensors_is_named_in_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # transformers reads model.safetensors first; we read the index's files, and say so.
+    files = {
+        "m-1.safetensors": u8("w"),
+        "model.safetensors": u8("w"),
+        INDEX: index({"w": "m-1.safetensors"}),
+    }
+    with caplog.at_level("WARNING", logger="hyperckpt"):
+        layout = describe(write_files(tmp_path, files))
+    assert list(layout.files) == ["m-1.safetensors"]
+    assert "model.safetensors, which it does not name, holds the same tensors" in caplog.text
+
+
+def test_model_safetensors_named_by_its_own_index_is_no_second_checkpoint(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    files = {"model.safetensors": u8("w"), INDEX: index({"w": "model.safetensors"})}
+    with caplog.at_level("WARNING", logger="hyperckpt"):
+        describe(write_files(tmp_path, files))
+    assert caplog.text == ""
+
+
+def test_a_directory_of_pickled_weights_names_them_and_how_to_convert(tmp_path: Path) -> None:
+    write_files(tmp_path, {"pytorch_model.bin": b"PK", "config.json": b"{}"})
+    for load in (describe, huggingface_layout):
+        with pytest.raises(CheckpointNotFoundError, match=r"pytorch_model.bin: pickled torch"):
+            load(tmp_path)

@@ -71,14 +71,67 @@ def test_load_refuses_keys_the_checkpoint_lacks_and_names_them(tmp_path: Path) -
 def test_tied_weight_is_skipped_only_when_allowed_and_reported(tmp_path: Path) -> None:
     model = _model()
     write_hf_checkpoint(tmp_path, model)
-    head = torch.full((10, 4), 7.0)
-    state = _destinations(model) | {"lm_head.weight": head}
+    state = _destinations(model)
+    state["lm_head.weight"] = state["embed_tokens.weight"]  # tied: the same storage
     report = hyperckpt.load(state, tmp_path, allow_missing={"lm_head.weight"})
     assert report.skipped == ("lm_head.weight",)
     assert report.tensors == 3
-    assert torch.equal(head, torch.full((10, 4), 7.0))
+    assert mismatch(state["lm_head.weight"], model["embed_tokens.weight"]) is None
     assert mismatch(state["norm.weight"], model["norm.weight"]) is None
     assert hyperckpt.load(dict(state), tmp_path, allow_missing=True).skipped == ("lm_head.weight",)
+
+
+def test_a_key_allowed_missing_but_tied_to_nothing_is_refused_after_the_load(
+    tmp_path: Path,
+) -> None:
+    # After to_empty() a tensor-parallel lm_head is no longer tied to embed_tokens.
+    model = _model()
+    write_hf_checkpoint(tmp_path, model)
+    state = _destinations(model) | {"lm_head.weight": torch.empty(10, 4, dtype=torch.bfloat16)}
+    with pytest.raises(
+        CheckpointError, match=r"share storage with no loaded tensor.*model\.tie_weights\(\)"
+    ) as info:
+        hyperckpt.load(state, tmp_path, allow_missing={"lm_head.weight"})
+    assert info.value.tensor == "lm_head.weight"
+    # allow_missing=True allows any key, tied or not (a partial load).
+    report = hyperckpt.load(
+        _destinations(model) | {"head": torch.empty(3)}, tmp_path, allow_missing=True
+    )
+    assert report.skipped == ("head",)
+
+
+@pytest.mark.parametrize(
+    ("state_prefix", "checkpoint_prefix", "expected"),
+    [
+        # A base model's checkpoint loaded into the model with a head.
+        ("model.", "", r"the state dict's keys start with 'model\.' and the checkpoint's do not"),
+        # torch.compile's wrapper adds _orig_mod. to every key.
+        ("_orig_mod.", "", r"start with '_orig_mod\.'.*the module torch.compile wrapped"),
+        # The checkpoint of the model with a head, loaded into its base model.
+        ("", "model.", r"the checkpoint's keys start with 'model\.' and the state dict's do not"),
+    ],
+)
+def test_missing_keys_show_the_unused_ones_and_a_prefix_added_or_dropped(
+    tmp_path: Path, state_prefix: str, checkpoint_prefix: str, expected: str
+) -> None:
+    model = _model()
+    write_hf_checkpoint(tmp_path, {checkpoint_prefix + k: v for k, v in model.items()})
+    state = {state_prefix + k: v for k, v in _destinations(model).items()}
+    with pytest.raises(CheckpointError, match=expected) as info:
+        hyperckpt.load(state, tmp_path)
+    message = str(info.value)
+    assert f"'{state_prefix}norm.weight'" in message  # a missing key
+    assert f"3 tensor(s) no state-dict key asks for: '{checkpoint_prefix}embed_tokens" in message
+
+
+def test_renamed_keys_without_a_common_prefix_get_the_general_hint(tmp_path: Path) -> None:
+    model = _model()
+    write_hf_checkpoint(tmp_path, model)
+    state = _destinations(model)
+    state["final_norm.weight"] = state.pop("norm.weight")
+    with pytest.raises(CheckpointError, match=r"asks for: 'norm.weight'; .*renamed") as info:
+        hyperckpt.load(state, tmp_path)
+    assert "'final_norm.weight'" in str(info.value)
 
 
 def test_checkpoint_tensors_no_key_asks_for_are_reported_unused(tmp_path: Path) -> None:
@@ -88,6 +141,21 @@ def test_checkpoint_tensors_no_key_asks_for_are_reported_unused(tmp_path: Path) 
     report = hyperckpt.load(state, tmp_path)
     assert report.unused == ("embed_tokens.weight", "layers.0.mlp.gate_up_proj.weight")
     assert report.bytes_read == (16,)
+
+
+def test_report_tells_bytes_needed_from_bytes_read_through_a_gap(tmp_path: Path) -> None:
+    # Two tensors with a small one between them in the file: the engine reads through the
+    # gap rather than issue a second read; bytes_needed is what `hyperckpt plan` counts.
+    model = {name: sample_tensor((8, 4), torch.float32, seed=n) for n, name in enumerate("abc")}
+    write_hf_checkpoint(tmp_path, model)
+    tensors = hyperckpt.describe(tmp_path).tensors
+    first, gap, last = sorted(tensors, key=lambda name: tensors[name].pieces[0].start)
+    state = _destinations({first: model[first], last: model[last]})
+    report = hyperckpt.load(state, tmp_path)
+    assert report.bytes_needed == (2 * 8 * 4 * 4,)
+    assert report.bytes_read == (3 * 8 * 4 * 4,)
+    assert mismatch(state[last], model[last]) is None
+    assert gap not in state
 
 
 def test_shape_mismatch_is_a_typed_error_naming_file_and_tensor(tmp_path: Path) -> None:
@@ -110,6 +178,34 @@ def test_broken_checkpoint_raises_our_typed_error_not_dcp_text(tmp_path: Path) -
     with pytest.raises(CheckpointError, match=r"model.safetensors") as info:
         hyperckpt.load(_destinations(_model()), tmp_path)
     assert type(info.value) is not dcp.api.CheckpointException
+
+
+class _FailingPlanner(LoadPlanner):
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
+    def create_local_plan(self):  # type: ignore[no-untyped-def]
+        raise self.error
+
+
+def test_a_failure_inside_dcp_load_is_our_error_not_torchs_base_exception(
+    tmp_path: Path,
+) -> None:
+    # torch's CheckpointException derives from BaseException: `except Exception` misses it.
+    write_hf_checkpoint(tmp_path, _model())
+    ours = hyperckpt.CheckpointChangedError("model.safetensors: changed", path="model.safetensors")
+    with pytest.raises(hyperckpt.CheckpointChangedError, match="changed") as info:
+        hyperckpt.load(_destinations(_model()), tmp_path, planner=_FailingPlanner(ours))
+    assert info.value.path == "model.safetensors"
+    assert isinstance(info.value.__cause__, dcp.api.CheckpointException)
+    caught: Exception | None = None
+    try:
+        hyperckpt.load(_destinations(_model()), tmp_path, planner=_FailingPlanner(KeyError("x")))
+    except Exception as err:  # what callers write; a BaseException would escape it
+        caught = err
+    assert isinstance(caught, CheckpointError)
+    assert "dcp.load failed: KeyError" in str(caught)
 
 
 def test_load_accepts_a_planner_and_reader_options(tmp_path: Path) -> None:

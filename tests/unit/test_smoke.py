@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -19,3 +20,15 @@ def test_a_single_file_checkpoint_loads_bit_exact(tmp_path: Path) -> None:
     assert torch.equal(state["w"], tensors["w"])
     assert torch.equal(state["b"], tensors["b"])
     assert describe(tmp_path).tensors["w"].shape == (13, 7)
+
+
+def test_the_package_declares_what_it_needs_at_run_time() -> None:
+    # torch's gather_object needs numpy (every multi-rank load); torch's writer, which the
+    # demo runs, needs safetensors. The test extras pull both in by chance; a plain install
+    # must not depend on that (.ci/run also runs the README's first command in a fresh venv).
+    import tomllib
+
+    pyproject = Path(__file__).parents[2] / "pyproject.toml"
+    declared = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
+    names = {re.split(r"[<>=!~ ;\[]", requirement, maxsplit=1)[0] for requirement in declared}
+    assert {"torch", "numpy", "safetensors"} <= names
