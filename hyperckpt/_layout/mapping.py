@@ -347,8 +347,9 @@ class Fuse:
             for name in tensors:
                 if name not in used and pattern.fullmatch(name):
                     raise CheckpointError(
-                        f"mapping rule {self.describe()}: checkpoint tensor {name!r} matches "
-                        f"source {template.text!r}, but its partner {self._partner(pattern, name)!r} "
+                        f"mapping rule {self.describe()}: checkpoint tensor {name!r} (in "
+                        f"{tensors[name].layout.pieces[0].file}) matches source "
+                        f"{template.text!r}, but its partner {self._partner(pattern, name)!r} "
                         f"is not in the checkpoint; the sources of a fused tensor come together "
                         f"(a missing tensor, or the mapping belongs to another model)",
                         path=tensors[name].layout.pieces[0].file,
@@ -397,11 +398,14 @@ class Fuse:
                 source = template.format(bindings[index])
                 if source not in tensors:
                     present = [t.format(bindings[index]) for t in templates]
+                    present = [p for p in present if p in tensors]
+                    file = tensors[present[0]].layout.pieces[0].file
                     raise CheckpointError(
                         f"mapping rule {self.describe()}: destination {name!r} needs source "
-                        f"{source!r}, which is not in the checkpoint (its sources: "
-                        f"{_preview([p for p in present if p in tensors])} are); the mapping "
-                        f"belongs to another model, or the checkpoint is incomplete",
+                        f"{source!r}, which is not in the checkpoint (of its sources only "
+                        f"{_preview(present)} are, in {file}); the mapping belongs to another "
+                        f"model, or the checkpoint is incomplete",
+                        path=file,
                         tensor=name,
                     )
                 row.append((source, tensors[source]))
@@ -430,7 +434,10 @@ class Fuse:
                 layout = tensor.layout
                 problem = None
                 if layout.dtype != dtype:
-                    problem = f"is {layout.dtype} but {first_name!r} is {dtype}"
+                    problem = (
+                        f"is {layout.dtype} but {first_name!r} is {dtype}; a fused tensor has "
+                        f"one dtype"
+                    )
                 elif len(layout.shape) != rank:
                     problem = f"has {len(layout.shape)} dimensions but {first_name!r} has {rank}"
                 else:
@@ -455,7 +462,7 @@ class Fuse:
                 if problem:
                     raise CheckpointError(
                         f"mapping rule {self.describe()}: destination {name!r}: source "
-                        f"{source!r} {problem}",
+                        f"{source!r} (in {layout.pieces[0].file}) {problem}",
                         path=layout.pieces[0].file,
                         tensor=name,
                     )
@@ -574,7 +581,9 @@ class Mapping:
                 tensors, unmatched = rule._apply(tensors)
             except CheckpointError as err:
                 raise CheckpointError(
-                    f"{layout.root}: {err}{self._context()}", path=err.path, tensor=err.tensor
+                    f"{layout.root}: {err}{self._context()}",
+                    path=err.path or layout.root,
+                    tensor=err.tensor,
                 ) from err
             notes.extend(unmatched)
         for note in notes:
@@ -639,7 +648,8 @@ def _renamed(layout: TensorLayout, name: str) -> TensorLayout:
 def _collision(rule: str, name: str, first: _Tensor, second: _Tensor) -> CheckpointError:
     return CheckpointError(
         f"mapping rule {rule}: two tensors end up named {name!r}: one from checkpoint "
-        f"tensor(s) {_preview(list(first.sources))}, one from {_preview(list(second.sources))}; "
+        f"tensor(s) {_preview(list(first.sources))}, one from {_preview(list(second.sources))} "
+        f"(in {second.layout.pieces[0].file}); "
         f"each destination must come from one place (a rename too broad, or a prefix twice?)",
         path=second.layout.pieces[0].file,
         tensor=name,

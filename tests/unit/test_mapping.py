@@ -340,7 +340,7 @@ def test_a_dtype_mismatch_names_both_sources_and_dtypes(tmp_path: Path) -> None:
         (INNER, H), torch.float16, seed=5
     )
     err = _refusal(tmp_path, tensors, "qwen3-moe")
-    assert "'model.layers.0.mlp.experts.2.up_proj.weight' is F16" in str(err)
+    assert "'model.layers.0.mlp.experts.2.up_proj.weight' (in model.safetensors) is F16" in str(err)
     assert "'model.layers.0.mlp.experts.0.gate_proj.weight' is BF16" in str(err)
     assert "destination 'model.layers.0.mlp.experts.gate_up_proj'" in str(err)
     assert err.path == "model.safetensors"
@@ -360,7 +360,7 @@ def test_a_stacked_shape_mismatch_names_the_shapes(tmp_path: Path) -> None:
 def test_a_concatenation_shape_mismatch_names_the_dimension(tmp_path: Path) -> None:
     tensors = {"a": torch.zeros(2, 3), "b": torch.zeros(2, 4)}
     err = _refusal(tmp_path, tensors, Fuse("ab", ("a", "b"), dim=0))
-    assert "source 'b' has shape [2, 4] but 'a' has [2, 3]" in str(err)
+    assert "source 'b' (in model.safetensors) has shape [2, 4] but 'a' has [2, 3]" in str(err)
     assert "every dimension but 0" in str(err)
 
 
@@ -436,3 +436,58 @@ def test_mappings_are_frozen_comparable_and_compose() -> None:
     with pytest.raises(TypeError):
         as_mapping(3)
     assert "Fuse(" in Mapping.preset("mixtral").describe()
+
+
+# ---- the command ------------------------------------------------------------------------------
+
+
+def test_inspect_with_a_mapping_shows_destination_names_and_shapes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hyperckpt._cli.main import main
+
+    write_hf_checkpoint(tmp_path, _experts())
+    assert main(["inspect", str(tmp_path), "--mapping", "qwen3-moe", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    destinations = {d["name"]: d for d in summary["mapping"]["destinations"]}
+    gate_up = destinations["model.layers.0.mlp.experts.gate_up_proj"]
+    assert gate_up["shape"] == [E, 2 * INNER, H]
+    assert gate_up["dtype"] == "BF16"
+    assert len(gate_up["sources"]) == 2 * E
+    assert summary["mapping"]["fused"] == 2
+    assert summary["tensor_count"] == 3
+    assert main(["inspect", str(tmp_path), "--mapping", "qwen3-moe"]) == 0
+    text = capsys.readouterr().out
+    assert f"model.layers.0.mlp.experts.gate_up_proj  BF16[{E}, {2 * INNER}, {H}]" in text
+    assert "from 6 tensors" in text
+
+
+def test_plan_with_a_mapping_splits_fused_experts_over_the_ranks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hyperckpt._cli.main import main
+
+    tensors = _experts()
+    write_hf_checkpoint(tmp_path, tensors)
+    argv = ["plan", str(tmp_path), "--mapping", "qwen3-moe", "--world", "3", "--layout", "fsdp"]
+    assert main([*argv, "--json"]) == 0
+    ranks = json.loads(capsys.readouterr().out)["ranks"]
+    total = sum(t.nbytes for t in tensors.values())
+    assert sum(r["bytes_read"] for r in ranks) == total
+    # One expert per rank of the fused tensors, plus a row of the router each.
+    per_rank = (2 * INNER * H + H * INNER + H) * 2
+    assert [r["bytes_read"] for r in ranks] == [per_rank] * 3
+
+
+def test_a_mapping_that_does_not_fit_is_a_one_line_error_with_exit_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hyperckpt._cli.main import main
+
+    tensors = _experts()
+    del tensors["model.layers.0.mlp.experts.1.up_proj.weight"]
+    write_hf_checkpoint(tmp_path, tensors)
+    assert main(["inspect", str(tmp_path), "--mapping", "qwen3-moe"]) == 1
+    err = capsys.readouterr().err
+    assert "model.layers.0.mlp.experts.1.up_proj.weight" in err
+    assert err.count("\n") == 1
