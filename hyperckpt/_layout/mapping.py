@@ -149,16 +149,25 @@ class _NameRule:
 
 @dataclass(frozen=True, slots=True)
 class Rename(_NameRule):
-    """Rename tensors: exact names from a dict, or any name through a function.
+    """Rename tensors: names from a dict, or any name through a function.
+
+    A dict key may be a template with ``{placeholders}`` (each matching any text), its
+    value a template with the same ones: ``{"model.layers.{i}.mlp.up_proj.weight":
+    "layers.{i}.feed_forward.w3.weight"}``.  Exact names are looked up first, then the
+    templates in order; the first that matches renames.
 
     Attributes:
-        names: Checkpoint name to new name, or a function of the name returning the new
-            name (the same name, or ``None``, leaves it alone).
+        names: Checkpoint name (or template) to new name (or template), or a function of
+            the name returning the new name (the same name, or ``None``, leaves it alone).
     """
 
     names: abc.Mapping[str, str] | abc.Callable[[str], str | None]
+    _patterns: tuple[tuple[re.Pattern[str], _Template, str], ...] = field(
+        init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
+        patterns: list[tuple[re.Pattern[str], _Template, str]] = []
         if isinstance(self.names, abc.Mapping):
             pairs = dict(self.names)
             bad = [
@@ -168,9 +177,16 @@ class Rename(_NameRule):
             ]
             if bad:
                 raise ValueError(f"Rename: names must map strings to non-empty strings: {bad[0]}")
+            for old, new in pairs.items():
+                source, target = _Template.parse(old), _Template.parse(new)
+                if set(source.fields) != set(target.fields):
+                    raise ValueError(f"Rename: {old!r} and {new!r} must have the same placeholders")
+                if source.fields:
+                    patterns.append((source.pattern(None), target, old))
             object.__setattr__(self, "names", MappingProxyType(pairs))
         elif not callable(self.names):
             raise TypeError(f"Rename takes a dict or a function, not {type(self.names).__name__}")
+        object.__setattr__(self, "_patterns", tuple(patterns))
 
     def describe(self) -> str:
         if isinstance(self.names, abc.Mapping):
@@ -180,15 +196,29 @@ class Rename(_NameRule):
         return f"Rename({getattr(self.names, '__qualname__', repr(self.names))})"
 
     def _rename(self, name: str) -> str | None:
-        if isinstance(self.names, abc.Mapping):
-            return self.names.get(name)
-        return self.names(name)
+        if not isinstance(self.names, abc.Mapping):
+            return self.names(name)
+        exact = self.names.get(name)
+        if exact is not None and not _PLACEHOLDER.search(name):
+            return exact
+        for pattern, target, _ in self._patterns:
+            match = pattern.fullmatch(name)
+            if match is not None:
+                return target.format(match.groupdict())
+        return None
 
     def _apply(self, tensors: _Tensors) -> tuple[_Tensors, list[str]]:
         out, notes = _NameRule._apply(self, tensors)
         if isinstance(self.names, abc.Mapping):
-            absent = sorted(name for name in self.names if name not in tensors)
-            notes = [f"Rename: not in the checkpoint: {_preview(absent)}"] if absent else []
+            templated = {old for _, _, old in self._patterns}
+            absent = sorted(n for n in self.names if n not in tensors and n not in templated)
+            idle = [
+                old
+                for pattern, _, old in self._patterns
+                if not any(pattern.fullmatch(name) for name in tensors)
+            ]
+            notes = [f"Rename: not in the checkpoint: {_preview(absent + idle)}"]
+            notes = notes if absent or idle else []
         return out, notes
 
 

@@ -491,3 +491,27 @@ def test_a_mapping_that_does_not_fit_is_a_one_line_error_with_exit_1(
     err = capsys.readouterr().err
     assert "model.layers.0.mlp.experts.1.up_proj.weight" in err
     assert err.count("\n") == 1
+
+
+def test_rename_templates_carry_placeholders_across(tmp_path: Path) -> None:
+    tensors = {
+        f"model.layers.{i}.mlp.up_proj.weight": sample_tensor((2, 3), torch.float32, seed=i)
+        for i in range(3)
+    }
+    tensors["model.norm.weight"] = sample_tensor((3,), torch.float32, seed=9)
+    write_hf_checkpoint(tmp_path, tensors)
+    rename = Rename(
+        {
+            "model.layers.{i}.mlp.up_proj.weight": "layers.{i}.feed_forward.w3.weight",
+            "model.norm.weight": "norm.weight",
+            "model.layers.{i}.absent": "x.{i}",
+        }
+    )
+    mapped = Mapping((rename,)).apply(describe(tmp_path))
+    assert sorted(mapped.layout.tensors) == [
+        *(f"layers.{i}.feed_forward.w3.weight" for i in range(3)),
+        "norm.weight",
+    ]
+    assert mapped.unmatched == ("Rename: not in the checkpoint: 'model.layers.{i}.absent'",)
+    with pytest.raises(ValueError, match="same placeholders"):
+        Rename({"a.{i}": "b"})
