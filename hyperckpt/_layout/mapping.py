@@ -459,9 +459,12 @@ class Fuse:
                 tensor=name,
             )
         axis = dim - stacked if multi else 0
-        for row in grid:
+        first_shape = first.layout.shape
+        across = first_shape[:axis] + first_shape[axis + 1 :]
+        for index, row in enumerate(grid):
             for position, (source, tensor) in enumerate(row):
                 layout = tensor.layout
+                like_name, like = grid[0][position]
                 problem = None
                 if layout.dtype != dtype:
                     problem = (
@@ -470,25 +473,17 @@ class Fuse:
                     )
                 elif len(layout.shape) != rank:
                     problem = f"has {len(layout.shape)} dimensions but {first_name!r} has {rank}"
-                else:
-                    like_name, like = grid[0][position]
-                    if layout.shape != like.layout.shape:
-                        problem = (
-                            f"has shape {list(layout.shape)} but {like_name!r} has "
-                            f"{list(like.layout.shape)}; stacked sources share one shape"
-                        )
-                    elif any(
-                        a != b
-                        for d, (a, b) in enumerate(
-                            zip(layout.shape, first.layout.shape, strict=True)
-                        )
-                        if d != axis
-                    ):
-                        problem = (
-                            f"has shape {list(layout.shape)} but {first_name!r} has "
-                            f"{list(first.layout.shape)}; concatenated sources agree in every "
-                            f"dimension but {axis} (the destination's dim {dim})"
-                        )
+                elif index and layout.shape != like.layout.shape:
+                    problem = (
+                        f"has shape {list(layout.shape)} but {like_name!r} has "
+                        f"{list(like.layout.shape)}; stacked sources share one shape"
+                    )
+                elif not index and layout.shape[:axis] + layout.shape[axis + 1 :] != across:
+                    problem = (
+                        f"has shape {list(layout.shape)} but {first_name!r} has "
+                        f"{list(first_shape)}; concatenated sources agree in every "
+                        f"dimension but {axis} (the destination's dim {dim})"
+                    )
                 if problem:
                     raise CheckpointError(
                         f"mapping rule {self.describe()}: destination {name!r}: source "
