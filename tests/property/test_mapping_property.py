@@ -20,6 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import torch
 from helpers import mismatch, poison_, sample_tensor, write_hf_checkpoint
 from hypothesis import given
@@ -29,11 +30,19 @@ from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.tensor import Placement, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
-from hyperckpt import Fuse, HuggingFaceStorageReader, TorchShardedSafetensorsReader
-from hyperckpt._planner.load_planner import _read_items
-from hyperckpt._planner.regions import local_regions
+from hyperckpt import (
+    CheckpointError,
+    Fuse,
+    HuggingFaceStorageReader,
+    Mapping,
+    TorchShardedSafetensorsReader,
+    describe,
+)
 from hyperckpt._read.boxes import narrow
 from hyperckpt._read.engine import ReadEngine
+from hyperckpt._planner.load_planner import _read_items
+from hyperckpt._planner.regions import local_regions
+from hyperckpt.testing.rules import RULES
 
 DTYPES = [torch.float32, torch.bfloat16, torch.int16, torch.uint8, torch.float64]
 
@@ -45,6 +54,7 @@ class Fusion:
     rule: Fuse
     tensors: dict[str, torch.Tensor]
     expected: torch.Tensor
+    axis: int
 
 
 @st.composite
@@ -73,7 +83,7 @@ def fusions(draw: st.DrawFn) -> Fusion:
     dim = axis + (1 if stack else 0) - draw(st.sampled_from([0, rank + (1 if stack else 0)]))
     rule = Fuse("fused", sources, dim=dim, stack="e" if stack else None)
     tensors["other"] = sample_tensor((2,), dtype, seed=99)
-    return Fusion(rule, tensors, expected)
+    return Fusion(rule, tensors, expected, axis)
 
 
 @st.composite
@@ -174,3 +184,52 @@ def test_every_coordinate_reads_exactly_its_regions_of_a_random_fusion(
             engine.run(items, metadata.storage_data, _Into(local))  # type: ignore[arg-type]
             problem = mismatch(local, want)
             assert problem is None, f"{fusion.rule} {placements} at {coord}: {problem}"
+
+
+def _outcome(fusion: Fusion, victim: str, kind: str, dim: int) -> set[str]:
+    """The rules one mutation of ``victim`` can break; empty when the fusion stays valid."""
+    rows = 1 if fusion.rule.stack is None else int(fusion.expected.shape[0])
+    count = len(fusion.rule.sources)
+    index = int(victim.split(".")[1]) if fusion.rule.stack else 0
+    if kind == "drop":
+        if count == 1 and index == rows - 1:
+            return set()  # one expert fewer: a shorter stack, still valid
+        return {"mapping.source", "mapping.partner", "mapping.stack_gap"}
+    if kind == "dtype":
+        return set() if rows * count == 1 else {"mapping.dtype"}
+    if rows == 1 and (count == 1 or dim == fusion.axis):
+        return set()  # a longer concatenation, or a lone source of another shape
+    return {"mapping.shape"}
+
+
+@given(fusion=fusions(), data=st.data())
+def test_one_broken_source_of_a_random_fusion_is_refused_by_its_rule(
+    fusion: Fusion, data: st.DataObject
+) -> None:
+    names = sorted(n for n in fusion.tensors if n != "other")
+    victim = data.draw(st.sampled_from(names), label="victim")
+    tensors = dict(fusion.tensors)
+    source = tensors[victim]
+    kind = data.draw(
+        st.sampled_from(["drop", "dtype"] + (["shape"] if source.dim() else [])), label="kind"
+    )
+    dim = data.draw(st.integers(0, source.dim() - 1), label="dim") if kind == "shape" else 0
+    if kind == "drop":
+        del tensors[victim]
+    elif kind == "dtype":
+        tensors[victim] = source.to(torch.float16 if source.dtype != torch.float16 else torch.int8)
+    else:
+        grown = list(source.shape)
+        grown[dim] += 1
+        tensors[victim] = sample_tensor(tuple(grown), source.dtype, seed=5)
+    expected = _outcome(fusion, victim, kind, dim)
+    with tempfile.TemporaryDirectory() as scratch:
+        write_hf_checkpoint(Path(scratch), tensors)
+        layout = describe(scratch)
+        if not expected:
+            Mapping((fusion.rule,)).apply(layout)
+            return
+        with pytest.raises(CheckpointError) as caught:
+            Mapping((fusion.rule,)).apply(layout)
+    matched = {rule.id for rule in RULES if rule.id in expected and rule.matches(caught.value)}
+    assert matched, f"{kind} of {victim} (dim {dim}): expected {expected}, got: {caught.value}"
