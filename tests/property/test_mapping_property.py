@@ -38,10 +38,10 @@ from hyperckpt import (
     TorchShardedSafetensorsReader,
     describe,
 )
-from hyperckpt._read.boxes import narrow
-from hyperckpt._read.engine import ReadEngine
 from hyperckpt._planner.load_planner import _read_items
 from hyperckpt._planner.regions import local_regions
+from hyperckpt._read.boxes import narrow
+from hyperckpt._read.engine import ReadEngine
 from hyperckpt.testing.rules import RULES
 
 DTYPES = [torch.float32, torch.bfloat16, torch.int16, torch.uint8, torch.float64]
