@@ -17,6 +17,15 @@ from hyperckpt._api import LoadReport, load
 from hyperckpt._cli.sample import write_sample
 from hyperckpt._format.header import FileHeader, FileStamp, TensorEntry
 from hyperckpt._layout.directory import CheckpointLayout, Piece, TensorLayout, describe
+from hyperckpt._layout.mapping import (
+    AddPrefix,
+    Fuse,
+    MappedLayout,
+    Mapping,
+    Rename,
+    Replace,
+    StripPrefix,
+)
 from hyperckpt._planner.load_planner import LoadPlanner
 from hyperckpt._read.dtype_policy import Conversion
 from hyperckpt._read.engine import LoadStats, StorageInfo
@@ -26,6 +35,7 @@ from hyperckpt._verify import FileCheck, TensorCheck, VerifyReport, verify
 from hyperckpt.errors import CheckpointChangedError, CheckpointError, CheckpointNotFoundError
 
 __all__ = [
+    "AddPrefix",
     "CheckpointChangedError",
     "CheckpointError",
     "CheckpointLayout",
@@ -34,13 +44,19 @@ __all__ = [
     "FileCheck",
     "FileHeader",
     "FileStamp",
+    "Fuse",
     "HuggingFaceStorageReader",
     "LoadPlanner",
     "LoadReport",
     "LoadStats",
+    "MappedLayout",
+    "Mapping",
     "Piece",
     "Progress",
+    "Rename",
+    "Replace",
     "StorageInfo",
+    "StripPrefix",
     "TensorCheck",
     "TensorEntry",
     "TensorLayout",

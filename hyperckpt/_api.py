@@ -18,6 +18,8 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.tensor import DTensor
 
 from hyperckpt._layout.directory import TORCH_SHARDED, CheckpointLayout, Kind, describe
+from hyperckpt._layout.mapping import MappedLayout, MappingLike, as_mapping
+from hyperckpt._layout.mapping import Mapping as _Mapping
 from hyperckpt._planner.load_planner import LoadPlanner, strided_regions
 from hyperckpt._read.dtype_policy import Conversion, DtypePolicy, check_policy, enforce
 from hyperckpt._read.dtypes import to_torch_shape
@@ -48,7 +50,8 @@ class LoadReport:
         skipped: State-dict keys the checkpoint lacks that were left untouched because
             ``allow_missing`` allowed it (tied weights such as ``lm_head.weight``, which
             share storage with a loaded tensor), sorted.
-        unused: Tensors of the checkpoint that no state-dict key asked for, sorted.
+        unused: Tensors of the checkpoint (by their names in the checkpoint) that no
+            state-dict key asked for, sorted.
         conversions: The dtype conversions made (stored -> destination, tensors, stored
             bytes of the whole tensors), empty when every destination has the stored dtype.
         rank_seconds: Seconds each rank spent reading (its ``read_data``), by rank.
@@ -79,6 +82,7 @@ def load(
     reader_options: Mapping[str, object] | None = None,
     dtype_policy: DtypePolicy = "convert",
     progress: ProgressCallback | None = None,
+    mapping: MappingLike | None = None,
 ) -> LoadReport:
     """Load a safetensors checkpoint of either kind into ``state_dict``, in place.
 
@@ -109,25 +113,31 @@ def load(
             ``"no-narrowing"`` (only widening ones; the table is in ``docs/data-checks.md``).
         progress: Called with this rank's :class:`~hyperckpt.Progress` at most ten times
             a second and once at the end (see the readers).
+        mapping: From checkpoint names to the state dict's keys: renames, prefixes and
+            fused tensors (a :class:`~hyperckpt.Mapping`, a rule, a dict, a function, or a
+            preset's name such as ``"qwen3-moe"``, see :meth:`hyperckpt.Mapping.preset`).
+            Checked against the headers before anything is read.
 
     Returns:
         A :class:`LoadReport` (``bytes_read`` gathered from every rank).
 
     Raises:
         CheckpointNotFoundError: The checkpoint, or a file it needs, does not exist.
-        CheckpointError: The checkpoint breaks a rule, lacks keys not allowed to be
-            missing, a tensor's shape differs from the state dict's, ``dtype_policy``
-            refuses a tensor's conversion, a DTensor's local tensor cannot be matched to its
-            placements, a key allowed to be missing is not tied to a loaded tensor, or
-            ``dcp.load`` failed (torch's ``CheckpointException``, a ``BaseException``, is
-            translated).  Raised on every rank when any rank refuses (the others name that
-            rank and its message).
+        CheckpointError: The checkpoint breaks a rule or does not fit ``mapping``, lacks
+            keys not allowed to be missing, a tensor's shape differs from the state dict's,
+            ``dtype_policy`` refuses a tensor's conversion, a DTensor's local tensor cannot
+            be matched to its placements, a key allowed to be missing is not tied to a
+            loaded tensor, or ``dcp.load`` failed (torch's ``CheckpointException``, a
+            ``BaseException``, is translated).  Raised on every rank when any rank refuses
+            (the others name that rank and its message).
     """
     begin = time.perf_counter()
     policy = check_policy(dtype_policy)
+    mapper = None if mapping is None else as_mapping(mapping)
     # A refusal on one rank must stop every rank, or the others wait in collectives.
     try:
-        layout, wanted, skipped = _validate(state_dict, path, allow_missing)
+        mapped, wanted, skipped = _validate(state_dict, path, allow_missing, mapper)
+        layout = mapped.layout
         conversions = enforce(
             policy,
             (
@@ -157,6 +167,8 @@ def load(
     options.setdefault("progress", progress)
     if process_group is not None:
         options.setdefault("process_group", process_group)
+    if mapper is not None:
+        options.setdefault("mapping", mapper)
     reader_type = (
         TorchShardedSafetensorsReader if layout.kind == TORCH_SHARDED else HuggingFaceStorageReader
     )
@@ -211,7 +223,7 @@ def load(
         bytes_received=tuple(received for _, _, received, *_ in counts),
         seconds=time.perf_counter() - begin,
         skipped=tuple(skipped),
-        unused=tuple(sorted(set(layout.tensors) - set(state_dict))),
+        unused=mapped.unused(state_dict),
         conversions=conversions,
         rank_seconds=seconds,
         slowest_rank=slowest,
@@ -222,9 +234,11 @@ def _validate(
     state_dict: Mapping[str, torch.Tensor],
     path: str | os.PathLike[str],
     allow_missing: bool | Collection[str],
-) -> tuple[CheckpointLayout, dict[str, torch.Tensor], list[str]]:
-    """The validated layout, the entries to load, and the keys skipped as allowed."""
-    layout = describe(path)
+    mapping: _Mapping | None,
+) -> tuple[MappedLayout, dict[str, torch.Tensor], list[str]]:
+    """The validated layout (mapped), the entries to load, and the keys skipped as allowed."""
+    mapped = (mapping or _Mapping(())).apply(describe(path))
+    layout = mapped.layout
     tensor_shapes = {
         name: to_torch_shape(tensor.dtype, tensor.shape) for name, tensor in layout.tensors.items()
     }
@@ -238,7 +252,8 @@ def _validate(
         raise CheckpointError(
             f"{layout.root}: the checkpoint lacks {len(refused)} tensor(s) the state dict "
             f"has: {_preview(refused)}; it holds {len(unused)} tensor(s) no state-dict key "
-            f"asks for{': ' + _preview(unused) if unused else ''}; {_key_hint(refused, unused)}",
+            f"asks for{': ' + _preview(unused) if unused else ''}; {_key_hint(refused, unused)}"
+            f"{_mapping_hint(refused, layout)}",
             path=layout.root,
             tensor=refused[0],
         )
@@ -251,11 +266,12 @@ def _validate(
             raise CheckpointError(
                 f"{_file_of(layout, name)}: tensor {name!r} has shape "
                 f"{list(tensor_shapes[name])} in the checkpoint but {list(value.shape)} in the "
-                f"state dict; the checkpoint belongs to another model configuration",
+                f"state dict{_made_of(mapped, name)}; the checkpoint belongs to another model "
+                f"configuration",
                 path=_file_of(layout, name),
                 tensor=name,
             )
-    return layout, wanted, skipped
+    return mapped, wanted, skipped
 
 
 def _agree(failure: CheckpointError | None, group: dist.ProcessGroup | None) -> None:
@@ -373,6 +389,23 @@ def _prefixes(keys: list[str], others: set[str]) -> dict[str, int]:
 
 def _file_of(layout: CheckpointLayout, name: str) -> str:
     return layout.tensors[name].pieces[0].file
+
+
+def _mapping_hint(refused: list[str], layout: CheckpointLayout) -> str:
+    """A suggestion when the state dict holds fused MoE experts and the checkpoint does not."""
+    if not any(name.endswith((".experts.gate_up_proj", ".experts.down_proj")) for name in refused):
+        return ""
+    mixtral = any(".block_sparse_moe.experts." in name for name in layout.tensors)
+    preset = "mixtral" if mixtral else "qwen3-moe"
+    return (
+        f"; the state dict holds transformers 5 fused experts and the checkpoint one tensor per "
+        f"expert: pass mapping={preset!r}"
+    )
+
+
+def _made_of(mapped: MappedLayout, name: str) -> str:
+    sources = mapped.sources.get(name, (name,))
+    return "" if sources == (name,) else f" (made by the mapping from {_preview(list(sources))})"
 
 
 def _preview(names: list[str]) -> str:

@@ -32,6 +32,7 @@ from hyperckpt._broadcast.exchange import BroadcastStats, load_with_broadcast
 from hyperckpt._broadcast.schedule import BroadcastReady, BroadcastSchedule, plan_broadcast
 from hyperckpt._layout.directory import CheckpointLayout, huggingface_layout, torch_sharded_layout
 from hyperckpt._layout.gcpause import collector_paused
+from hyperckpt._layout.mapping import MappedLayout, MappingLike, as_mapping
 from hyperckpt._planner.plain_call import plan_to_read
 from hyperckpt._read.dtype_policy import (
     Conversion,
@@ -75,6 +76,7 @@ class _SafetensorsReader(FileSystemReader):
         process_group: dist.ProcessGroup | None = None,
         dtype_policy: DtypePolicy = "convert",
         progress: ProgressCallback | None = None,
+        mapping: MappingLike | None = None,
     ) -> None:
         """Point the reader at a checkpoint; nothing is read until DCP asks.
 
@@ -100,6 +102,10 @@ class _SafetensorsReader(FileSystemReader):
                 value; see :mod:`hyperckpt._read.dtype_policy`).
             progress: Called with a :class:`~hyperckpt.Progress` of this rank's read at
                 most ten times a second and once at the end, one call at a time.
+            mapping: From checkpoint names to the state dict's: renames, prefixes, fused
+                tensors (a :class:`~hyperckpt.Mapping`, a rule, a dict, a function or a
+                preset's name such as ``"qwen3-moe"``); applied to the metadata, so each
+                rank still reads only its own bytes.
         """
         super().__init__(path)
         if thread_count is not None and thread_count < 1:
@@ -113,6 +119,8 @@ class _SafetensorsReader(FileSystemReader):
         self.dtype_policy = check_policy(dtype_policy)
         self.progress = progress
         self.last_conversions: tuple[Conversion, ...] = ()
+        self.mapping = None if mapping is None else as_mapping(mapping)
+        self.mapped: MappedLayout | None = None
         self.layout: CheckpointLayout | None = None
         self.metadata: Metadata | None = None
         self.last_stats: LoadStats | None = None
@@ -123,6 +131,7 @@ class _SafetensorsReader(FileSystemReader):
         super().reset(checkpoint_id)
         self.layout = None
         self.metadata = None
+        self.mapped = None
         self.last_stats = None
         self.last_broadcast = None
 
@@ -133,9 +142,13 @@ class _SafetensorsReader(FileSystemReader):
         metadata" and log a misleading warning.
 
         Raises:
-            CheckpointError: The checkpoint breaks a rule; the message stands on its own.
+            CheckpointError: The checkpoint breaks a rule, or does not fit the mapping; the
+                message stands on its own.
         """
         layout = self._describe(self.path)
+        if self.mapping is not None:
+            self.mapped = self.mapping.apply(layout)
+            layout = self.mapped.layout
         self.layout = layout
         metadata = to_metadata(layout)
         metadata.storage_meta = StorageMeta(checkpoint_id=str(self.path), load_id=self.load_id)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from hyperckpt._layout.directory import CheckpointLayout, describe
+from hyperckpt._layout.mapping import MappedLayout
 from hyperckpt._read.progress import StatusLine, format_bytes
 from hyperckpt._verify import command as verify_command
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
@@ -115,6 +116,7 @@ def _parser() -> argparse.ArgumentParser:
         "kind, files, tensors, dtypes, bytes, the largest tensors and each file's __metadata__.",
     )
     inspect.add_argument("path", help="checkpoint directory or .safetensors file")
+    _mapping_option(inspect)
     inspect.add_argument("--json", action="store_true", help="print JSON for machines")
     inspect.add_argument(
         "--largest", type=int, default=_LARGEST, metavar="N", help="largest tensors to list"
@@ -146,6 +148,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("path", help="checkpoint directory or .safetensors file")
     plan.add_argument("--world", type=int, required=True, metavar="N", help="number of ranks")
+    _mapping_option(plan)
     plan.add_argument(
         "--layout",
         required=True,
@@ -208,6 +211,29 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _mapping_option(command: argparse.ArgumentParser) -> None:
+    from hyperckpt._layout.mapping import PRESETS
+
+    command.add_argument(
+        "--mapping",
+        choices=tuple(PRESETS),
+        metavar="NAME",
+        help="show the checkpoint as a model sees it through a ready-made mapping: "
+        + ", ".join(PRESETS),
+    )
+
+
+def _described(args: argparse.Namespace) -> tuple[CheckpointLayout, MappedLayout | None]:
+    """The checkpoint's layout, through ``--mapping`` when given, and the mapping's result."""
+    layout = describe(args.path)
+    if args.mapping is None:
+        return layout, None
+    from hyperckpt._layout.mapping import PRESETS
+
+    mapped = PRESETS[args.mapping].apply(layout)
+    return mapped.layout, mapped
+
+
 def _version() -> str:
     from hyperckpt import __version__
 
@@ -220,7 +246,10 @@ def _version() -> str:
 def _inspect(args: argparse.Namespace) -> int:
     if args.largest < 0:
         raise _UsageError(f"--largest must be 0 or more, got {args.largest}")
-    summary = _inspect_summary(describe(args.path), largest=args.largest)
+    layout, mapped = _described(args)
+    summary = _inspect_summary(layout, largest=args.largest)
+    if mapped is not None:
+        summary["mapping"] = _mapping_summary(args.mapping, mapped)
     if args.json:
         print(json.dumps(summary, indent=2))
         return OK
@@ -248,7 +277,47 @@ def _inspect(args: argparse.Namespace) -> int:
                 f"    {tensor['name']}  {tensor['dtype']}{tensor['shape']}  "
                 f"{format_bytes(tensor['bytes'])}{pieces}"
             )
+    if mapped is not None:
+        _print_mapping(summary["mapping"], limit=max(args.largest, 10))
     return OK
+
+
+def _mapping_summary(name: str, mapped: MappedLayout) -> dict[str, Any]:
+    """What a mapping made of the checkpoint: every destination, and what it left alone."""
+    tensors = mapped.layout.tensors
+    return {
+        "name": name,
+        "destinations": [
+            {
+                "name": dest,
+                "dtype": tensors[dest].dtype,
+                "shape": list(tensors[dest].shape),
+                "sources": list(sources),
+            }
+            for dest, sources in mapped.sources.items()
+        ],
+        "renamed": sum(1 for d, s in mapped.sources.items() if s != (d,)),
+        "fused": sum(1 for s in mapped.sources.values() if len(s) > 1),
+        "unmatched": list(mapped.unmatched),
+    }
+
+
+def _print_mapping(summary: dict[str, Any], *, limit: int) -> None:
+    fused = [d for d in summary["destinations"] if len(d["sources"]) > 1]
+    print(
+        f"  mapping {summary['name']}: {len(summary['destinations'])} destinations, "
+        f"{summary['renamed']} renamed or fused, {summary['fused']} fused"
+    )
+    for dest in fused[:limit]:
+        sources = dest["sources"]
+        print(
+            f"    {dest['name']}  {dest['dtype']}{dest['shape']}  from {len(sources)} tensors "
+            f"({sources[0]} ... {sources[-1]})"
+        )
+    if len(fused) > limit:
+        print(f"    ... and {len(fused) - limit} more fused (--json lists every destination)")
+    for note in summary["unmatched"]:
+        print(f"    note: {note}")
 
 
 def _inspect_summary(layout: CheckpointLayout, *, largest: int = _LARGEST) -> dict[str, Any]:
@@ -370,7 +439,7 @@ def _plan(args: argparse.Namespace) -> int:
             target = dtype_policy.destination_dtype(args.dtype)
         except ValueError as err:
             raise _UsageError(f"--dtype: {err}") from err
-    layout = describe(args.path)
+    layout, _ = _described(args)
     made = None if target is None else dtype_policy.layout_conversions(layout, target)
     ranks = _plan.plan_load(
         layout,

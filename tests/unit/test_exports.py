@@ -10,6 +10,13 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 import hyperckpt
 
 PUBLIC = [
+    "AddPrefix",
+    "Fuse",
+    "MappedLayout",
+    "Mapping",
+    "Rename",
+    "Replace",
+    "StripPrefix",
     "CheckpointChangedError",
     "CheckpointError",
     "CheckpointLayout",
