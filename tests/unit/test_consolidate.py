@@ -11,10 +11,9 @@ import pytest
 import torch
 from helpers import mismatch, sample_tensor
 from huggingface_hub import split_torch_state_dict_into_shards
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+from sharded_cases import grid, split, write_sharded
 
 import hyperckpt
 from hyperckpt import CheckpointChangedError, CheckpointError, consolidate, describe
@@ -22,84 +21,13 @@ from hyperckpt._consolidate.assign import parse_size
 from hyperckpt._consolidate.run import MARKER_NAME
 from hyperckpt._consolidate.write import MIN_STAGING_BYTES
 from hyperckpt.cli import main
-from hyperckpt.testing import LOADABLE_DTYPES, shard_file_name, to_torch, torch_sharded_checkpoints
-
-SHARDING = "DCP_SHARDING_INFO"
-
-
-def write_sharded(
-    root: Path, pieces: dict[str, list[tuple[int, torch.Tensor, tuple[int, ...]]]]
-) -> Path:
-    """A torch sharded directory by hand: tensor -> [(rank, piece, offsets)]."""
-    files: dict[int, dict[str, tuple[torch.Tensor, tuple[int, ...]]]] = {}
-    for name, parts in pieces.items():
-        for rank, piece, offsets in parts:
-            files.setdefault(rank, {})[name] = (piece, offsets)
-    root.mkdir(parents=True, exist_ok=True)
-    for rank, held in files.items():
-        info = {n: {"saved_offsets": list(at)} for n, (_, at) in held.items()}
-        save_file(
-            {n: p.contiguous() for n, (p, _) in held.items()},
-            str(root / shard_file_name(rank)),
-            metadata={SHARDING: json.dumps(info)},
-        )
-    return root
-
-
-def split(
-    tensor: torch.Tensor, dim: int, parts: int
-) -> list[tuple[int, torch.Tensor, tuple[int, ...]]]:
-    """``tensor`` cut into ``parts`` uneven pieces along ``dim``, one per rank."""
-    out = []
-    start = 0
-    for rank, piece in enumerate(torch.tensor_split(tensor, parts, dim=dim)):
-        offsets = tuple(start if k == dim else 0 for k in range(tensor.dim()))
-        out.append((rank, piece, offsets))
-        start += piece.shape[dim]
-    return out
-
-
-def grid(
-    tensor: torch.Tensor, rows: int, cols: int
-) -> list[tuple[int, torch.Tensor, tuple[int, ...]]]:
-    """A 2-D mesh: rows x cols pieces of the first two dimensions."""
-    out = []
-    r0 = 0
-    for i, band in enumerate(torch.tensor_split(tensor, rows, dim=0)):
-        c0 = 0
-        for j, piece in enumerate(torch.tensor_split(band, cols, dim=1)):
-            out.append((i * cols + j, piece, (r0, c0, *[0] * (tensor.dim() - 2))))
-            c0 += piece.shape[1]
-        r0 += band.shape[0]
-    return out
+from hyperckpt.testing import LOADABLE_DTYPES, shard_file_name
 
 
 def expected_file(tmp: Path, tensors: dict[str, torch.Tensor]) -> bytes:
     path = tmp / "expected.safetensors"
     save_file(tensors, str(path), metadata={"format": "pt"})
     return path.read_bytes()
-
-
-@settings(max_examples=60, deadline=None)
-@given(
-    checkpoint=torch_sharded_checkpoints(max_side=24, max_ranks=4),
-    threads=st.integers(1, 3),
-)
-def test_any_tiling_gives_the_file_safetensors_itself_would_write(
-    tmp_path_factory: pytest.TempPathFactory, checkpoint: object, threads: int
-) -> None:
-    from hyperckpt.testing import TorchShardedCheckpoint
-
-    assert isinstance(checkpoint, TorchShardedCheckpoint)
-    tmp = tmp_path_factory.mktemp("c")
-    source = checkpoint.write(tmp / "sharded")
-    report = consolidate(source, tmp / "out", staging_bytes=MIN_STAGING_BYTES, thread_count=threads)
-    expected = {name: to_torch(spec) for name, spec in checkpoint.tensors.items()}
-    assert (tmp / "out" / "model.safetensors").read_bytes() == expected_file(tmp, expected)
-    assert sorted(os.listdir(tmp / "out")) == ["model.safetensors"]
-    assert report.files == ("model.safetensors",)
-    assert not report.indexed
-    assert max(report.staging_bytes) <= MIN_STAGING_BYTES
 
 
 def test_every_loadable_dtype_in_row_and_column_pieces_is_bit_exact(tmp_path: Path) -> None:
