@@ -104,6 +104,8 @@ class DemoReport:
         kept: Whether they are still there.
         rows: One row per (layout, checkpoint) load.
         seconds: Wall time of the whole demo, in seconds.
+        consolidated: What consolidating the torch sharded copy back into a Hugging Face
+            checkpoint gave: ``"N/N bit-exact ..."``, or what went wrong.
     """
 
     size: str
@@ -115,11 +117,13 @@ class DemoReport:
     kept: bool
     rows: tuple[DemoRow, ...]
     seconds: float
+    consolidated: str = ""
 
     @property
     def ok(self) -> bool:
-        """Whether every load that ran through hyperckpt's planner verified bit-exact."""
-        return all(
+        """Whether every load that ran through hyperckpt's planner verified bit-exact, and
+        the consolidated copy too."""
+        return "bit-exact" in self.consolidated and all(
             row.verified or row.note.startswith("pending")
             for row in self.rows
             if row.layout != "fsdp-tp-torch"
@@ -172,6 +176,8 @@ def run_demo(
             timeout=timeout,
         )
         rows = _merge([result for result in per_rank if isinstance(result, list)])
+        step("consolidating the torch sharded copy into a Hugging Face checkpoint")
+        consolidated = _consolidate(hf_dir, root / "sharded", root / "consolidated")
     finally:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
@@ -185,6 +191,7 @@ def run_demo(
         keep,
         tuple(rows),
         time.perf_counter() - begin,
+        consolidated,
     )
 
 
@@ -237,10 +244,35 @@ def format_report(report: DemoReport) -> str:
             "torch's default planner loads _StridedShard weights into the wrong rows without "
             "an error;\nhyperckpt.LoadPlanner reads each region into the local rows that hold it."
         )
+    lines.append(f"hyperckpt consolidate sharded/ -> Hugging Face files: {report.consolidated}")
     verdict = "all verified" if report.ok else "SOME LOADS FAILED"
     where = f"checkpoints kept in {report.directory}" if report.kept else "checkpoints deleted"
     lines.append(f"{verdict} in {report.seconds:.1f} s; {where}")
     return "\n".join(lines)
+
+
+def _consolidate(original: Path, sharded: Path, out: Path) -> str:
+    """Consolidate ``sharded`` into ``out`` and compare every tensor with ``original``'s."""
+    from safetensors import safe_open
+
+    from hyperckpt._consolidate import consolidate
+
+    report = consolidate(sharded, out, max_shard_size="5MB")
+    want: dict[str, torch.Tensor] = {}
+    for file in sorted(original.glob("*.safetensors")):
+        with safe_open(str(file), "pt") as handle:
+            want |= {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
+    same = 0
+    for written in report.files:
+        with safe_open(str(out / written), "pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
+                got = handle.get_tensor(name).reshape(-1).view(torch.uint8)
+                same += name in want and got.equal(want[name].reshape(-1).view(torch.uint8))
+    if same != len(want) or report.tensors != len(want):
+        return f"WRONG: {same} of {len(want)} tensors equal the original"
+    return (
+        f"{same}/{len(want)} bit-exact in {len(report.files)} file(s), {report.seconds:.2f} s"
+    )
 
 
 def _per_rank(values: Sequence[int], scale: float) -> str:
