@@ -179,6 +179,7 @@ class _Writer:
         self._fds: dict[str, int] = {}
         self._open: list[_Open] = []
         self._done_files = 0
+        self._stop = threading.Event()  # set when a thread fails: the others stop early
         self._copy_file_range = options.copy_file_range and hasattr(os, "copy_file_range")
         tasks = [(n, t) for n, f in enumerate(files) for t in f.tensors if t.nbytes]
         self._tasks = iter(tasks)
@@ -226,17 +227,23 @@ class _Writer:
                     self.staged += staging[0].nbytes
             return staging[0]
 
-        while True:
+        while not self._stop.is_set():
             with self._lock:
                 task = next(self._tasks, None)
             if task is None:
                 return
             number, tensor = task
             entry = self._open[number]
-            if self._is_contiguous(tensor):
-                self._copy_runs(tensor, entry.fd, buffers)
-            else:
-                self._stage(tensor, entry.fd, buffers())
+            finished = False
+            try:
+                if self._is_contiguous(tensor):
+                    self._copy_runs(tensor, entry.fd, buffers)
+                else:
+                    self._stage(tensor, entry.fd, buffers())
+                finished = True
+            finally:
+                if not finished:
+                    self._stop.set()
             with self._lock:
                 entry.left -= 1
                 last = entry.left == 0

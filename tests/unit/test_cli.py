@@ -113,7 +113,10 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], sample: Path) -
 
 
 def test_every_command_has_help(capsys: pytest.CaptureFixture[str]) -> None:
-    for argv in (["--help"], *([c, "--help"] for c in ("inspect", "validate", "plan", "demo"))):
+    for argv in (
+        ["--help"],
+        *([c, "--help"] for c in ("inspect", "validate", "plan", "demo", "consolidate")),
+    ):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 0

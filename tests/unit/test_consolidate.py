@@ -271,3 +271,26 @@ def test_blocks_of_a_box_piece_land_where_the_box_is(tmp_path: Path) -> None:
     consolidate(source, tmp_path / "out", staging_bytes=MIN_STAGING_BYTES)
     got = load_file(str(tmp_path / "out" / "model.safetensors"))["t"]
     assert mismatch(got, tensor) is None
+
+
+def test_like_a_single_file_checkpoint_writes_one_file_and_no_index(tmp_path: Path) -> None:
+    source, originals = _many(tmp_path)
+    like = tmp_path / "like"
+    like.mkdir()
+    save_file({name: torch.zeros(1) for name in originals}, str(like / "model.safetensors"))
+    report = consolidate(source, tmp_path / "out", like=like, max_shard_size=10)
+    assert report.files == ("model.safetensors",)
+    assert not report.indexed
+    assert sorted(os.listdir(tmp_path / "out")) == ["model.safetensors"]
+
+
+def test_files_go_to_ranks_largest_first_to_the_least_loaded() -> None:
+    from hyperckpt._consolidate.assign import OutputFile, assign_ranks
+
+    files = [OutputFile(f"f{n}", b"", (), size) for n, size in enumerate([5, 9, 4, 9, 1, 3])]
+    owners = assign_ranks(files, 2)
+    loads = [sum(f.size for f, o in zip(files, owners, strict=True) if o == r) for r in (0, 1)]
+    assert owners == (0, 0, 1, 1, 0, 1)
+    assert loads == [15, 16]
+    assert assign_ranks(files, 8).count(0) == 1
+    assert assign_ranks([], 3) == ()
