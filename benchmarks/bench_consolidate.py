@@ -246,6 +246,7 @@ def main() -> int:
                         check(output, specs)
                         row["checked"] = True
                     results.append(row)
+                    Path(args.out + ".partial.json").write_text(json.dumps(results, indent=1))
                     print(
                         f"{split:8} {case:20} {float(row['seconds']):7.3f} s  "  # type: ignore[arg-type]
                         f"(unsynced {float(row['unsynced']):7.3f} s)  "  # type: ignore[arg-type]
@@ -266,6 +267,7 @@ def main() -> int:
         "results": results,
     }
     Path(args.out + ".json").write_text(json.dumps(report, indent=1))
+    Path(args.out + ".partial.json").unlink(missing_ok=True)
     Path(args.out + ".md").write_text(table(report))
     print(table(report))
     return 0

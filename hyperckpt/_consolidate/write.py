@@ -25,12 +25,21 @@ from typing import Final
 import torch
 
 from hyperckpt._consolidate.assign import OutputFile, OutputTensor
+from hyperckpt._sysio import IOV_MAX, read_table
 from hyperckpt.dtypes import to_torch_dtype
 from hyperckpt.errors import CheckpointChangedError, CheckpointError
 from hyperckpt.format import DTYPES, FileHeader, FileStamp
 from hyperckpt.layout import Piece
 
-__all__ = ["MIN_STAGING_BYTES", "PAUSE_ENV", "Progress", "Staging", "WriteOptions", "write_files"]
+__all__ = [
+    "MIN_STAGING_BYTES",
+    "PAUSE_ENV",
+    "SCATTER_RUN_BYTES",
+    "Progress",
+    "Staging",
+    "WriteOptions",
+    "write_files",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +48,8 @@ MIN_STAGING_BYTES: Final = 4096
 #: Test hook: when set to a path, the writer creates that file after its first output file
 #: is complete and the next one is partly written, then sleeps until killed.
 PAUSE_ENV: Final = "HYPERCKPT_TEST_PAUSE_AFTER_FIRST_FILE"
+#: Runs of a strided piece at least this long are read straight into place (``preadv``).
+SCATTER_RUN_BYTES: Final = 256
 _COPY_CHUNK: Final = 1 << 30
 _NO_COPY_FILE_RANGE: Final = frozenset(
     {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF, errno.ETXTBSY}
@@ -448,12 +459,36 @@ class _Writer:
                 piece.file,
             )
             return
+        for k, size in enumerate(inner):
+            region = region.narrow(k + 1, offsets[depth + 1 + k], size)
+        # ``region`` is strided in the block: runs of ``run`` bytes.  Long runs are read
+        # straight into place (one preadv scatters up to IOV_MAX of them); short ones into
+        # the scratch buffer, then copied in one strided copy.
+        split = max(k for k in range(region.dim()) if region.shape[k] != view.shape[k])
+        run = math.prod(region.shape[split:])
+        if run >= SCATTER_RUN_BYTES:
+            _scatter(self._input(piece.file), piece.file, start, region, split, run)
+            return
         _pread_into(
             self._input(piece.file), memoryview(staging.scratch)[:length], start, piece.file
         )
-        for k, size in enumerate(inner):
-            region = region.narrow(k + 1, offsets[depth + 1 + k], size)
         region.copy_(staging.scratch_tensor[:length].view(high - low, *inner))
+
+
+def _scatter(fd: int, name: str, start: int, region: torch.Tensor, split: int, run: int) -> None:
+    """Read consecutive file bytes from ``start`` into ``region``, whose dimensions from
+    ``split`` on are contiguous (``run`` bytes), in batches of :data:`IOV_MAX` runs."""
+    sizes = region.shape[:split]
+    strides = region.stride()[:split]
+    count = math.prod(sizes)
+    for first in range(0, count, IOV_MAX):
+        index = torch.arange(first, min(count, first + IOV_MAX), dtype=torch.int64)
+        address = torch.full_like(index, region.data_ptr())
+        for size, stride in zip(reversed(sizes), reversed(strides), strict=True):
+            address += (index % size) * stride
+            index = index // size
+        table = torch.stack((address, torch.full_like(address, run)), dim=1)
+        read_table(name, fd, start + first * run, table)
 
 
 def _byte_shape(code: str, shape: tuple[int, ...]) -> tuple[int, ...]:

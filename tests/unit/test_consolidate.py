@@ -294,3 +294,20 @@ def test_files_go_to_ranks_largest_first_to_the_least_loaded() -> None:
     assert loads == [15, 16]
     assert assign_ranks(files, 8).count(0) == 1
     assert assign_ranks([], 3) == ()
+
+
+def test_long_strided_runs_are_read_straight_into_place_in_batches(tmp_path: Path) -> None:
+    from hyperckpt._consolidate.write import SCATTER_RUN_BYTES
+    from hyperckpt._sysio import IOV_MAX
+
+    deep = sample_tensor((3, 600, 200), torch.float32, seed=11)  # 1800 runs of 400 bytes
+    middle = sample_tensor((4, 1200, 100), torch.bfloat16, seed=12)
+    assert 3 * 600 > IOV_MAX
+    assert 100 * 4 >= SCATTER_RUN_BYTES
+    source = write_sharded(
+        tmp_path / "sharded", {"deep": split(deep, 2, 2), "middle": split(middle, 1, 3)}
+    )
+    consolidate(source, tmp_path / "out")
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == expected_file(
+        tmp_path, {"deep": deep, "middle": middle}
+    )
