@@ -107,12 +107,10 @@ def _peak() -> int:
 
 def _mapping(source: Path, shard_size: int) -> dict[str, int]:
     from hyperckpt._consolidate.assign import plan_output
-    from hyperckpt.layout import torch_sharded_layout
+    from hyperckpt._layout.directory import torch_sharded_layout
 
     plan = plan_output(torch_sharded_layout(source).tensors, max_shard_size=shard_size)
-    return {
-        name: int(file.split("-")[1]) for name, file in plan.weight_map.items()
-    }
+    return {name: int(file.split("-")[1]) for name, file in plan.weight_map.items()}
 
 
 def _one(case: str, source: str, output: str, shard_size: int) -> tuple[float, float, int]:
@@ -162,7 +160,7 @@ def _rank(rank: int, world: int, case: str, source: str, output: str, size: int)
 
 def run_case(case: str, source: str, output: str, shard_size: int) -> dict[str, object]:
     """``case`` in this fresh process, on 1 or 2 spawned ranks as its name says."""
-    from hyperckpt._spawn import spawn_ranks
+    from hyperckpt._cli.spawn import spawn_ranks
 
     if case.endswith("-2"):
         with tempfile.TemporaryDirectory() as scratch:

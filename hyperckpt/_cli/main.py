@@ -192,7 +192,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--dir", help="write the checkpoints here instead of a temporary directory")
     demo.set_defaults(run=_demo)
 
-    from hyperckpt._consolidate.command import add_parser as add_consolidate
+    from hyperckpt._cli.consolidate import add_parser as add_consolidate
 
     add_consolidate(commands, common)
     return parser

@@ -19,9 +19,14 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Final
 
+from hyperckpt._format.header import DTYPES, decode_strict_json, read_header
+from hyperckpt._layout.directory import (
+    INDEX_NAME,
+    SINGLE_FILE_NAME,
+    TensorLayout,
+    _check_plain_name,
+)
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
-from hyperckpt.format import DTYPES, decode_strict_json, read_header
-from hyperckpt.layout import INDEX_NAME, SINGLE_FILE_NAME, TensorLayout, _check_plain_name
 
 __all__ = [
     "CONVERTIBLE",

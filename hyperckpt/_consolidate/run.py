@@ -7,7 +7,6 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, cast
@@ -25,13 +24,13 @@ from hyperckpt._consolidate.assign import (
 )
 from hyperckpt._consolidate.write import (
     MIN_STAGING_BYTES,
-    Progress,
     WriteOptions,
     check_sub_byte,
     write_files,
 )
+from hyperckpt._layout.directory import INDEX_NAME, CheckpointLayout, torch_sharded_layout
+from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
 from hyperckpt.errors import CheckpointChangedError, CheckpointError, CheckpointNotFoundError
-from hyperckpt.layout import INDEX_NAME, CheckpointLayout, torch_sharded_layout
 
 __all__ = ["MARKER_NAME", "ConsolidateReport", "consolidate"]
 
@@ -84,7 +83,7 @@ def consolidate(
     staging_bytes: int = DEFAULT_STAGING_BYTES,
     thread_count: int | None = None,
     process_group: dist.ProcessGroup | None = None,
-    on_progress: Callable[[int, int], None] | None = None,
+    progress: ProgressCallback | None = None,
 ) -> ConsolidateReport:
     """Turn a torch sharded directory into a Hugging Face checkpoint, every byte exact.
 
@@ -117,8 +116,9 @@ def consolidate(
         staging_bytes: Most bytes of buffers per rank (default 256 MiB).
         thread_count: Tensors written at the same time per rank (default: up to 4).
         process_group: The ranks taking part; the default group when initialized.
-        on_progress: Called with (bytes written, bytes to write) on this rank, from writer
-            threads, at most twice a second.
+        progress: Called with a :class:`~hyperckpt.Progress` of this rank's writing (bytes
+            and tensors written of those it writes) at a bounded rate from the writer
+            threads, and once more when its files are written.
 
     Returns:
         A :class:`ConsolidateReport`, the same on every rank except ``seconds``.
@@ -175,7 +175,7 @@ def consolidate(
 
     owners = assign_ranks(plan.files, world)
     mine = [file for file, owner in zip(plan.files, owners, strict=True) if owner == rank]
-    progress = Progress(sum(f.data_bytes for f in mine), on_progress)
+    tracker = ProgressTracker(progress)
     staged = 0
     try:
         staged = write_files(
@@ -183,8 +183,9 @@ def consolidate(
             layout.files,
             out,
             options=WriteOptions(staging_bytes=staging_bytes, thread_count=threads),
-            progress=progress,
+            progress=tracker,
         )
+        tracker.finish()
     except _FAILURES as err:
         failure = err
     _agree(failure, group)

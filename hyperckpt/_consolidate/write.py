@@ -25,17 +25,17 @@ from typing import Final
 import torch
 
 from hyperckpt._consolidate.assign import OutputFile, OutputTensor
-from hyperckpt._sysio import IOV_MAX, read_table
-from hyperckpt.dtypes import to_torch_dtype
+from hyperckpt._format.header import DTYPES, FileHeader, FileStamp
+from hyperckpt._layout.directory import Piece
+from hyperckpt._read.dtypes import to_torch_dtype
+from hyperckpt._read.sysio import IOV_MAX, read_table
+from hyperckpt._read.tracker import ProgressTracker
 from hyperckpt.errors import CheckpointChangedError, CheckpointError
-from hyperckpt.format import DTYPES, FileHeader, FileStamp
-from hyperckpt.layout import Piece
 
 __all__ = [
     "MIN_STAGING_BYTES",
     "PAUSE_ENV",
     "SCATTER_RUN_BYTES",
-    "Progress",
     "Staging",
     "WriteOptions",
     "write_files",
@@ -55,8 +55,6 @@ _NO_COPY_FILE_RANGE: Final = frozenset(
     {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF, errno.ETXTBSY}
 )
 
-ProgressFn = Callable[[int, int], None]
-
 
 @dataclass(frozen=True, slots=True)
 class WriteOptions:
@@ -73,31 +71,6 @@ class WriteOptions:
     staging_bytes: int
     thread_count: int
     copy_file_range: bool = True
-
-
-class Progress:
-    """Bytes of tensor data written so far, reported to a callback at most twice a second.
-
-    Args:
-        total: Bytes this rank will write.
-        callback: Called with ``(done, total)``; ``None`` for silence.
-    """
-
-    def __init__(self, total: int, callback: ProgressFn | None) -> None:
-        self.total = total
-        self.done = 0
-        self._callback = callback
-        self._lock = threading.Lock()
-        self._last = 0.0
-
-    def add(self, nbytes: int) -> None:
-        """Count ``nbytes`` more as written."""
-        with self._lock:
-            self.done += nbytes
-            now = time.monotonic()
-            if self._callback is not None and (now - self._last >= 0.5 or self.done == self.total):
-                self._last = now
-                self._callback(self.done, self.total)
 
 
 class Staging:
@@ -134,7 +107,7 @@ def write_files(
     output: Path,
     *,
     options: WriteOptions,
-    progress: Progress,
+    progress: ProgressTracker,
 ) -> int:
     """Write ``files`` into ``output``: temporary names, data, sync, rename.
 
@@ -143,7 +116,7 @@ def write_files(
         inputs: Every input file's header, keyed by its name relative to the input.
         output: The output directory (exists).
         options: Staging budget and threads.
-        progress: Told about every byte written.
+        progress: Told about every byte written, keyed by ``(file name, tensor name)``.
 
     Returns:
         The bytes of staging buffers allocated (at most ``options.staging_bytes``).
@@ -160,6 +133,10 @@ def write_files(
     finally:
         writer.close()
     return writer.staged
+
+
+#: A tensor of an output file, as progress counts it: (file name, tensor name).
+_Key = tuple[str, str]
 
 
 @dataclass(slots=True)
@@ -179,7 +156,7 @@ class _Writer:
         inputs: Mapping[str, FileHeader],
         output: Path,
         options: WriteOptions,
-        progress: Progress,
+        progress: ProgressTracker,
     ) -> None:
         self._files = files
         self._inputs = inputs
@@ -193,6 +170,9 @@ class _Writer:
         self._stop = threading.Event()  # set when a thread fails: the others stop early
         self._copy_file_range = options.copy_file_range and hasattr(os, "copy_file_range")
         tasks = [(n, t) for n, f in enumerate(files) for t in f.tensors if t.nbytes]
+        for file in files:
+            for tensor in file.tensors:
+                progress.expect((file.name, tensor.name), tensor.nbytes)
         self._tasks = iter(tasks)
         self._threads = max(1, min(options.thread_count, len(tasks)))
         self._convert = any(t.dtype != t.source.dtype for _, t in tasks)
@@ -247,10 +227,11 @@ class _Writer:
             entry = self._open[number]
             finished = False
             try:
+                key = (entry.file.name, tensor.name)
                 if self._is_contiguous(tensor):
-                    self._copy_runs(tensor, entry.fd, buffers)
+                    self._copy_runs(tensor, entry.fd, buffers, key)
                 else:
-                    self._stage(tensor, entry.fd, buffers())
+                    self._stage(tensor, entry.fd, buffers(), key)
                 finished = True
             finally:
                 if not finished:
@@ -333,7 +314,9 @@ class _Writer:
                 return False
         return True
 
-    def _copy_runs(self, tensor: OutputTensor, fd: int, staging: Callable[[], Staging]) -> None:
+    def _copy_runs(
+        self, tensor: OutputTensor, fd: int, staging: Callable[[], Staging], key: _Key
+    ) -> None:
         source = tensor.source
         shape = _byte_shape(source.dtype, source.shape)
         strides = _strides(shape)
@@ -345,7 +328,7 @@ class _Writer:
             else:
                 offsets = _byte_offsets(source.dtype, piece)
                 target = tensor.start + sum(o * s for o, s in zip(offsets, strides, strict=True))
-            self._copy(piece.file, piece.start, fd, target, piece.nbytes, staging)
+            self._copy(piece.file, piece.start, fd, target, piece.nbytes, staging, key)
 
     def _copy(
         self,
@@ -355,6 +338,7 @@ class _Writer:
         target: int,
         length: int,
         staging: Callable[[], Staging],
+        key: _Key,
     ) -> None:
         source = self._input(name)
         done = 0
@@ -371,7 +355,7 @@ class _Writer:
             if got == 0:
                 _truncated(name, start + done)
             done += got
-            self._progress.add(got)
+            self._progress.deliver([(key, got)])
         if done < length:
             buffer = memoryview(staging().block)
             while done < length:
@@ -379,11 +363,11 @@ class _Writer:
                 _pread_into(source, buffer[:count], start + done, name)
                 _pwrite_all(fd, buffer[:count], target + done)
                 done += count
-                self._progress.add(count)
+                self._progress.deliver([(key, count)])
 
     # -- staged blocks -------------------------------------------------------------------
 
-    def _stage(self, tensor: OutputTensor, fd: int, staging: Staging) -> None:
+    def _stage(self, tensor: OutputTensor, fd: int, staging: Staging, key: _Key) -> None:
         """Fill blocks of whole output rows from the pieces, convert, write each block."""
         source = tensor.source
         shape = _byte_shape(source.dtype, source.shape)
@@ -419,7 +403,7 @@ class _Writer:
                 else:
                     data = memoryview(staging.block)[:block]
                 _pwrite_all(fd, data, tensor.start + out)
-                self._progress.add(len(data))
+                self._progress.deliver([(key, len(data))])
 
     def _fill(
         self,

@@ -19,10 +19,10 @@ import torch
 from helpers import sample_tensor
 from sharded_cases import Pieces, grid, split, write_sharded
 
-from hyperckpt import CheckpointError, consolidate, describe
+from hyperckpt import CheckpointError, Progress, consolidate, describe
+from hyperckpt._cli.spawn import spawn_ranks
 from hyperckpt._consolidate.run import MARKER_NAME
 from hyperckpt._consolidate.write import PAUSE_ENV
-from hyperckpt._spawn import spawn_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,12 +40,12 @@ def _checkpoint(root: Path) -> Path:
 
 
 def _consolidate_on_rank(rank: int, world: int, source: str, out: str, fail_rank: int) -> object:
-    def progress(done: int, total: int) -> None:
+    def progress(_: Progress) -> None:
         if rank == fail_rank:
             raise OSError(28, "No space left on device (simulated)")
 
     try:
-        report = consolidate(source, out, max_shard_size="6KB", on_progress=progress)
+        report = consolidate(source, out, max_shard_size="6KB", progress=progress)
     except (CheckpointError, OSError) as err:
         return f"{type(err).__name__}: {err}"
     return report

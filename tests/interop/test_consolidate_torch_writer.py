@@ -25,7 +25,7 @@ from torch.distributed.tensor import Placement, Replicate, Shard, distribute_ten
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from hyperckpt import consolidate, describe
-from hyperckpt._spawn import spawn_ranks
+from hyperckpt._cli.spawn import spawn_ranks
 
 WORLD = 4
 LAYOUTS = ("fsdp", "tp", "fsdp-tp", "fsdp-tp-strided")

@@ -17,10 +17,10 @@ from sharded_cases import grid, split, write_sharded
 
 import hyperckpt
 from hyperckpt import CheckpointChangedError, CheckpointError, consolidate, describe
+from hyperckpt._cli.main import main
 from hyperckpt._consolidate.assign import parse_size
 from hyperckpt._consolidate.run import MARKER_NAME
 from hyperckpt._consolidate.write import MIN_STAGING_BYTES
-from hyperckpt.cli import main
 from hyperckpt.testing import LOADABLE_DTYPES, shard_file_name
 
 
@@ -34,7 +34,7 @@ def test_every_loadable_dtype_in_row_and_column_pieces_is_bit_exact(tmp_path: Pa
     originals: dict[str, torch.Tensor] = {}
     pieces: dict[str, list[tuple[int, torch.Tensor, tuple[int, ...]]]] = {}
     for n, code in enumerate(LOADABLE_DTYPES):
-        dtype = getattr(torch, hyperckpt.format.DTYPES[code].torch_name or "")
+        dtype = getattr(torch, hyperckpt._format.header.DTYPES[code].torch_name or "")
         if code == "F4":
             tensor = torch.randint(0, 256, (7, 6), dtype=torch.uint8).view(dtype)
         elif (dtype.itemsize == 1 and not dtype.is_signed and dtype != torch.uint8) or (
@@ -194,16 +194,39 @@ def test_a_gap_in_the_input_stops_it_before_any_output(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
-def test_an_input_changed_while_read_stops_before_the_file_gets_its_name(tmp_path: Path) -> None:
+@pytest.mark.parametrize("when", ["before its data is read", "while its data is read"])
+def test_an_input_changed_stops_the_run_before_the_file_gets_its_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    from hyperckpt._consolidate import run, write
+
     source, _ = _many(tmp_path)
     victim = source / shard_file_name(1)
 
-    def touch(done: int, total: int) -> None:
+    def append() -> None:
         with open(victim, "ab") as handle:
             handle.write(b"x")
 
-    with pytest.raises(CheckpointChangedError, match=shard_file_name(1)):
-        consolidate(source, tmp_path / "out", on_progress=touch, thread_count=1)
+    if when == "before its data is read":
+        layout = run.torch_sharded_layout
+
+        def described(path: object) -> object:
+            found = layout(path)  # type: ignore[arg-type]
+            append()
+            return found
+
+        monkeypatch.setattr(run, "torch_sharded_layout", described)
+    else:
+        copy = write._Writer._copy_runs
+
+        def copied(self: object, *args: object) -> None:
+            copy(self, *args)  # type: ignore[arg-type]
+            append()
+
+        monkeypatch.setattr(write._Writer, "_copy_runs", copied)
+    with pytest.raises(CheckpointChangedError, match=shard_file_name(1)) as raised:
+        consolidate(source, tmp_path / "out", thread_count=1)
+    assert raised.value.path == shard_file_name(1)
     assert sorted(os.listdir(tmp_path / "out")) == [MARKER_NAME]
 
 
@@ -298,12 +321,12 @@ def test_files_go_to_ranks_largest_first_to_the_least_loaded() -> None:
 
 def test_long_strided_runs_are_read_straight_into_place_in_batches(tmp_path: Path) -> None:
     from hyperckpt._consolidate.write import SCATTER_RUN_BYTES
-    from hyperckpt._sysio import IOV_MAX
+    from hyperckpt._read.sysio import IOV_MAX
 
     deep = sample_tensor((3, 600, 200), torch.float32, seed=11)  # 1800 runs of 400 bytes
     middle = sample_tensor((4, 1200, 100), torch.bfloat16, seed=12)
-    assert 3 * 600 > IOV_MAX
-    assert 100 * 4 >= SCATTER_RUN_BYTES
+    assert IOV_MAX < 3 * 600
+    assert SCATTER_RUN_BYTES <= 100 * 4
     source = write_sharded(
         tmp_path / "sharded", {"deep": split(deep, 2, 2), "middle": split(middle, 1, 3)}
     )

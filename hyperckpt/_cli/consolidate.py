@@ -10,7 +10,8 @@ from typing import Any
 import torch.distributed as dist
 
 from hyperckpt._consolidate.run import DEFAULT_STAGING_BYTES, consolidate
-from hyperckpt.progress import StatusLine, format_bytes
+from hyperckpt._read.progress import format_bytes
+from hyperckpt._read.tracker import ProgressLine
 
 __all__ = ["add_parser"]
 
@@ -68,25 +69,18 @@ def run(args: argparse.Namespace) -> int:
     started = _join_torchrun()
     try:
         rank = dist.get_rank() if dist.is_initialized() else 0
-        status = StatusLine(enabled=None if rank == 0 and not args.json else False)
-
-        def progress(done: int, total: int) -> None:
-            status(f"consolidate: {format_bytes(done)} of {format_bytes(total)} written")
-
-        try:
-            report = consolidate(
-                args.path,
-                args.output,
-                max_shard_size=_size(args.max_shard_size),
-                like=args.like,
-                dtype=args.dtype,
-                overwrite=args.overwrite,
-                staging_bytes=args.staging_bytes,
-                thread_count=args.threads,
-                on_progress=progress,
-            )
-        finally:
-            status.close()
+        line = ProgressLine("consolidate", enabled=None if rank == 0 and not args.json else False)
+        report = consolidate(
+            args.path,
+            args.output,
+            max_shard_size=_size(args.max_shard_size),
+            like=args.like,
+            dtype=args.dtype,
+            overwrite=args.overwrite,
+            staging_bytes=args.staging_bytes,
+            thread_count=args.threads,
+            progress=line,
+        )
         if rank != 0:
             return 0
         if args.json:
