@@ -282,7 +282,8 @@ def test_demo_loads_every_layout_bit_exact_with_nothing_but_torch(tmp_path: Path
     assert done.returncode == 0, done.stdout + done.stderr
     for title in ("FSDP ", "TP ", "FSDP\u00d7TP ", "HSDP "):
         assert title in done.stdout
-    assert done.stdout.count("bit-exact") == 9
+    assert done.stdout.count("bit-exact") == 10  # 9 loads and the consolidated copy
+    assert "Hugging Face files: 19/19 bit-exact" in done.stdout
     broadcast_row = next(line for line in done.stdout.splitlines() if "broadcast on" in line)
     assert "bit-exact" in broadcast_row
     assert "WRONG rows" in done.stdout  # torch's planner on _StridedShard, shown on purpose
@@ -290,3 +291,4 @@ def test_demo_loads_every_layout_bit_exact_with_nothing_but_torch(tmp_path: Path
     assert "all verified" in done.stdout
     assert (out / "huggingface" / INDEX).is_file()
     assert describe(out / "sharded").kind == "torch-sharded"
+    assert describe(out / "consolidated").kind == "huggingface"
