@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from hyperckpt._api import LoadReport, load
 from hyperckpt._cli.sample import write_sample
+from hyperckpt._consolidate import ConsolidateReport, consolidate
 from hyperckpt._format.header import FileHeader, FileStamp, TensorEntry
 from hyperckpt._layout.directory import CheckpointLayout, Piece, TensorLayout, describe
 from hyperckpt._layout.mapping import (
@@ -40,6 +41,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointLayout",
     "CheckpointNotFoundError",
+    "ConsolidateReport",
     "Conversion",
     "FileCheck",
     "FileHeader",
@@ -63,6 +65,7 @@ __all__ = [
     "TorchShardedSafetensorsReader",
     "VerifyReport",
     "__version__",
+    "consolidate",
     "describe",
     "load",
     "verify",

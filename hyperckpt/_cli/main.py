@@ -1,4 +1,4 @@
-"""The ``hyperckpt`` command: inspect, validate, plan and demo.
+"""The ``hyperckpt`` command: inspect, validate, plan, demo and consolidate.
 
 Exit status: 0 when all is well, 1 when the checkpoint is invalid (or a demo load failed),
 2 for a usage error or a path that does not exist or cannot be read.  Errors are one line
@@ -208,6 +208,10 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--keep", action="store_true", help="keep the checkpoints and say where")
     demo.add_argument("--dir", help="write the checkpoints here instead of a temporary directory")
     demo.set_defaults(run=_demo)
+
+    from hyperckpt._cli.consolidate import add_parser as add_consolidate
+
+    add_consolidate(commands, common)
     return parser
 
 

@@ -113,7 +113,10 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], sample: Path) -
 
 
 def test_every_command_has_help(capsys: pytest.CaptureFixture[str]) -> None:
-    for argv in (["--help"], *([c, "--help"] for c in ("inspect", "validate", "plan", "demo"))):
+    for argv in (
+        ["--help"],
+        *([c, "--help"] for c in ("inspect", "validate", "plan", "demo", "consolidate")),
+    ):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 0
@@ -279,7 +282,8 @@ def test_demo_loads_every_layout_bit_exact_with_nothing_but_torch(tmp_path: Path
     assert done.returncode == 0, done.stdout + done.stderr
     for title in ("FSDP ", "TP ", "FSDP\u00d7TP ", "HSDP "):
         assert title in done.stdout
-    assert done.stdout.count("bit-exact") == 10
+    assert done.stdout.count("bit-exact") == 11  # 10 loads and the consolidated copy
+    assert "Hugging Face files: 19/19 bit-exact" in done.stdout
     broadcast_row = next(line for line in done.stdout.splitlines() if "broadcast on" in line)
     assert "bit-exact" in broadcast_row
     # The plain dcp.load call (no planner) puts _StridedShard rows right too.
@@ -290,6 +294,7 @@ def test_demo_loads_every_layout_bit_exact_with_nothing_but_torch(tmp_path: Path
     assert "all verified" in done.stdout
     assert (out / "huggingface" / INDEX).is_file()
     assert describe(out / "sharded").kind == "torch-sharded"
+    assert describe(out / "consolidated").kind == "huggingface"
 
 
 @pytest.mark.distributed
@@ -305,7 +310,7 @@ def test_demo_on_two_ranks_skips_the_layouts_that_need_four_and_succeeds(tmp_pat
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "skipped: needs 4 or more ranks" in done.stdout
-    assert done.stdout.count("bit-exact") == 4  # FSDP and TP, both checkpoints
+    assert done.stdout.count("bit-exact") == 5  # FSDP and TP, both checkpoints; consolidate
     assert "all verified" in done.stdout
     assert "SOME LOADS FAILED" not in done.stdout
 

@@ -20,6 +20,7 @@ STAGES = [
     "hyperckpt._readers",
     "hyperckpt._api",
     "hyperckpt._verify",
+    "hyperckpt._consolidate",
     "hyperckpt._cli",
 ]
 
