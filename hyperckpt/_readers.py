@@ -12,7 +12,8 @@ import logging
 import math
 import os
 import socket
-from typing import ClassVar
+import threading
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -51,10 +52,48 @@ logger = logging.getLogger(__name__)
 BATCH_BYTES = 4 * 2**20
 
 
+class _PerThread:
+    """A reader attribute that is one load's state: each thread that sets it sees its own.
+
+    DCP keeps a load's state on the reader (``reset`` sets the path, ``read_metadata`` and
+    ``set_up_storage_reader`` what ``read_data`` reads), so one reader object used by two
+    threads at once would hand each load the other's checkpoint.  Values set in
+    ``__init__`` are every thread's default; a value set later belongs to the thread that
+    set it.
+    """
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    def __get__(self, reader: object, owner: type | None = None) -> Any:
+        if reader is None:
+            return self
+        state = reader.__dict__
+        own = state["_per_thread"].__dict__  # this thread's values
+        return own[self._name] if self._name in own else state["_defaults"][self._name]
+
+    def __set__(self, reader: object, value: object) -> None:
+        state = reader.__dict__
+        if "_per_thread" in state:
+            setattr(state["_per_thread"], self._name, value)
+        else:
+            state.setdefault("_defaults", {})[self._name] = value
+
+
 class _SafetensorsReader(FileSystemReader):
-    """What both readers share; subclasses say how a directory becomes a layout."""
+    """What both readers share; subclasses say how a directory becomes a layout.
+
+    A load's state (path, layout, storage data, load id, rank) is kept per thread, so one
+    reader may serve loads of different checkpoints from several threads at once.
+    """
 
     _describe: ClassVar[staticmethod[[str | os.PathLike[str]], CheckpointLayout]]
+    path = _PerThread()
+    storage_data = _PerThread()
+    load_id = _PerThread()
+    rank = _PerThread()
+    use_collectives = _PerThread()
+    layout = _PerThread()
 
     def __init__(
         self,
@@ -93,9 +132,10 @@ class _SafetensorsReader(FileSystemReader):
         self.staging_bytes = staging_bytes
         self.broadcast_replicated = broadcast_replicated
         self.process_group = process_group
-        self.layout: CheckpointLayout | None = None
+        self.layout = None
         self.last_stats: LoadStats | None = None
         self.last_broadcast: BroadcastStats | None = None
+        self._per_thread = threading.local()  # from here on, a load's state is per thread
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         """Forget the previous load; point at ``checkpoint_id`` when one is given."""
@@ -114,19 +154,20 @@ class _SafetensorsReader(FileSystemReader):
             CheckpointError: The checkpoint breaks a rule; the message stands on its own.
         """
         layout = self._describe(self.path)
-        self.layout = layout
+        self.layout = layout  # this thread's load
         metadata = to_metadata(layout)
         metadata.storage_meta = StorageMeta(checkpoint_id=str(self.path), load_id=self.load_id)
         return metadata
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         """Read this rank's sub-boxes into the planner's destinations and commit them."""
-        if self.layout is None:
+        layout: CheckpointLayout | None = self.layout
+        if layout is None:
             raise CheckpointError(
-                f"{self.path}: read_data before read_metadata; let dcp.load drive the reader",
+                f"{self.path}: read_data before read_metadata in this thread; let dcp.load "
+                f"drive the reader",
                 path=str(self.path),
             )
-        layout = self.layout
 
         def engine() -> ReadEngine:
             return ReadEngine(
@@ -242,22 +283,15 @@ class TorchShardedSafetensorsReader(_SafetensorsReader):
 def to_metadata(layout: CheckpointLayout) -> Metadata:
     """DCP metadata for a layout: one chunk per stored piece, our own storage info per chunk.
 
-    Raises:
-        CheckpointError: An ``F4`` piece starts at an odd column (torch packs F4 in pairs).
+    Every rule, ``F4`` pieces starting at an even column included, was checked when the
+    layout was described, so a layout ``describe`` accepts always converts.
     """
     state: dict[str, TensorStorageMetadata] = {}
     storage: dict[MetadataIndex, StorageInfo] = {}
     for tensor in layout.tensors.values():
         chunks = []
         for piece in tensor.pieces:
-            offsets = to_torch_shape(tensor.dtype, piece.offsets)
-            if tensor.dtype == "F4" and piece.offsets and piece.offsets[-1] % 2:
-                raise CheckpointError(
-                    f"{piece.file}: tensor {tensor.name!r}: F4 piece at offsets "
-                    f"{list(piece.offsets)} starts mid-byte; torch packs F4 two elements a byte",
-                    path=piece.file,
-                    tensor=tensor.name,
-                )
+            offsets = to_torch_shape(tensor.dtype, piece.offsets)  # describe checked F4's
             sizes = to_torch_shape(tensor.dtype, piece.shape)
             chunks.append(
                 ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))

@@ -498,6 +498,8 @@ def _tile(name: str, found: list[tuple[str, Piece]]) -> TensorLayout:
             )
     pieces = [piece for _, piece in found]
     shape, kept = tiling.tile(name, pieces)
+    if dtype == "F4":
+        _check_f4_pieces(name, kept)
     if any(size >= _MAX_TORCH_SIZE for size in shape):
         raise CheckpointError(
             f"tensor {name!r}: its pieces reach {list(shape)}, a dimension of 2**63 or more, "
@@ -507,6 +509,22 @@ def _tile(name: str, found: list[tuple[str, Piece]]) -> TensorLayout:
             tensor=name,
         )
     return TensorLayout(name, dtype, shape, kept)
+
+
+def _check_f4_pieces(name: str, pieces: Iterable[Piece]) -> None:
+    """torch packs ``F4`` two elements a byte: a piece must start at an even column.
+
+    Only an empty tensor can have such a piece (even widths tiled from 0 start at even
+    columns), but the reader would still refuse it, so ``describe`` does too.
+    """
+    for piece in pieces:
+        if piece.offsets and piece.offsets[-1] % 2:
+            raise CheckpointError(
+                f"{piece.file}: tensor {name!r}: F4 piece at offsets {list(piece.offsets)} "
+                f"starts mid-byte; torch packs F4 two elements a byte",
+                path=piece.file,
+                tensor=name,
+            )
 
 
 def _preview(names: list[str]) -> str:
