@@ -17,6 +17,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
 from hyperckpt._layout.directory import TORCH_SHARDED, CheckpointLayout, Kind, describe
 from hyperckpt._planner.load_planner import LoadPlanner, strided_regions
+from hyperckpt._planner.shapes import shape_mismatch
 from hyperckpt._read.dtypes import to_torch_shape
 from hyperckpt._readers import HuggingFaceStorageReader, TorchShardedSafetensorsReader
 from hyperckpt.errors import CheckpointError
@@ -171,12 +172,8 @@ def _validate(
     wanted = {name: value for name, value in state_dict.items() if name in tensor_shapes}
     for name, value in wanted.items():
         if tuple(value.shape) != tensor_shapes[name]:
-            raise CheckpointError(
-                f"{_file_of(layout, name)}: tensor {name!r} has shape "
-                f"{list(tensor_shapes[name])} in the checkpoint but {list(value.shape)} in the "
-                f"state dict; the checkpoint belongs to another model configuration",
-                path=_file_of(layout, name),
-                tensor=name,
+            raise shape_mismatch(
+                name, tensor_shapes[name], tuple(value.shape), file=_file_of(layout, name)
             )
     return layout, wanted, skipped
 

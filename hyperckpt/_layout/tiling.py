@@ -134,13 +134,9 @@ def _is_exact_tiling(name: str, shape: tuple[int, ...], pieces: Sequence[Box]) -
         CheckpointError: The pieces are cut along so many dimensions that the corners
             exceed the budget (``tiling.too_complex``).
     """
-    if sum(math.prod(p.shape) for p in pieces) != math.prod(shape):
-        return False
     cut = [
         d for d in range(len(shape)) if any(p.offsets[d] or p.shape[d] != shape[d] for p in pieces)
     ]
-    if not cut:
-        return len(pieces) == 1
     if len(cut) > _FREE_CUT_DIMS and len(pieces) << len(cut) > _CORNER_BUDGET:
         raise CheckpointError(
             f"tensor {name!r}: its {len(pieces)} pieces in {_files(pieces)} are cut along "
@@ -150,6 +146,10 @@ def _is_exact_tiling(name: str, shape: tuple[int, ...], pieces: Sequence[Box]) -
             path=pieces[0].file,
             tensor=name,
         )
+    if sum(math.prod(p.shape) for p in pieces) != math.prod(shape):
+        return False
+    if not cut:
+        return len(pieces) == 1
     # Corners as one integer each: the edge's rank among the dimension's distinct edges,
     # in mixed radix over the cut dimensions.
     ranks: list[dict[int, int]] = []
