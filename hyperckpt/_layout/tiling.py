@@ -19,6 +19,7 @@ overlap, a gap), by a sort and a sweep with a work budget.  No torch import here
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 from collections.abc import Sequence
@@ -31,7 +32,7 @@ __all__ = ["Box", "tile"]
 # Work to locate a problem, per tensor: a constant plus a constant per piece, so a checkpoint
 # of many broken tensors costs time linear in its pieces.
 _SEARCH_BASE = 20_000
-_SEARCH_PER_PIECE = 64
+_SEARCH_PER_PIECE = 8
 # Corners the exact check toggles: pieces x 2**(dimensions cut).  Beyond 6 cut dimensions
 # (64 corners a piece) the total is capped; no real tensor is cut along more.
 _FREE_CUT_DIMS = 6
@@ -189,16 +190,17 @@ def _check_disjoint(name: str, pieces: Sequence[Box], ndim: int, *, surely: bool
     # their intervals along it overlap, and tilings are usually cut finely along one axis.
     axis = max(range(ndim), key=lambda d: len({p.offsets[d] for p in pieces}))
     order = sorted(pieces, key=lambda p: p.offsets[axis])
-    active: list[Box] = []
+    active: dict[int, Box] = {}  # pieces whose interval along the axis is still open
+    ends: list[tuple[int, int]] = []  # heap of (end along the axis, index in order)
     budget = _SEARCH_BASE + _SEARCH_PER_PIECE * len(pieces)
-    for piece in order:
+    for index, piece in enumerate(order):
         start = piece.offsets[axis]
-        if any(q.offsets[axis] + q.shape[axis] <= start for q in active):
-            active = [q for q in active if q.offsets[axis] + q.shape[axis] > start]
+        while ends and ends[0][0] <= start:
+            del active[heapq.heappop(ends)[1]]
         budget -= len(active) + 1
         if budget < 0:
             break
-        for other in active:
+        for other in active.values():
             overlap = _intersection(other, piece)
             if overlap is not None:
                 box = ", ".join(f"{lo}:{hi}" for lo, hi in overlap)
@@ -210,7 +212,8 @@ def _check_disjoint(name: str, pieces: Sequence[Box], ndim: int, *, surely: bool
                     path=piece.file,
                     tensor=name,
                 )
-        active.append(piece)
+        active[index] = piece
+        heapq.heappush(ends, (start + piece.shape[axis], index))
     else:
         return
     if surely:
