@@ -151,7 +151,7 @@ def many_files_index(files: int, *, tensors_per_file: int = 1) -> dict[str, obje
 
 def make_not_regular(path: Path, kind: str) -> None:
     """Replace ``path`` (a file, or nothing) by something that is not a regular file."""
-    if path.is_symlink() or path.is_file():
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
         path.unlink()
     if kind == "fifo":
         os.mkfifo(path)

@@ -398,6 +398,7 @@ def _mutate_directory(rng: random.Random, root: Path) -> None:
         source = rng.choice(files)
         target = rng.choice(["shard-00009-model-00001-of-00001.safetensors", "model.safetensors"])
         if source.name != target:
+            _clear(root / target)
             shutil.copyfile(source, root / target)
     elif what == 3 and files:
         victim = rng.choice(files)
@@ -406,7 +407,7 @@ def _mutate_directory(rng: random.Random, root: Path) -> None:
             victim.mkdir()
         else:
             victim.symlink_to(root / "nowhere")
-    elif what == 4 and (root / INDEX).exists():
+    elif what == 4 and (root / INDEX).is_file():  # never read a FIFO or a device
         (root / INDEX).write_text(_mutate_index(rng, (root / INDEX).read_text()))
     elif what == 5 and files:
         victim = rng.choice(files)
@@ -418,7 +419,18 @@ def _mutate_directory(rng: random.Random, root: Path) -> None:
         victim.unlink()
         os.mkfifo(victim)
     else:
+        _clear(root / INDEX)
         (root / INDEX).write_text(json.dumps({"weight_map": {}}) if rng.random() < 0.3 else "{")
+
+
+def _clear(path: Path) -> None:
+    """Remove whatever a hostile mutation left at ``path`` unless it is a regular file:
+    writing to a FIFO would block, to a directory fail, to a ``/dev/zero`` link vanish."""
+    if path.is_symlink() or (os.path.lexists(path) and not path.is_file()):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 def _mutate_index(rng: random.Random, text: str) -> str:
@@ -468,8 +480,8 @@ def _mutate_bomb(rng: random.Random, root: Path) -> str:
     files = _files(root)
     where = rng.choice(["sharding", "header_value", "header_raw", "index"])
     if where == "index" and (root / INDEX).is_file():
-        text = (root / INDEX).read_text()
-        (root / INDEX).write_text(text.rstrip()[:-1] + ', "x": ' + bomb + "}")
+        text = (root / INDEX).read_bytes().rstrip()[:-1]
+        (root / INDEX).write_bytes(text + b', "x": ' + bomb.encode() + b"}")
         return f"bomb:index:{kind}"
     if not files:
         return "bomb:none"
@@ -514,8 +526,11 @@ def _mutate_escaped_name(rng: random.Random, root: Path) -> str:
     header[new] = header.pop(old)
     victim.write_bytes(_join(header, data, rng))
     if (root / INDEX).is_file():
-        index = json.loads((root / INDEX).read_text())
-        weight_map = index.get("weight_map")
+        try:
+            index = json.loads((root / INDEX).read_text())
+        except ValueError:  # broken by an earlier mutation
+            return "name:escaped"
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if isinstance(weight_map, dict) and old in weight_map:
             weight_map[new] = weight_map.pop(old)
             (root / INDEX).write_text(json.dumps(index))
