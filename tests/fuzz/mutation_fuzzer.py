@@ -323,7 +323,7 @@ def _mutate_header(rng: random.Random, blob: bytes) -> bytes:
 def _mutate_sharding(rng: random.Random, raw: str) -> str:
     try:
         info = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return raw + "x"
     if not isinstance(info, dict) or not info:
         return "{}"
@@ -438,7 +438,7 @@ def _mutate_index(rng: random.Random, text: str) -> str:
         index = json.loads(text)
         weight_map = index["weight_map"]
         tensor = rng.choice(list(weight_map))
-    except (ValueError, TypeError, KeyError, IndexError):
+    except (ValueError, TypeError, KeyError, IndexError, RecursionError):
         return text + "x"  # already broken by an earlier mutation
     how = rng.randrange(8)
     if how == 0:
@@ -528,7 +528,7 @@ def _mutate_escaped_name(rng: random.Random, root: Path) -> str:
     if (root / INDEX).is_file():
         try:
             index = json.loads((root / INDEX).read_text())
-        except ValueError:  # broken by an earlier mutation
+        except (ValueError, RecursionError):  # broken by an earlier mutation
             return "name:escaped"
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if isinstance(weight_map, dict) and old in weight_map:
@@ -580,7 +580,7 @@ def _mutate_not_regular(rng: random.Random, root: Path) -> str:
             candidates += [
                 root / f for f in weight_map.values() if isinstance(f, str) and "/" not in f and f
             ]
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
             pass
     target = rng.choice(candidates)
     if target.is_dir() and not target.is_symlink():
