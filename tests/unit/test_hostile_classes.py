@@ -37,10 +37,10 @@ from hyperckpt import (
     describe,
     load,
 )
-from hyperckpt import tiling as tiling_module
 from hyperckpt._format.budget import BUDGET_MIN_CHARS, count_tokens
-from hyperckpt._validate import find_problems
-from hyperckpt.layout import Piece
+from hyperckpt._layout import tiling as tiling_module
+from hyperckpt._layout.directory import Piece
+from hyperckpt._layout.problems import find_problems
 from hyperckpt.testing import encode_file, write_files
 from hyperckpt.testing._hostile import (
     BOMB_KINDS,
