@@ -794,11 +794,12 @@ def _bytes_under(root: Path) -> int:
 
 def run_case(
     seeds: dict[str, Path], work: Path, seed: int, case: int
-) -> tuple[str, list[str], int]:
+) -> tuple[str, list[str], int, int]:
     """Run case ``case`` of ``seed`` in a fresh copy under ``work``.
 
     Returns:
-        The outcome, the mutation kinds, and the bytes of the mutated checkpoint.
+        The outcome, the mutation kinds, the bytes of the mutated checkpoint, and how much
+        checking it (not mutating it: the harness parses bombs too) raised peak memory.
     """
     rng = random.Random(f"{seed}-{case}")
     kind = rng.choice(sorted(seeds))
@@ -811,7 +812,9 @@ def run_case(
             change = (rng.choice(CHANGE_KINDS), rng)
             kinds.append(f"change:{change[0]}")
         size = _bytes_under(root)
-        return check(root, change=change), [f"{kind}:{k}" for k in kinds], size
+        peak = _peak_rss()
+        outcome = check(root, change=change)
+        return outcome, [f"{kind}:{k}" for k in kinds], size, _peak_rss() - peak
     finally:
         for path in root.iterdir() if root.is_dir() else ():
             if not path.is_symlink() and path.is_dir():
@@ -841,8 +844,8 @@ def fuzz(
 
     Every case runs under a time bound (``hang_seconds``, via ``SIGALRM``; a case past it
     is a hang) and a memory bound: the process's peak memory may grow by at most
-    ``MEMORY_BASE + MEMORY_PER_BYTE x`` the case's checkpoint bytes.  The peak only grows,
-    so a case is charged what it adds beyond every earlier case's peak.
+    ``MEMORY_BASE + MEMORY_PER_BYTE x`` the case's checkpoint bytes while it is checked.  The
+    peak only grows, so a case is charged what it adds beyond every earlier peak.
     """
     report = Report()
     begin = time.perf_counter()
@@ -865,9 +868,7 @@ def fuzz(
             try:
                 if use_alarm:
                     signal.setitimer(signal.ITIMER_REAL, hang_seconds)
-                peak = _peak_rss()
-                outcome, kinds, size = run_case(seeds, work, seed, case)
-                grown = _peak_rss() - peak
+                outcome, kinds, size, grown = run_case(seeds, work, seed, case)
                 if grown > MEMORY_BASE + MEMORY_PER_BYTE * size:
                     raise FuzzFailure(
                         f"peak memory grew by {grown >> 20} MiB for a {size}-byte checkpoint "
