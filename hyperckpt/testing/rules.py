@@ -391,6 +391,13 @@ matching error is raised.  Each example message is real: this page is generated 
 `tests/unit/test_rules_doc.py` fails when it is stale.  The checkpoint directory in the
 examples is `ckpt`.
 
+Two guarantees hold for every rule: every path the checkpoint controls is opened one way
+(non-blocking, regular files only, sizes checked before any read), and every JSON text it
+holds (headers, the index, `DCP_SHARDING_INFO`) is counted in linear time before it is
+parsed, so a refusal takes time linear in the input and memory within a small multiple of
+it (at most 6.5x for the worst hostile class measured; see [hostile.md](hostile.md)).
+Messages are one printable line: names from the checkpoint are escaped.
+
 | id | rule | error | example message |
 |---|---|---|---|
 """
