@@ -21,6 +21,7 @@ from hyperckpt._layout.directory import TORCH_SHARDED, CheckpointLayout, Kind, d
 from hyperckpt._layout.mapping import MappedLayout, MappingLike, as_mapping
 from hyperckpt._layout.mapping import Mapping as _Mapping
 from hyperckpt._planner.load_planner import LoadPlanner, strided_regions
+from hyperckpt._planner.shapes import shape_mismatch
 from hyperckpt._read.dtype_policy import Conversion, DtypePolicy, check_policy, enforce
 from hyperckpt._read.dtypes import to_torch_shape
 from hyperckpt._read.tracker import ProgressCallback
@@ -263,13 +264,8 @@ def _validate(
     wanted = {name: value for name, value in state_dict.items() if name in tensor_shapes}
     for name, value in wanted.items():
         if tuple(value.shape) != tensor_shapes[name]:
-            raise CheckpointError(
-                f"{_file_of(layout, name)}: tensor {name!r} has shape "
-                f"{list(tensor_shapes[name])} in the checkpoint but {list(value.shape)} in the "
-                f"state dict{_made_of(mapped, name)}; the checkpoint belongs to another model "
-                f"configuration",
-                path=_file_of(layout, name),
-                tensor=name,
+            raise shape_mismatch(
+                name, tensor_shapes[name], tuple(value.shape), file=_file_of(layout, name)
             )
     return mapped, wanted, skipped
 

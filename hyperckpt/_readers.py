@@ -12,7 +12,8 @@ import logging
 import math
 import os
 import socket
-from typing import ClassVar
+import threading
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -32,7 +33,7 @@ from hyperckpt._broadcast.exchange import BroadcastStats, load_with_broadcast
 from hyperckpt._broadcast.schedule import BroadcastReady, BroadcastSchedule, plan_broadcast
 from hyperckpt._layout.directory import CheckpointLayout, huggingface_layout, torch_sharded_layout
 from hyperckpt._layout.gcpause import collector_paused
-from hyperckpt._layout.mapping import MappedLayout, MappingLike, as_mapping
+from hyperckpt._layout.mapping import MappingLike, as_mapping
 from hyperckpt._planner.plain_call import plan_to_read
 from hyperckpt._read.dtype_policy import (
     Conversion,
@@ -61,10 +62,51 @@ logger = logging.getLogger(__name__)
 BATCH_BYTES = 4 * 2**20
 
 
+class _PerThread:
+    """A reader attribute that is one load's state: each thread that sets it sees its own.
+
+    DCP keeps a load's state on the reader (``reset`` sets the path, ``read_metadata`` and
+    ``set_up_storage_reader`` what ``read_data`` reads), so one reader object used by two
+    threads at once would hand each load the other's checkpoint.  Values set in
+    ``__init__`` are every thread's default; a value set later belongs to the thread that
+    set it.
+    """
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    def __get__(self, reader: object, owner: type | None = None) -> Any:
+        if reader is None:
+            return self
+        state = reader.__dict__
+        own = state["_per_thread"].__dict__  # this thread's values
+        return own[self._name] if self._name in own else state["_defaults"][self._name]
+
+    def __set__(self, reader: object, value: object) -> None:
+        state = reader.__dict__
+        if "_per_thread" in state:
+            setattr(state["_per_thread"], self._name, value)
+        else:
+            state.setdefault("_defaults", {})[self._name] = value
+
+
 class _SafetensorsReader(FileSystemReader):
-    """What both readers share; subclasses say how a directory becomes a layout."""
+    """What both readers share; subclasses say how a directory becomes a layout.
+
+    A load's state (path, layout, mapped layout, metadata, storage data, load id, rank) is
+    kept per thread, so one reader may serve loads of different checkpoints from several
+    threads at once.
+    """
 
     _describe: ClassVar[staticmethod[[str | os.PathLike[str]], CheckpointLayout]]
+    path = _PerThread()
+    storage_data = _PerThread()
+    load_id = _PerThread()
+    rank = _PerThread()
+    use_collectives = _PerThread()
+    layout = _PerThread()
+    mapped = _PerThread()
+    metadata = _PerThread()
 
     def __init__(
         self,
@@ -120,11 +162,12 @@ class _SafetensorsReader(FileSystemReader):
         self.progress = progress
         self.last_conversions: tuple[Conversion, ...] = ()
         self.mapping = None if mapping is None else as_mapping(mapping)
-        self.mapped: MappedLayout | None = None
-        self.layout: CheckpointLayout | None = None
-        self.metadata: Metadata | None = None
+        self.mapped = None
+        self.layout = None
+        self.metadata = None
         self.last_stats: LoadStats | None = None
         self.last_broadcast: BroadcastStats | None = None
+        self._per_thread = threading.local()  # from here on, a load's state is per thread
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         """Forget the previous load; point at ``checkpoint_id`` when one is given."""
@@ -149,7 +192,7 @@ class _SafetensorsReader(FileSystemReader):
         if self.mapping is not None:
             self.mapped = self.mapping.apply(layout)
             layout = self.mapped.layout
-        self.layout = layout
+        self.layout = layout  # this thread's load
         metadata = to_metadata(layout)
         metadata.storage_meta = StorageMeta(checkpoint_id=str(self.path), load_id=self.load_id)
         return metadata
@@ -168,12 +211,13 @@ class _SafetensorsReader(FileSystemReader):
         call), the reads of ``_StridedShard`` DTensors are first re-planned region by region
         (see :mod:`hyperckpt._planner.plain_call`), or the load refused before any read.
         """
-        if self.layout is None or self.metadata is None:
+        layout: CheckpointLayout | None = self.layout
+        if layout is None or self.metadata is None:
             raise CheckpointError(
-                f"{self.path}: read_data before read_metadata; let dcp.load drive the reader",
+                f"{self.path}: read_data before read_metadata in this thread; let dcp.load "
+                f"drive the reader",
                 path=str(self.path),
             )
-        layout = self.layout
         # The policy looks at dtypes per tensor only, so it can refuse before any collective.
         self.last_conversions = plan_conversions(
             plan.items, self.storage_data, planner, self.dtype_policy, where=str(layout.root)
@@ -315,22 +359,15 @@ class TorchShardedSafetensorsReader(_SafetensorsReader):
 def to_metadata(layout: CheckpointLayout) -> Metadata:
     """DCP metadata for a layout: one chunk per stored piece, our own storage info per chunk.
 
-    Raises:
-        CheckpointError: An ``F4`` piece starts at an odd column (torch packs F4 in pairs).
+    Every rule, ``F4`` pieces starting at an even column included, was checked when the
+    layout was described, so a layout ``describe`` accepts always converts.
     """
     state: dict[str, TensorStorageMetadata] = {}
     storage: dict[MetadataIndex, StorageInfo] = {}
     for tensor in layout.tensors.values():
         chunks = []
         for piece in tensor.pieces:
-            offsets = to_torch_shape(tensor.dtype, piece.offsets)
-            if tensor.dtype == "F4" and piece.offsets and piece.offsets[-1] % 2:
-                raise CheckpointError(
-                    f"{piece.file}: tensor {tensor.name!r}: F4 piece at offsets "
-                    f"{list(piece.offsets)} starts mid-byte; torch packs F4 two elements a byte",
-                    path=piece.file,
-                    tensor=tensor.name,
-                )
+            offsets = to_torch_shape(tensor.dtype, piece.offsets)  # describe checked F4's
             sizes = to_torch_shape(tensor.dtype, piece.shape)
             chunks.append(
                 ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))

@@ -5,20 +5,35 @@ from __future__ import annotations
 __all__ = ["CheckpointChangedError", "CheckpointError", "CheckpointNotFoundError"]
 
 
+def printable(text: str) -> str:
+    """``text`` with every character that is not printable escaped the way ``repr`` does.
+
+    File and tensor names come from the checkpoint: a newline or an ESC in one must not
+    forge a log or terminal line, and a name that is not UTF-8 (``os.listdir`` gives lone
+    surrogates for it) must not make printing fail.  ``"a\nb"`` becomes ``a\\nb``,
+    ``"\udcff"`` becomes ``\\udcff``; printable text (any script) is left alone.
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 class CheckpointError(ValueError):
     """A checkpoint, or one of its files, breaks a rule and cannot be loaded.
 
     The message stands on its own: it names the file (relative to the checkpoint), the
     tensor where there is one, the rule, and the likely fix.  DCP keeps only the text of an
-    error raised inside ``dcp.load``, so nothing may depend on the type surviving.
+    error raised inside ``dcp.load``, so nothing may depend on the type surviving.  Names in
+    the message come from the checkpoint, so every character that is not printable is
+    escaped (see :func:`printable`): the message is always one printable line.
 
     Attributes:
-        path: The file or directory at fault, as named in the message, or ``None``.
-        tensor: The tensor at fault, or ``None``.
+        path: The file or directory at fault, as on disk (not escaped), or ``None``.
+        tensor: The tensor at fault (not escaped), or ``None``.
     """
 
     def __init__(self, message: str, *, path: str | None = None, tensor: str | None = None) -> None:
-        super().__init__(message)
+        super().__init__(printable(message))
         self.path = path
         self.tensor = tensor
 

@@ -22,7 +22,7 @@ from hyperckpt._layout.directory import CheckpointLayout, describe
 from hyperckpt._layout.mapping import MappedLayout
 from hyperckpt._read.progress import StatusLine, format_bytes
 from hyperckpt._verify import command as verify_command
-from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
+from hyperckpt.errors import CheckpointError, CheckpointNotFoundError, printable
 
 __all__ = ["main"]
 
@@ -257,7 +257,7 @@ def _inspect(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
         return OK
-    print(f"{summary['path']}: {summary['kind']} checkpoint")
+    print(f"{printable(summary['path'])}: {summary['kind']} checkpoint")
     print(
         f"  {summary['tensor_count']} tensors, {format_bytes(summary['total_bytes'])} "
         f"in {_files(len(summary['files']))}"
@@ -272,14 +272,17 @@ def _inspect(args: argparse.Namespace) -> int:
     print("  files:")
     for file in summary["files"]:
         meta = "" if file["metadata"] is None else f"  __metadata__ {_short(file['metadata'])}"
-        print(f"    {file['name']}  {file['tensors']} tensors  {format_bytes(file['bytes'])}{meta}")
+        line = f"    {file['name']}  {file['tensors']} tensors  {format_bytes(file['bytes'])}{meta}"
+        print(printable(line))  # names and metadata come from the checkpoint
     if summary["largest"]:
         print("  largest tensors:")
         for tensor in summary["largest"]:
             pieces = "" if tensor["pieces"] == 1 else f"  in {tensor['pieces']} pieces"
             print(
-                f"    {tensor['name']}  {tensor['dtype']}{tensor['shape']}  "
-                f"{format_bytes(tensor['bytes'])}{pieces}"
+                printable(
+                    f"    {tensor['name']}  {tensor['dtype']}{tensor['shape']}  "
+                    f"{format_bytes(tensor['bytes'])}{pieces}"
+                )
             )
     if mapped is not None:
         _print_mapping(summary["mapping"], limit=max(args.largest, 10))
@@ -407,7 +410,8 @@ def _validate(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
     elif layout is not None:
         print(
-            f"{args.path}: valid {layout.kind} checkpoint: {len(layout.tensors)} tensors, "
+            f"{printable(str(args.path))}: valid {layout.kind} checkpoint: "
+            f"{len(layout.tensors)} tensors, "
             f"{format_bytes(layout.nbytes)} in {_files(len(layout.files))}"
         )
         if verify_command.wants_data(args):
@@ -415,7 +419,10 @@ def _validate(args: argparse.Namespace) -> int:
     else:
         count = len(findings.problems)
         kind = f" {findings.kind}" if findings.kind else ""
-        print(f"{args.path}: INVALID{kind} checkpoint: {count} problem{'s' * (count != 1)}")
+        print(
+            f"{printable(str(args.path))}: INVALID{kind} checkpoint: {count} "
+            f"problem{'s' * (count != 1)}"
+        )
         for number, problem in enumerate(findings.problems, 1):
             print(f"  {number}. {problem}")
     return OK if layout is not None and data_ok else INVALID
@@ -495,13 +502,13 @@ def _plan(args: argparse.Namespace) -> int:
         return OK
     total_read = sum(r.bytes_read for r in ranks)
     print(
-        f"{layout.root}: {layout.kind} checkpoint, {format_bytes(layout.nbytes)}; "
+        f"{printable(layout.root)}: {layout.kind} checkpoint, {format_bytes(layout.nbytes)}; "
         f"layout {args.layout} on {args.world} ranks, mesh {'x'.join(map(str, mesh))}, "
         f"broadcast of replicated slices {'on' if broadcast else 'off'}"
     )
     print(f"{'rank':>5}  {'mesh':<8}{'reads':>12}{'receives':>12}{'requests':>10}  files")
     for r in ranks:
-        files = ", ".join(r.files) if len(r.files) <= 2 else f"{len(r.files)} files"
+        files = printable(", ".join(r.files)) if len(r.files) <= 2 else f"{len(r.files)} files"
         print(
             f"{r.rank:>5}  {','.join(map(str, r.coordinate)):<8}{format_bytes(r.bytes_read):>12}"
             f"{format_bytes(r.bytes_received):>12}{r.reads:>10}  {files or '-'}"

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import NamedTuple
 
-from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
+from hyperckpt._format.budget import check_budget
+from hyperckpt._format.opener import open_regular
+from hyperckpt.errors import CheckpointError
 
 __all__ = [
     "DTYPES",
@@ -36,18 +36,9 @@ __all__ = [
 #: The reference implementation refuses headers longer than this many bytes.
 MAX_HEADER_LENGTH = 100_000_000
 _LENGTH_PREFIX = 8
-_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _MAX_ELEMENT_BITS = 2**64  # the reference computes elements x bits in 64-bit arithmetic
 _MAX_TORCH_SIZE = 2**63  # torch sizes are int64: a zero-size tensor could claim more
 METADATA_KEY = "__metadata__"
-# Token budget of large headers (see _check_token_budget): the smallest tensor entry,
-# '"a":{"dtype":"U8","shape":[],"data_offsets":[0,0]},', is 51 bytes for 3 containers and
-# 10 quotes; DCP_SHARDING_INFO adds escaped quotes at about the same rate.
-_TOKEN_CHECK_BYTES = 2**20
-_BYTES_PER_CONTAINER = 16
-_BYTES_PER_QUOTE = 4
-_TOKEN_SLACK = 1024
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _ENTRY_KEYS = frozenset({"dtype", "shape", "data_offsets"})
 
 
@@ -98,22 +89,32 @@ _LOADABLE_BITS = {code: info.bits for code, info in DTYPES.items() if info.torch
 class FileStamp:
     """Identity of a file when its header was read, to notice a change before reading data.
 
+    A file rewritten in place, replaced by another (a rename over it, or deleted and
+    created again, even when the file system reuses the inode number) or changed in size
+    differs in at least one field.  ``ctime_ns`` is what catches a rewrite whose
+    modification time was set back (``os.utime``): the kernel sets it on every change of
+    content or metadata, and no call lets a process choose it.  It also changes on
+    ``chmod``, ``chown`` and new hard links, which count as changes too.
+
     Attributes:
         size: File size in bytes.
         mtime_ns: Modification time in nanoseconds since the epoch.
         inode: Inode number (a replaced file gets a new one).
         device: Device number of the file system holding it.
+        ctime_ns: Status change time in nanoseconds since the epoch; ``0`` when unknown
+            (a stamp built from header bytes alone).
     """
 
     size: int
     mtime_ns: int
     inode: int
     device: int
+    ctime_ns: int = 0
 
     @classmethod
     def of(cls, st: os.stat_result) -> FileStamp:
         """The stamp of a ``stat`` result."""
-        return cls(st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+        return cls(st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_ctime_ns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,23 +185,8 @@ def read_header(path: str | os.PathLike[str], *, name: str | None = None) -> Fil
     """
     path = os.fspath(path)
     shown = path if name is None else name
+    fd, st = open_regular(path, shown=shown, expected="a safetensors file")
     try:
-        # O_NONBLOCK: opening a FIFO would otherwise wait for a writer forever; it has no
-        # effect on regular files, and anything else is refused after fstat.
-        fd = os.open(path, os.O_RDONLY | _NONBLOCK)
-    except FileNotFoundError as err:
-        raise CheckpointNotFoundError(
-            f"{shown}: no such file (or a broken symlink); a file of the checkpoint is missing",
-            path=shown,
-        ) from err
-    except OSError as err:
-        raise CheckpointError(f"{shown}: cannot open: {err.strerror or err}", path=shown) from err
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise CheckpointError(
-                f"{shown}: not a regular file; a safetensors file is expected here", path=shown
-            )
         size = st.st_size
         prefix = _pread_exact(fd, min(size, _LENGTH_PREFIX), 0, shown)
         length = _check_prefix(prefix, size, shown)
@@ -341,39 +327,7 @@ def _parse_int(token: str) -> int | float:
     return -0.0 if value == 0 and token.startswith("-") else value
 
 
-def _check_token_budget(raw: bytes, name: str) -> None:
-    """Refuse a large header whose token counts no real header reaches, before parsing it.
-
-    Parsed JSON costs tens of bytes per array, object or string, so a header of tiny tokens
-    (``[[],[],...]``) would take twenty times its size in memory.  Every tensor entry spends
-    at least 17 bytes per array or object and 4 per quote character, so beyond those ratios
-    the header cannot be valid.  Quick byte counts first; brackets inside strings (allowed in
-    names) are only excluded, by a slower exact count, when the quick one trips.
-    """
-    if len(raw) < _TOKEN_CHECK_BYTES:
-        return
-    quotes = raw.count(b'"')
-    if quotes * _BYTES_PER_QUOTE > len(raw) + _TOKEN_SLACK:
-        raise CheckpointError(
-            f"{name}: header of {len(raw)} bytes holds {quotes} quote characters, far more "
-            f"strings than a safetensors header can hold; the file is damaged or hostile",
-            path=name,
-        )
-    containers = raw.count(b"[") + raw.count(b"{")
-    if containers * _BYTES_PER_CONTAINER > len(raw) + _TOKEN_SLACK:
-        outside = _STRING.sub(b'""', raw)
-        containers = outside.count(b"[") + outside.count(b"{")
-        if containers * _BYTES_PER_CONTAINER > len(raw) + _TOKEN_SLACK:
-            raise CheckpointError(
-                f"{name}: header of {len(raw)} bytes holds {containers} JSON arrays and "
-                f"objects, far more than the 3 per tensor of a safetensors header; the file "
-                f"is damaged or hostile",
-                path=name,
-            )
-
-
 def _decode_json(raw: bytes, name: str) -> dict[str, object]:
-    _check_token_budget(raw, name)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -392,13 +346,18 @@ def _decode_json(raw: bytes, name: str) -> dict[str, object]:
 
 
 def decode_strict_json(text: str, name: str, what: str) -> object:
-    """:func:`strict_json`, with every failure turned into a :class:`CheckpointError`.
+    """:func:`strict_json` within a token budget, every failure a :class:`CheckpointError`.
+
+    Every JSON text that comes from a checkpoint goes through here (headers, the index,
+    ``DCP_SHARDING_INFO``): a large text holding more tokens than a real one can is refused
+    by a linear count before it is parsed (see :mod:`hyperckpt._format.budget`).
 
     Args:
         text: The JSON text.
         name: The file, as messages name it.
         what: What the text is, e.g. ``"header"`` or ``"DCP_SHARDING_INFO"``.
     """
+    check_budget(text, name, what)
     try:
         return strict_json(text)
     except DuplicateKeyError as err:

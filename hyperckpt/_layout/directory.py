@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from types import MappingProxyType
 from typing import Final, Literal
 
 from hyperckpt._format.header import FileHeader, decode_strict_json, is_unicode, read_header
+from hyperckpt._format.opener import read_regular
 from hyperckpt._layout import tiling
 from hyperckpt._layout.gcpause import collector_paused
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
@@ -305,37 +305,31 @@ def _read_headers(root: Path, names: Iterable[str]) -> dict[str, FileHeader]:
     return {name: read_header(root / name, name=name) for name in names}
 
 
-def _read_index(root: Path) -> dict[str, str]:
-    index = root / INDEX_NAME
+def read_index_text(root: Path) -> str:
+    """The index's text, read through the guarded opener and refused from its size first.
+
+    Raises:
+        CheckpointNotFoundError: The index vanished (or is a broken symlink).
+        CheckpointError: It is not a regular file, larger than any real index, or not UTF-8.
+    """
+    raw, _ = read_regular(
+        str(root / INDEX_NAME),
+        shown=INDEX_NAME,
+        expected="the index (a JSON file)",
+        limit=_MAX_INDEX_BYTES,
+        over_limit=f"more than any real index ({_MAX_INDEX_BYTES} at most); the file is "
+        f"not a checkpoint index",
+    )
     try:
-        st = index.stat()
-        size = st.st_size
-        if not stat.S_ISREG(st.st_mode):
-            raise CheckpointError(
-                f"{INDEX_NAME}: not a regular file; the index must be a JSON file",
-                path=INDEX_NAME,
-            )
-        if size > _MAX_INDEX_BYTES:
-            raise CheckpointError(
-                f"{INDEX_NAME}: {size} bytes is more than any real index ({_MAX_INDEX_BYTES} "
-                f"at most); the file is not a checkpoint index",
-                path=INDEX_NAME,
-            )
-        raw = index.read_bytes()
-    except FileNotFoundError as err:
-        raise CheckpointNotFoundError(
-            f"{INDEX_NAME}: a broken symlink; the index file is missing", path=INDEX_NAME
-        ) from err
-    except OSError as err:
-        raise CheckpointError(
-            f"{INDEX_NAME}: cannot read: {err.strerror or err}", path=INDEX_NAME
-        ) from err
-    try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as err:
         raise CheckpointError(
             f"{INDEX_NAME}: not valid UTF-8 (byte {err.start})", path=INDEX_NAME
         ) from err
+
+
+def _read_index(root: Path) -> dict[str, str]:
+    text = read_index_text(root)
     document = decode_strict_json(text, INDEX_NAME, "index")
     if not isinstance(document, dict) or "weight_map" not in document:
         raise CheckpointError(
@@ -361,12 +355,13 @@ def _read_index(root: Path) -> dict[str, str]:
             )
         _check_plain_name(file, tensor)
         checked.add(file)
-        missing = not (root / file).is_file()
-        if missing:
+        # Only existence here (a stat, nothing opened): what is there is checked by the
+        # guarded opener when its header is read, so a FIFO or a directory is file.not_regular.
+        if not os.path.exists(root / file):
             raise CheckpointNotFoundError(
-                f"{file}: named by {INDEX_NAME} for tensor {tensor!r} but "
-                f"{'missing (or a broken symlink)' if not (root / file).exists() else 'not a file'}"
-                f"; a shard file of the checkpoint is missing or the download is incomplete",
+                f"{file}: named by {INDEX_NAME} for tensor {tensor!r} but missing (or a "
+                f"broken symlink); a shard file of the checkpoint is missing or the download "
+                f"is incomplete",
                 path=file,
                 tensor=tensor,
             )
@@ -507,6 +502,8 @@ def _tile(name: str, found: list[tuple[str, Piece]]) -> TensorLayout:
             )
     pieces = [piece for _, piece in found]
     shape, kept = tiling.tile(name, pieces)
+    if dtype == "F4":
+        _check_f4_pieces(name, kept)
     if any(size >= _MAX_TORCH_SIZE for size in shape):
         raise CheckpointError(
             f"tensor {name!r}: its pieces reach {list(shape)}, a dimension of 2**63 or more, "
@@ -516,6 +513,22 @@ def _tile(name: str, found: list[tuple[str, Piece]]) -> TensorLayout:
             tensor=name,
         )
     return TensorLayout(name, dtype, shape, kept)
+
+
+def _check_f4_pieces(name: str, pieces: Iterable[Piece]) -> None:
+    """torch packs ``F4`` two elements a byte: a piece must start at an even column.
+
+    Only an empty tensor can have such a piece (even widths tiled from 0 start at even
+    columns), but the reader would still refuse it, so ``describe`` does too.
+    """
+    for piece in pieces:
+        if piece.offsets and piece.offsets[-1] % 2:
+            raise CheckpointError(
+                f"{piece.file}: tensor {name!r}: F4 piece at offsets {list(piece.offsets)} "
+                f"starts mid-byte; torch packs F4 two elements a byte",
+                path=piece.file,
+                tensor=name,
+            )
 
 
 def _preview(names: list[str]) -> str:

@@ -98,21 +98,25 @@ def _huggingface_problems(root: Path) -> list[CheckpointError]:
     weight_map = _lenient_weight_map(root, problems)
     if weight_map is None:
         return problems
+    tensors_of: dict[str, list[str]] = {}  # one pass: each file's tensors, in index order
+    for tensor, file in weight_map.items():
+        tensors_of.setdefault(file, []).append(tensor)
     usable: list[str] = []
-    for file in sorted(set(weight_map.values())):
-        tensor = next(t for t, f in weight_map.items() if f == file)
+    for file in sorted(tensors_of):
+        tensor = tensors_of[file][0]
         try:
             _layout._check_plain_name(file, tensor)
         except CheckpointError as err:
             problems.append(err)
             continue
-        if not (root / file).is_file():
-            others = sum(f == file for f in weight_map.values()) - 1
+        if not os.path.exists(root / file):
+            others = len(tensors_of[file]) - 1
             more = f" (and {others} more)" if others else ""
             problems.append(
                 CheckpointNotFoundError(
-                    f"{file}: named by {INDEX_NAME} for tensor {tensor!r}{more} but missing; a "
-                    f"shard file of the checkpoint is missing or the download is incomplete",
+                    f"{file}: named by {INDEX_NAME} for tensor {tensor!r}{more} but missing (or "
+                    f"a broken symlink); a shard file of the checkpoint is missing or the "
+                    f"download is incomplete",
                     path=file,
                     tensor=tensor,
                 )
@@ -149,9 +153,9 @@ def _huggingface_problems(root: Path) -> list[CheckpointError]:
 def _lenient_weight_map(root: Path, problems: list[CheckpointError]) -> dict[str, str] | None:
     """The index's weight map with every well-formed entry; problems for the others."""
     try:
-        text = (root / INDEX_NAME).read_bytes().decode("utf-8")
+        text = _layout.read_index_text(root)
         document = decode_strict_json(text, INDEX_NAME, "index")
-    except (OSError, UnicodeDecodeError, CheckpointError):
+    except CheckpointError:
         # The strict reader says exactly what is wrong; let describe() report it.
         return None
     entries = document.get("weight_map") if isinstance(document, dict) else None

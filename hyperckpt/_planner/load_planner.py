@@ -25,6 +25,7 @@ from torch.distributed.tensor import DTensor, Partial
 
 from hyperckpt._planner.placements import is_strided
 from hyperckpt._planner.regions import DTENSOR, FSDP, Order, Region, local_regions, orders_differ
+from hyperckpt._planner.shapes import shape_mismatch
 from hyperckpt.errors import CheckpointError
 
 __all__ = ["LoadPlanner", "StridedLayout", "strided_regions"]
@@ -83,11 +84,22 @@ class LoadPlanner(DefaultLoadPlanner):
         """The default plan, with each ``_StridedShard`` DTensor planned by region.
 
         Raises:
-            CheckpointError: A DTensor is ``Partial``, or its regions cannot be matched to
-                its local tensor; the message names the parameter, placements and mesh.
+            CheckpointError: A destination's shape differs from the checkpoint's tensor
+                (naming both shapes, and a missing shard file when the destination is
+                larger), a DTensor is ``Partial``, or its regions cannot be matched to its
+                local tensor; the message names the parameter, placements and mesh.
         """
         assert self.metadata is not None, "set_up_planner runs before create_local_plan"
         known = self.metadata.state_dict_metadata
+        for fqn, value in self.state_dict.items():
+            md = known.get(fqn)
+            # Before DCP's own check, whose message cannot say a shard file is missing.
+            if (
+                isinstance(md, TensorStorageMetadata)
+                and isinstance(value, torch.Tensor)
+                and tuple(value.size()) != tuple(md.size)
+            ):
+                raise shape_mismatch(fqn, tuple(md.size), tuple(value.size()))
         regions = strided_regions(
             {fqn: value for fqn, value in self.state_dict.items() if fqn in known},
             strided_layout=self.strided_layout,

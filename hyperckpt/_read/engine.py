@@ -38,6 +38,7 @@ import torch
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlanner, ReadItem
 
 from hyperckpt._format.header import FileStamp
+from hyperckpt._format.opener import open_regular
 from hyperckpt._read import sysio as _sysio
 from hyperckpt._read.boxes import Box, narrow
 from hyperckpt._read.coalesce import coalesce
@@ -512,11 +513,12 @@ class ReadEngine:
     def _open(self, name: str) -> int:
         path = os.path.join(self._root, name)
         try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError as err:
+            fd, _ = open_regular(path, shown=name, expected="a safetensors file")
+        except CheckpointError as err:
+            # A FIFO, a device or a directory swapped in is refused here, never read.
             raise CheckpointChangedError(
-                f"{name}: cannot open for reading ({err.strerror or err}); it was there when the "
-                f"checkpoint's headers were read, so it was deleted or changed since",
+                f"{err}; it was a regular file when the checkpoint's headers were read, so it "
+                f"was deleted or replaced since; load again once the checkpoint is complete",
                 path=name,
             ) from err
         try:
@@ -532,8 +534,9 @@ class ReadEngine:
         if now != then:
             raise CheckpointChangedError(
                 f"{name}: changed {when} (size {then.size} -> {now.size}, mtime_ns "
-                f"{then.mtime_ns} -> {now.mtime_ns}); its data no longer matches its header; "
-                f"load again once the checkpoint is complete",
+                f"{then.mtime_ns} -> {now.mtime_ns}, ctime_ns {then.ctime_ns} -> "
+                f"{now.ctime_ns}, inode {then.inode} -> {now.inode}); its data no longer "
+                f"matches its header; load again once the checkpoint is complete",
                 path=name,
             )
 

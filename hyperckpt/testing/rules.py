@@ -136,11 +136,36 @@ def _big_index(root: Path) -> object:
 
 
 def _f4_mid_byte(root: Path) -> object:
-    from hyperckpt._readers import TorchShardedSafetensorsReader
-
     # Only an empty F4 tensor can have a piece at an odd column: even widths tile from 0.
     write_files(root, {"shard-00001-a.safetensors": _shard({"w": ("F4", [0, 2], [0, 1])})})
-    return TorchShardedSafetensorsReader(root).read_metadata()
+    return describe(root)
+
+
+def _too_complex(root: Path) -> object:
+    # Two one-element pieces at opposite corners of a 2**22-element box: cut along 22 dims.
+    ndim = 22
+    write_files(
+        root,
+        {
+            _SHARD_A: _shard({"w": ("U8", [1] * ndim, [0] * ndim)}),
+            _SHARD_B: _shard({"w": ("U8", [1] * ndim, [1] * ndim)}),
+        },
+    )
+    return torch_sharded_layout(root)
+
+
+def _shape_larger(root: Path) -> object:
+    import torch
+
+    from hyperckpt._api import load
+
+    # The file with rows 2:4 is missing: the tensor looks like 2 rows, the model wants 4.
+    write_files(root, {_SHARD_A: _shard({"w": ("U8", [2, 2], [0, 0])})})
+    return load({"w": torch.zeros(4, 2, dtype=torch.uint8)}, root)
+
+
+# JSON bombs inside a string and in the index: 2**20 characters of empty arrays.
+_ARRAY_BOMB = "[" + "[]," * (2**20 // 3) + "[]]"
 
 
 def _mapped(
@@ -196,7 +221,7 @@ RULES: tuple[Rule, ...] = (
          r"header is a JSON \w+, not an object", _one_file("[]", b"")),
     Rule("header.too_many_tokens", "A large header has no more strings, arrays or objects "
          "than real headers carry (bounds parsing memory).", _E,
-         r"far more (strings than|than the 3 per tensor)",
+         r"far more (strings|containers) than a real header can hold",
          _one_file("[" + '"",' * 400_000 + '""]', b"")),
     Rule("json.duplicate_key", "No JSON object repeats a key, at any level.", _E,
          r"has the key .* twice",
@@ -251,7 +276,8 @@ RULES: tuple[Rule, ...] = (
          _one_file({"w": _ENTRY}, b"\0\0\0")),
     Rule("file.missing", "Every file of the checkpoint exists.", _NF,
          r"no such file \(or a broken symlink\)", _broken_symlink),
-    Rule("file.not_regular", "Every file of the checkpoint is a regular file.", _E,
+    Rule("file.not_regular", "Every file of the checkpoint, and every file the index names, "
+         "is a regular file (never a FIFO, device or directory; opened without blocking).", _E,
          r"not a regular file", _not_regular),
     Rule("dir.not_found", "The checkpoint path exists.", _NF,
          r"no such file or directory", describe),
@@ -279,11 +305,15 @@ RULES: tuple[Rule, ...] = (
     Rule("index.too_big", "The index is at most 100,000,000 bytes.", _E,
          r"more than any real index", _big_index),
     Rule("index.not_regular", "The index is a regular file.", _E,
-         r"index must be a JSON file", _not_regular_index),
+         r"not a regular file; the index", _not_regular_index),
     Rule("index.not_utf8", "The index is UTF-8.", _E,
          r"model.safetensors.index.json: not valid UTF-8", _two_files(b"\xff")),
     Rule("index.not_json", "The index is JSON without duplicate keys.", _E,
          r"index (is not valid JSON|has the key .* twice|JSON is nested)", _two_files(b"{")),
+    Rule("index.too_many_tokens", "A large index holds no more strings, arrays or objects "
+         "than a real index (bounds parsing memory).", _E,
+         r"index of \d+ characters holds \d+ .*far more",
+         _two_files(('{"weight_map": {"a": "m-1.safetensors"}, "x": ' + _ARRAY_BOMB + "}").encode())),
     Rule("index.no_weight_map", "The index is an object with a `weight_map`.", _E,
          r'must be a JSON object with a "weight_map"', _two_files({"metadata": {}})),
     Rule("index.weight_map_not_object", "`weight_map` is a non-empty object.", _E,
@@ -318,6 +348,10 @@ RULES: tuple[Rule, ...] = (
     Rule("sharded.info_not_json", "`DCP_SHARDING_INFO` is JSON without duplicate keys.", _E,
          r"DCP_SHARDING_INFO (is not valid JSON|has the key .* twice|JSON is nested)",
          _sharded({_SHARD_A: _shard({"w": ("U8", [2], [0])}, info=_INFO[:-1])})),
+    Rule("sharded.info_too_many_tokens", "A large `DCP_SHARDING_INFO` string holds no more "
+         "strings, arrays or objects than real sharding information (bounds parsing memory).", _E,
+         r"DCP_SHARDING_INFO of \d+ characters holds \d+ .*far more",
+         _sharded({_SHARD_A: _shard({"w": ("U8", [2], [0])}, info=_ARRAY_BOMB)})),
     Rule("sharded.info_not_object", "`DCP_SHARDING_INFO` is a JSON object.", _E,
          r"DCP_SHARDING_INFO must be a JSON object",
          _sharded({_SHARD_A: _shard({"w": ("U8", [2], [0])}, info="[]")})),
@@ -343,11 +377,14 @@ RULES: tuple[Rule, ...] = (
          r"both hold a piece at offsets",
          _sharded({_SHARD_A: _shard({"w": ("U8", [2], [0])}), _SHARD_B: _shard({"w": ("U8", [2], [0])})})),
     Rule("tiling.overlap", "Pieces of a tensor are pairwise disjoint.", _E,
-         r"overlap in \[",
+         r"overlap in \[|pieces in .* overlap \(",
          _sharded({_SHARD_A: _shard({"w": ("U8", [3], [0])}), _SHARD_B: _shard({"w": ("U8", [2], [2])})})),
     Rule("tiling.gap", "Pieces of a tensor cover all of it (checked box by box, not by volume).", _E,
          r"a shard file is probably missing",
          _sharded({_SHARD_A: _shard({"w": ("U8", [2, 2], [0, 0])}), _SHARD_D: _shard({"w": ("U8", [2, 2], [2, 2])})})),
+    Rule("tiling.too_complex", "A tensor's pieces are cut along few enough dimensions to "
+         "check (pieces x 2**dimensions cut at most 4,194,304 beyond 6 dimensions).", _E,
+         r"no real tensor is sharded so", _too_complex),
     Rule("reader.f4_mid_byte", "An `F4` piece starts at an even column (torch packs `F4` pairs).", _E,
          r"starts mid-byte", _f4_mid_byte),
     Rule("mapping.source", "Every source a mapping's fused tensor names is in the checkpoint.", _E,
@@ -369,6 +406,9 @@ RULES: tuple[Rule, ...] = (
     Rule("mapping.collision", "No two tensors end up with one name after a mapping.", _E,
          r"two tensors end up named",
          _mapped({"a": _expert([2]), "model.a": _expert([2])}, "strip-model-prefix")),
+    Rule("load.shape_mismatch", "A destination has the checkpoint tensor's shape; a larger one "
+         "means a shard file is probably missing (`hyperckpt.load`, `hyperckpt.LoadPlanner`).", _E,
+         r"a shard file is probably missing \(the one holding", _shape_larger),
 )  # fmt: skip
 
 
@@ -414,6 +454,13 @@ inspect --mapping`).
 What the data holds (checksums, NaN and infinities) and which dtype conversions a load may
 make are checked by `hyperckpt validate --data` and `dtype_policy`: see
 [data checks](data-checks.md).
+
+Two guarantees hold for every rule: every path the checkpoint controls is opened one way
+(non-blocking, regular files only, sizes checked before any read), and every JSON text it
+holds (headers, the index, `DCP_SHARDING_INFO`) is counted in linear time before it is
+parsed, so a refusal takes time linear in the input and memory within a small multiple of
+it (at most 6.5x for the worst hostile class measured; see [hostile.md](hostile.md)).
+Messages are one printable line: names from the checkpoint are escaped.
 
 | id | rule | error | example message |
 |---|---|---|---|

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import random
+import resource
 import shutil
 import signal
 import struct
@@ -41,6 +42,7 @@ from types import FrameType
 import torch
 import torch.distributed.checkpoint as dcp
 from safetensors import safe_open
+from torch.distributed.checkpoint.api import CheckpointException
 
 from hyperckpt import (
     CheckpointError,
@@ -50,6 +52,18 @@ from hyperckpt import (
 )
 from hyperckpt._format.header import DTYPES
 from hyperckpt._read.dtypes import to_torch_dtype, to_torch_shape
+from hyperckpt.testing._hostile import (
+    BOMB_KINDS,
+    CHANGE_KINDS,
+    NOT_REGULAR_KINDS,
+    change_file,
+    grid_tiling,
+    json_bomb,
+    make_not_regular,
+    staircase_columns,
+    staircase_tiling,
+    tiled_shard_files,
+)
 
 logger = logging.getLogger("mutation_fuzzer")
 
@@ -309,7 +323,7 @@ def _mutate_header(rng: random.Random, blob: bytes) -> bytes:
 def _mutate_sharding(rng: random.Random, raw: str) -> str:
     try:
         info = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return raw + "x"
     if not isinstance(info, dict) or not info:
         return "{}"
@@ -384,6 +398,7 @@ def _mutate_directory(rng: random.Random, root: Path) -> None:
         source = rng.choice(files)
         target = rng.choice(["shard-00009-model-00001-of-00001.safetensors", "model.safetensors"])
         if source.name != target:
+            _clear(root / target)
             shutil.copyfile(source, root / target)
     elif what == 3 and files:
         victim = rng.choice(files)
@@ -392,7 +407,7 @@ def _mutate_directory(rng: random.Random, root: Path) -> None:
             victim.mkdir()
         else:
             victim.symlink_to(root / "nowhere")
-    elif what == 4 and (root / INDEX).exists():
+    elif what == 4 and (root / INDEX).is_file():  # never read a FIFO or a device
         (root / INDEX).write_text(_mutate_index(rng, (root / INDEX).read_text()))
     elif what == 5 and files:
         victim = rng.choice(files)
@@ -404,7 +419,18 @@ def _mutate_directory(rng: random.Random, root: Path) -> None:
         victim.unlink()
         os.mkfifo(victim)
     else:
+        _clear(root / INDEX)
         (root / INDEX).write_text(json.dumps({"weight_map": {}}) if rng.random() < 0.3 else "{")
+
+
+def _clear(path: Path) -> None:
+    """Remove whatever a hostile mutation left at ``path`` unless it is a regular file:
+    writing to a FIFO would block, to a directory fail, to a ``/dev/zero`` link vanish."""
+    if path.is_symlink() or (os.path.lexists(path) and not path.is_file()):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 def _mutate_index(rng: random.Random, text: str) -> str:
@@ -412,7 +438,7 @@ def _mutate_index(rng: random.Random, text: str) -> str:
         index = json.loads(text)
         weight_map = index["weight_map"]
         tensor = rng.choice(list(weight_map))
-    except (ValueError, TypeError, KeyError, IndexError):
+    except (ValueError, TypeError, KeyError, IndexError, RecursionError):
         return text + "x"  # already broken by an earlier mutation
     how = rng.randrange(8)
     if how == 0:
@@ -438,13 +464,153 @@ def _mutate_index(rng: random.Random, text: str) -> str:
     return json.dumps(index)
 
 
+# ------------------------------------------------------- hostile, structure-aware (round 2)
+
+_BIG = 2**20  # the token budget starts here: bombs of both sides of it
+
+
+def _bomb_size(rng: random.Random) -> int:
+    return rng.choice([64, 4096, 65536]) if rng.random() < 0.8 else _BIG + rng.randrange(_BIG)
+
+
+def _mutate_bomb(rng: random.Random, root: Path) -> str:
+    """JSON that is cheap on disk but costly to parse or pre-scan, where JSON is parsed."""
+    kind = rng.choice(BOMB_KINDS)
+    bomb = json_bomb(kind, _bomb_size(rng))
+    files = _files(root)
+    where = rng.choice(["sharding", "header_value", "header_raw", "index"])
+    if where == "index" and (root / INDEX).is_file():
+        text = (root / INDEX).read_bytes().rstrip()[:-1]
+        (root / INDEX).write_bytes(text + b', "x": ' + bomb.encode() + b"}")
+        return f"bomb:index:{kind}"
+    if not files:
+        return "bomb:none"
+    victim = rng.choice(files)
+    parsed = _split(victim.read_bytes())
+    if parsed is None:
+        return "bomb:none"
+    header, data = parsed
+    if where == "sharding":
+        meta = header.get("__metadata__")
+        header["__metadata__"] = {**(meta if isinstance(meta, dict) else {}), SHARDING: bomb}
+        victim.write_bytes(_join(header, data, rng))
+    elif where == "header_value":
+        text = json.dumps(header)
+        victim.write_bytes(_join(None, data, rng, raw=text[:-1] + ', "~bomb": ' + bomb + "}"))
+    else:
+        victim.write_bytes(_join(None, data, rng, raw='{"a": ' + bomb))
+    return f"bomb:{where}:{kind}"
+
+
+# Valid names whose JSON needs escapes (backslashes, quotes, control characters) or that
+# hold brackets: the token budget and the loaders must treat them as the text they are.
+_HOSTILE_NAMES = ["a\\b", 'a"b', "[{a}]", "\x1b[2Jx", "a\nb", '\\"' * 50, "\u00e9\\", "\\" * 301]
+
+
+def _mutate_escaped_name(rng: random.Random, root: Path) -> str:
+    """A valid tensor name full of escapes, quotes and brackets: must still load."""
+    files = _files(root)
+    if not files:
+        return "name:none"
+    victim = rng.choice(files)
+    parsed = _split(victim.read_bytes())
+    if parsed is None:
+        return "name:none"
+    header, data = parsed
+    names = [k for k in header if k != "__metadata__"]
+    meta = header.get("__metadata__")
+    if not names or (isinstance(meta, dict) and SHARDING in meta):
+        return "name:none"  # sharded names must match across files: keep them
+    old = rng.choice(names)
+    new = rng.choice(_HOSTILE_NAMES) + old
+    header[new] = header.pop(old)
+    victim.write_bytes(_join(header, data, rng))
+    if (root / INDEX).is_file():
+        try:
+            index = json.loads((root / INDEX).read_text())
+        except (ValueError, RecursionError):  # broken by an earlier mutation
+            return "name:escaped"
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if isinstance(weight_map, dict) and old in weight_map:
+            weight_map[new] = weight_map.pop(old)
+            (root / INDEX).write_text(json.dumps(index))
+    return "name:escaped"
+
+
+def _mutate_tiling(rng: random.Random, root: Path) -> str:
+    """Replace the directory by a staircase or grid tiling of one tensor, maybe broken once."""
+    shape = rng.choice(["staircase", "columns", "grid"])
+    n = rng.randrange(1, 24)
+    if shape == "staircase":
+        pieces = staircase_tiling(n, rng.randrange(1, 3))
+    elif shape == "columns":
+        pieces = staircase_columns(n)
+    else:
+        pieces = grid_tiling(rng.randrange(1, 7), rng.randrange(1, 7), row_size=2)
+    how = rng.choice(["valid", "valid", "drop", "shift", "grow", "duplicate"])
+    pieces = list(pieces)
+    if how != "valid" and len(pieces) > 1:
+        i = rng.randrange(len(pieces))
+        (r, c), (h, w) = pieces[i]
+        if how == "drop":
+            pieces.pop(i)
+        elif how == "shift":
+            pieces[i] = ((r, c + rng.choice([1, -1]) if c else c + 1), (h, w))
+        elif how == "grow":
+            pieces[i] = ((r, c), (h + 1, w))
+        else:
+            pieces.append(pieces[i])
+    for path in list(root.iterdir()):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    for name, blob in tiled_shard_files(pieces, rng=rng).items():
+        (root / name).write_bytes(blob)
+    return f"tiling:{shape}:{how}"
+
+
+def _mutate_not_regular(rng: random.Random, root: Path) -> str:
+    """Anything but a regular file at a path the code opens."""
+    kind = rng.choice(NOT_REGULAR_KINDS)
+    candidates = [*_files(root), root / INDEX, root / "model.safetensors"]
+    if (root / INDEX).is_file():
+        try:
+            weight_map = json.loads((root / INDEX).read_text()).get("weight_map", {})
+            candidates += [
+                root / f for f in weight_map.values() if isinstance(f, str) and "/" not in f and f
+            ]
+        except (ValueError, AttributeError, RecursionError):
+            pass
+    target = rng.choice(candidates)
+    if target.is_dir() and not target.is_symlink():
+        return "not_regular:none"
+    make_not_regular(target, kind)
+    return f"not_regular:{kind}"
+
+
+def mutate_hostile(rng: random.Random, root: Path) -> str:
+    """One structure-aware hostile change (the second round's classes); return its kind."""
+    what = rng.randrange(4)
+    if what == 0:
+        return _mutate_bomb(rng, root)
+    if what == 1:
+        return _mutate_escaped_name(rng, root)
+    if what == 2:
+        return _mutate_tiling(rng, root)
+    return _mutate_not_regular(rng, root)
+
+
 def mutate(rng: random.Random, root: Path) -> list[str]:
     """Apply one to three random mutations to the checkpoint at ``root``; return their kinds."""
     done = []
     for _ in range(rng.choice([1, 1, 1, 2, 3])):
         level = rng.random()
         files = _files(root)
-        if level < 0.15 or not files:
+        if level < 0.12:
+            done.append(mutate_hostile(rng, root))
+            continue
+        if level < 0.2 or not files:
             _mutate_directory(rng, root)
             done.append("directory")
             continue
@@ -493,8 +659,15 @@ class FuzzFailure(AssertionError):
     """An outcome the fuzzer forbids: a foreign exception, wrong data, or a missed refusal."""
 
 
-def check(root: Path) -> str:
+_CHANGED = ("since its header was read", "deleted or replaced since", "while it was being read")
+
+
+def check(root: Path, *, change: tuple[str, random.Random] | None = None) -> str:
     """Describe and load the checkpoint at ``root``; return ``"loaded"`` or ``"refused"``.
+
+    With ``change`` (a :data:`CHANGE_KINDS` kind and a generator), one file of the layout
+    is changed that way after ``read_metadata`` and before ``read_data``: the load must
+    then be refused as changed (``"changed"``) or deliver exactly the bytes of before.
 
     Raises:
         FuzzFailure: The outcome is neither an exact load nor a :class:`CheckpointError`.
@@ -524,8 +697,23 @@ def check(root: Path) -> str:
     reader_type = (
         HuggingFaceStorageReader if layout.kind == "huggingface" else TorchShardedSafetensorsReader
     )
+    reader = reader_type(root, thread_count=2)
+    if change is not None:
+        kind, rng = change
+        victim = root / rng.choice(sorted(layout.files))
+        read_data = reader.read_data
+
+        def changed_then_read(plan: object, planner: object) -> object:
+            change_file(victim, kind, rng)
+            return read_data(plan, planner)  # type: ignore[arg-type]
+
+        reader.read_data = changed_then_read  # type: ignore[method-assign]
     try:
-        dcp.load(state, storage_reader=reader_type(root, thread_count=2))
+        dcp.load(state, storage_reader=reader)
+    except CheckpointException as err:
+        if change is not None and any(text in str(err) for text in _CHANGED):
+            return "changed"
+        raise FuzzFailure(f"describe accepted but dcp.load raised: {err}") from err
     except Exception as err:
         raise FuzzFailure(
             f"describe accepted but dcp.load raised {type(err).__name__}: {err}"
@@ -595,27 +783,70 @@ def _alarm(_signum: int, _frame: FrameType | None) -> None:
     raise _Hang
 
 
-def run_case(seeds: dict[str, Path], work: Path, seed: int, case: int) -> tuple[str, list[str]]:
-    """Run case ``case`` of ``seed`` in a fresh copy under ``work``; return outcome and kinds."""
+def _bytes_under(root: Path) -> int:
+    """Bytes of the regular files in ``root`` (nothing is opened: FIFOs stay closed)."""
+    total = 0
+    for entry in os.scandir(root):
+        if entry.is_file(follow_symlinks=False):
+            total += entry.stat(follow_symlinks=False).st_size
+    return total
+
+
+def run_case(
+    seeds: dict[str, Path], work: Path, seed: int, case: int
+) -> tuple[str, list[str], int, int]:
+    """Run case ``case`` of ``seed`` in a fresh copy under ``work``.
+
+    Returns:
+        The outcome, the mutation kinds, the bytes of the mutated checkpoint, and how much
+        checking it (not mutating it: the harness parses bombs too) raised peak memory.
+    """
     rng = random.Random(f"{seed}-{case}")
     kind = rng.choice(sorted(seeds))
     root = work / f"case-{case}"
     shutil.copytree(seeds[kind], root)
     try:
         kinds = mutate(rng, root)
-        return check(root), [f"{kind}:{k}" for k in kinds]
+        change = None
+        if rng.random() < 0.1:
+            change = (rng.choice(CHANGE_KINDS), rng)
+            kinds.append(f"change:{change[0]}")
+        size = _bytes_under(root)
+        peak = _peak_rss()
+        outcome = check(root, change=change)
+        return outcome, [f"{kind}:{k}" for k in kinds], size, _peak_rss() - peak
     finally:
+        for path in root.iterdir() if root.is_dir() else ():
+            if not path.is_symlink() and path.is_dir():
+                path.chmod(0o755)
         shutil.rmtree(root, ignore_errors=True)
+
+
+#: A case may raise the process's peak memory by at most this much plus
+#: MEMORY_PER_BYTE x the bytes of its checkpoint; more counts as a failure.
+MEMORY_BASE = 16 * 2**20
+MEMORY_PER_BYTE = 16
+
+
+def _peak_rss() -> int:
+    """The process's peak resident memory in bytes (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def fuzz(
     cases: Iterator[int] | range,
     *,
     seed: int,
-    hang_seconds: float | None = None,
+    hang_seconds: float | None = 20.0,
     on_progress: Callable[[Report], None] | None = None,
 ) -> Report:
-    """Run the given cases of ``seed``; forbidden outcomes are collected, not raised."""
+    """Run the given cases of ``seed``; forbidden outcomes are collected, not raised.
+
+    Every case runs under a time bound (``hang_seconds``, via ``SIGALRM``; a case past it
+    is a hang) and a memory bound: the process's peak memory may grow by at most
+    ``MEMORY_BASE + MEMORY_PER_BYTE x`` the case's checkpoint bytes while it is checked.  The
+    peak only grows, so a case is charged what it adds beyond every earlier peak.
+    """
     report = Report()
     begin = time.perf_counter()
     use_alarm = hang_seconds is not None and hasattr(signal, "setitimer")
@@ -628,6 +859,8 @@ def fuzz(
     ):
         warnings.simplefilter("ignore")  # dcp.load warns about running without a process group
         seeds = build_seeds(Path(scratch))
+        for root in seeds.values():
+            check(root)  # warm up: torch's first load allocates for good, count it for no case
         work = Path(scratch) / "work"
         work.mkdir()
         for case in cases:
@@ -635,7 +868,12 @@ def fuzz(
             try:
                 if use_alarm:
                     signal.setitimer(signal.ITIMER_REAL, hang_seconds)
-                outcome, kinds = run_case(seeds, work, seed, case)
+                outcome, kinds, size, grown = run_case(seeds, work, seed, case)
+                if grown > MEMORY_BASE + MEMORY_PER_BYTE * size:
+                    raise FuzzFailure(
+                        f"peak memory grew by {grown >> 20} MiB for a {size}-byte checkpoint "
+                        f"({outcome}; {kinds})"
+                    )
                 report.outcomes[outcome] += 1
                 report.mutations.update(kinds)
             except FuzzFailure as err:
@@ -667,7 +905,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--case", type=int, help="run this one case and show its failure")
     parser.add_argument("--hang-seconds", type=float, default=20.0)
+    parser.add_argument(
+        "--memory-limit-mb",
+        type=int,
+        help="hard cap on the process's data segment (RLIMIT_DATA): a blow-up past it is a "
+        "MemoryError in the case, not the machine's out-of-memory killer",
+    )
     args = parser.parse_args(argv)
+    if args.memory_limit_mb:
+        limit = args.memory_limit_mb * 2**20
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     cases = (
         range(args.case, args.case + 1)

@@ -66,10 +66,15 @@ def test_a_case_mutates_the_same_way_every_time(tmp_path: Path) -> None:
 
 
 def test_a_seeded_slice_of_mutations_only_loads_exactly_or_raises_checkpoint_errors() -> None:
-    report = fuzz(range(CI_CASES), seed=CI_SEED)
+    # Each case under a 60 s time bound (generous for a loaded CI box) and a memory bound.
+    report = fuzz(range(CI_CASES), seed=CI_SEED, hang_seconds=60.0)
     shown = "\n".join(f"case {case}: {message}" for case, message in report.failures[:10])
     assert not report.failures, f"{len(report.failures)} forbidden outcomes:\n{shown}"
     assert report.cases == CI_CASES
     # Both outcomes occur, so the slice exercises loads as well as refusals.
     assert report.outcomes["loaded"] > 100
     assert report.outcomes["refused"] > 1000
+    assert report.outcomes["changed"] > 10  # files changed between metadata and data
+    # Every structure-aware family of the second hostile round runs in the slice.
+    families = {kind.split(":")[1] for kind in report.mutations}
+    assert {"bomb", "name", "tiling", "not_regular", "change"} <= families

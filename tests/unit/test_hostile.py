@@ -112,7 +112,7 @@ _BOMB_BYTES = 6 * 2**20
     [
         (b"[],", "arrays"),
         (b"{},", "arrays"),
-        (b'"ab",', "quote"),
+        (b'"ab",', "strings"),
         (b"[[]],", "arrays"),
     ],
     ids=["empty-arrays", "empty-objects", "short-strings", "nested-arrays"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -182,11 +183,15 @@ def test_a_broken_symlink_the_index_names_is_not_found(tmp_path: Path) -> None:
     assert info.value.path == B
 
 
-def test_a_directory_the_index_names_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("make", [os.mkdir, os.mkfifo], ids=["directory", "fifo"])
+def test_a_non_regular_file_the_index_names_is_not_regular_rather_than_missing(
+    tmp_path: Path, make: Callable[[Path], None]
+) -> None:
     root = two_files(tmp_path, {"a": A, "b": B, "c": "sub.safetensors"})
-    (root / "sub.safetensors").mkdir()
-    with pytest.raises(CheckpointError, match="not a file") as info:
+    make(root / "sub.safetensors")
+    with pytest.raises(CheckpointError, match="not a regular file") as info:
         huggingface_layout(root)
+    assert not isinstance(info.value, FileNotFoundError)
     assert info.value.path == "sub.safetensors"
 
 
@@ -278,7 +283,7 @@ def test_metadata_in_the_header_is_exposed_not_misread_as_a_tensor(tmp_path: Pat
 def test_an_index_that_is_a_directory_is_refused(tmp_path: Path) -> None:
     root = write_files(tmp_path / "ckpt", {A: u8("a")})
     (root / INDEX).mkdir()
-    refused(root, "not a regular file; the index must be a JSON file", path=INDEX)
+    refused(root, "a directory, not a regular file; the index", path=INDEX)
 
 
 def test_model_safetensors_beside_an_index_holding_the_same_tensors_is_named_in_a_warning(
