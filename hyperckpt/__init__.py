@@ -9,9 +9,10 @@ dcp.load(state_dict, storage_reader=HuggingFaceStorageReader("/models/Llama-3-8B
 from __future__ import annotations
 
 from hyperckpt._api import LoadReport, load
+from hyperckpt._broadcast.headers import describe
 from hyperckpt._cli.sample import write_sample
 from hyperckpt._format.header import FileHeader, FileStamp, TensorEntry
-from hyperckpt._layout.directory import CheckpointLayout, Piece, TensorLayout, describe
+from hyperckpt._layout.directory import CheckpointLayout, Piece, TensorLayout
 from hyperckpt._planner.load_planner import LoadPlanner
 from hyperckpt._read.engine import LoadStats, StorageInfo
 from hyperckpt._readers import HuggingFaceStorageReader, TorchShardedSafetensorsReader

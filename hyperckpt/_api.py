@@ -15,7 +15,8 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.planner import LoadPlanner as DcpLoadPlanner
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-from hyperckpt._layout.directory import TORCH_SHARDED, CheckpointLayout, Kind, describe
+from hyperckpt._broadcast.headers import HeaderReads, describe
+from hyperckpt._layout.directory import TORCH_SHARDED, CheckpointLayout, Kind
 from hyperckpt._planner.load_planner import LoadPlanner, strided_regions
 from hyperckpt._read.dtypes import to_torch_shape
 from hyperckpt._readers import HuggingFaceStorageReader, TorchShardedSafetensorsReader
@@ -96,7 +97,9 @@ def load(
     begin = time.perf_counter()
     # A refusal on one rank must stop every rank, or the others wait in collectives.
     try:
-        layout, wanted, skipped = _validate(state_dict, path, allow_missing)
+        layout, wanted, skipped = _validate(
+            state_dict, path, allow_missing, process_group, reader_options or {}
+        )
         failure = None
     except CheckpointError as err:
         failure = err
@@ -119,6 +122,7 @@ def load(
         TorchShardedSafetensorsReader if layout.kind == TORCH_SHARDED else HuggingFaceStorageReader
     )
     reader = reader_type(path, **options)
+    reader.described = layout  # validated above: read_metadata reads no header again
     with warnings.catch_warnings():
         # One process without a process group is a supported use here, not a mistake.
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
@@ -145,9 +149,23 @@ def _validate(
     state_dict: Mapping[str, torch.Tensor],
     path: str | os.PathLike[str],
     allow_missing: bool | Collection[str],
+    group: dist.ProcessGroup | None,
+    reader_options: Mapping[str, object],
 ) -> tuple[CheckpointLayout, dict[str, torch.Tensor], list[str]]:
-    """The validated layout, the entries to load, and the keys skipped as allowed."""
-    layout = describe(path)
+    """The validated layout, the entries to load, and the keys skipped as allowed.
+
+    Under torch.distributed one rank reads the headers (``header_reads`` among the reader
+    options says otherwise) and the others ``stat`` their files.
+    """
+    header_reads = cast(HeaderReads, reader_options.get("header_reads", "once"))
+    if header_reads == "auto":
+        header_reads = "once"
+    distributed = dist.is_available() and dist.is_initialized()
+    layout = describe(
+        path,
+        process_group=(group or dist.group.WORLD) if distributed else None,
+        header_reads=header_reads,
+    )
     tensor_shapes = {
         name: to_torch_shape(tensor.dtype, tensor.shape) for name, tensor in layout.tensors.items()
     }

@@ -102,18 +102,22 @@ class FileStamp:
         size: File size in bytes.
         mtime_ns: Modification time in nanoseconds since the epoch.
         inode: Inode number (a replaced file gets a new one).
-        device: Device number of the file system holding it.
+        device: Device number of the file system holding it (differs between hosts
+            mounting the same file system).
+        ctime_ns: Status-change time in nanoseconds since the epoch (a writer cannot set
+            it back the way it can set ``mtime``); 0 when unknown.
     """
 
     size: int
     mtime_ns: int
     inode: int
     device: int
+    ctime_ns: int = 0
 
     @classmethod
     def of(cls, st: os.stat_result) -> FileStamp:
         """The stamp of a ``stat`` result."""
-        return cls(st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+        return cls(st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_ctime_ns)
 
 
 @dataclass(frozen=True, slots=True)
