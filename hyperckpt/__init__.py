@@ -9,6 +9,7 @@ dcp.load(state_dict, storage_reader=HuggingFaceStorageReader("/models/Llama-3-8B
 from __future__ import annotations
 
 from hyperckpt._api import LoadReport, load
+from hyperckpt._broadcast.costs import CostModel
 from hyperckpt._broadcast.headers import describe
 from hyperckpt._cli.sample import write_sample
 from hyperckpt._format.header import FileHeader, FileStamp, TensorEntry
@@ -23,6 +24,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointLayout",
     "CheckpointNotFoundError",
+    "CostModel",
     "FileHeader",
     "FileStamp",
     "HuggingFaceStorageReader",

@@ -16,6 +16,7 @@ from torch.distributed.checkpoint.planner import LoadPlanner as DcpLoadPlanner
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
 from hyperckpt._broadcast.headers import HeaderReads, describe
+from hyperckpt._broadcast.strategy import Exchange
 from hyperckpt._layout.directory import TORCH_SHARDED, CheckpointLayout, Kind
 from hyperckpt._planner.load_planner import LoadPlanner, strided_regions
 from hyperckpt._read.dtypes import to_torch_shape
@@ -61,6 +62,7 @@ def load(
     planner: DcpLoadPlanner | None = None,
     allow_missing: bool | Collection[str] = False,
     thread_count: int | None = None,
+    exchange: Exchange = "auto",
     reader_options: Mapping[str, object] | None = None,
 ) -> LoadReport:
     """Load a safetensors checkpoint of either kind into ``state_dict``, in place.
@@ -82,6 +84,8 @@ def load(
             in :attr:`LoadReport.skipped`; ``True`` allows any key.  Typically tied weights:
             ``allow_missing={"lm_head.weight"}``.
         thread_count: Reads in flight per rank (see the readers).
+        exchange: How ranks share the reading: ``"off"``, ``"replicated"``, ``"striped"``
+            or ``"auto"`` (the cost model's pick; ``"off"`` on one host).  See the readers.
         reader_options: Further keyword options for the reader's constructor.
 
     Returns:
@@ -116,6 +120,8 @@ def load(
         _agree(failure, process_group)
     options: dict[str, Any] = dict(reader_options or {})
     options.setdefault("thread_count", thread_count)
+    if "broadcast_replicated" not in options:
+        options.setdefault("exchange", exchange)
     if process_group is not None:
         options.setdefault("process_group", process_group)
     reader_type = (

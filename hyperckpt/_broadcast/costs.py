@@ -21,7 +21,7 @@ cache, so exchanging bytes only adds copies.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
@@ -33,7 +33,15 @@ from hyperckpt._read.boxes import Box
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.engine import CHUNK_BYTES, MAX_GAP, StorageInfo
 
-__all__ = ["STRATEGIES", "CostModel", "StrategyCost", "choose_exchange", "compare", "estimate"]
+__all__ = [
+    "STRATEGIES",
+    "CostModel",
+    "StrategyCost",
+    "choose_exchange",
+    "compare",
+    "estimate",
+    "pick",
+]
 
 STRATEGIES: tuple[Strategy, ...] = ("off", "replicated", "striped")
 
@@ -148,8 +156,16 @@ def choose_exchange(
     results = compare(
         plans, hosts, storage, model, round_bytes=round_bytes, batch_bytes=batch_bytes
     )
-    best = min(STRATEGIES, key=lambda s: (results[s][0].seconds, STRATEGIES.index(s)))
+    best = pick({s: cost for s, (cost, _) in results.items()}, hosts=len(set(hosts)))
     return best, results[best][1]
+
+
+def pick(costs: Mapping[Strategy, StrategyCost], *, hosts: int) -> Strategy:
+    """The strategy ``"auto"`` picks from predicted costs: ``"off"`` on one host, else the
+    fastest, ties to the simpler one (``off``, then ``replicated``, then ``striped``)."""
+    if hosts < 2 or not costs:
+        return "off"
+    return min(costs, key=lambda s: (costs[s].seconds, STRATEGIES.index(s)))
 
 
 def estimate(

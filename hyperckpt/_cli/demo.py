@@ -61,7 +61,7 @@ class DemoRow:
     Attributes:
         layout: One of :data:`LAYOUTS`, ``"fsdp-tp-torch"`` for FSDPxTP through torch's
             default planner (shown to make its silent error visible), or
-            ``"hsdp-broadcast"`` for HSDP with ``broadcast_replicated=True``.
+            ``"hsdp-broadcast"`` for HSDP with ``exchange="replicated"``.
         checkpoint: ``"huggingface"`` or ``"torch-sharded"``.
         mesh: The device mesh's shape.
         seconds: The slowest rank's ``dcp.load`` wall time, in seconds.
@@ -400,7 +400,7 @@ def _load(
         HuggingFaceStorageReader if checkpoint == "huggingface" else TorchShardedSafetensorsReader
     )
     # On one host the readers broadcast replicated slices only when told to.
-    reader = reader_type(path, broadcast_replicated=True if layout == "hsdp-broadcast" else None)
+    reader = reader_type(path, exchange="replicated" if layout == "hsdp-broadcast" else "auto")
     dist.barrier()
     begin = time.perf_counter()
     dcp_load(state, storage_reader=reader, planner=planner() if planner is not None else None)

@@ -29,6 +29,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Placement, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.placement_types import _StridedShard
 
+import hyperckpt
 from hyperckpt import HuggingFaceStorageReader, LoadPlanner, TorchShardedSafetensorsReader
 from hyperckpt._cli.spawn import spawn_ranks
 
@@ -130,6 +131,13 @@ def _run_ranks(rank: int, world_size: int, root: str) -> dict[str, Any]:
     os.environ["HYPERCKPT_HOST"] = f"host{rank // 2}"
     for case in CASES:
         out[case] = _load(Path(root), case, "striped")
+    state, expected = _state("hsdp")
+    report = hyperckpt.load(state, Path(root, "hf"), exchange="striped")
+    out["hyperckpt.load"] = {
+        "problems": [n for n, v in state.items() if mismatch(v.to_local(), expected[n])],
+        "bytes_read": sum(report.bytes_read),
+        "bytes_received": report.bytes_received,
+    }
     del os.environ["HYPERCKPT_HOST"]
     out["auto one host"] = _load(Path(root), "fsdp", "auto")
     dist.barrier()
@@ -201,6 +209,14 @@ def test_reads_are_spread_over_every_rank(ranks: list[dict[str, Any]], case: str
     # Stripes are cut on row boundaries: the ranks' shares differ by at most a large row.
     largest_row = 96 * 4 * 2
     assert max(shares) - min(shares) <= largest_row, shares
+
+
+@pytest.mark.distributed
+def test_hyperckpt_load_takes_the_striped_exchange_too(ranks: list[dict[str, Any]]) -> None:
+    outcome = ranks[0]["hyperckpt.load"]
+    assert [out["hyperckpt.load"]["problems"] for out in ranks] == [[]] * WORLD
+    assert outcome["bytes_read"] == _data_bytes()
+    assert all(received > 0 for received in outcome["bytes_received"])
 
 
 @pytest.mark.distributed

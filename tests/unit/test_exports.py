@@ -14,6 +14,7 @@ PUBLIC = [
     "CheckpointError",
     "CheckpointLayout",
     "CheckpointNotFoundError",
+    "CostModel",
     "FileHeader",
     "FileStamp",
     "HuggingFaceStorageReader",
