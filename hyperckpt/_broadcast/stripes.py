@@ -15,6 +15,7 @@ each rank through ``LoadPlan.storage_data``.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -190,7 +191,7 @@ def plan_stripes(
     fanout = _fanout(wanted, extents, chunks)
     part_bytes = max(1, round_bytes // max(1, round(fanout)))
     parts = _parts(stripes, chunks, part_bytes)
-    requests = {chunk: sorted(boxes) for chunk, boxes in wanted.items()}
+    requests = {chunk: _Requests(boxes) for chunk, boxes in wanted.items()}
     return _schedule(parts, requests, chunks, world, round_bytes)
 
 
@@ -278,15 +279,16 @@ def _parts(
 
 def _schedule(
     parts: dict[int, list[tuple[ChunkKey, int, int]]],
-    requests: dict[ChunkKey, list[tuple[int, int, int, ItemKey, int]]],
+    requests: dict[ChunkKey, _Requests],
     chunks: dict[ChunkKey, ChunkRows],
     world: int,
     round_bytes: int,
 ) -> tuple[list[StripeSchedule], StripeTotals]:
     """Place parts in rounds (bounded reads and receipts per rank) and route their boxes."""
     queues = {reader: list(reversed(own)) for reader, own in parts.items()}
+    routed: dict[tuple[ChunkKey, int, int], tuple[list[_Box], dict[int, int]]] = {}
     placed: list[StripePart] = []
-    boxes_of: dict[int, list[tuple[int, tuple[int, int], ItemKey, int]]] = {}
+    boxes_of: dict[int, list[_Box]] = {}
     number = 0
     while any(queues.values()):
         read = dict.fromkeys(range(world), 0)
@@ -296,17 +298,21 @@ def _schedule(
             while queue:
                 chunk, first, stop = queue[-1]
                 nbytes = (stop - first) * chunks[chunk].row_bytes
-                boxes = _boxes(requests[chunk], first, stop)
-                incoming: dict[int, int] = {}
-                for receiver, _, _, size in boxes:
-                    if receiver != reader:
-                        incoming[receiver] = incoming.get(receiver, 0) + size
+                if (chunk, first, stop) not in routed:
+                    boxes = requests[chunk].within(first, stop)
+                    incoming: dict[int, int] = {}
+                    for receiver, _, _, size in boxes:
+                        if receiver != reader:
+                            incoming[receiver] = incoming.get(receiver, 0) + size
+                    routed[chunk, first, stop] = boxes, incoming
+                boxes, incoming = routed[chunk, first, stop]
                 fits = read[reader] + nbytes <= round_bytes and all(
                     received[r] + size <= round_bytes for r, size in incoming.items()
                 )
                 if not fits and (read[reader] or any(received[r] for r in incoming)):
                     break
                 queue.pop()
+                del routed[chunk, first, stop]
                 index = len(placed)
                 placed.append(StripePart(number, reader, chunk, (first, stop)))
                 read[reader] += nbytes
@@ -317,23 +323,35 @@ def _schedule(
     return _messages(placed, boxes_of, chunks, world, number)
 
 
-def _boxes(
-    requests: list[tuple[int, int, int, ItemKey, int]], first: int, stop: int
-) -> list[tuple[int, tuple[int, int], ItemKey, int]]:
-    """The requests' rows within ``[first, stop)``: ``(rank, rows, key, nbytes)``."""
-    found = []
-    for begin, end, rank, key, row in requests:
-        if begin >= stop:
-            break
-        low, high = max(begin, first), min(end, stop)
-        if low < high:
-            found.append((rank, (low, high), key, (high - low) * row))
-    return found
+#: A request's rows within a part: ``(rank, (first, stop), request, bytes)``.
+_Box = tuple[int, tuple[int, int], ItemKey, int]
+
+
+class _Requests:
+    """One chunk's requests, sorted by first row, searchable by a row range."""
+
+    def __init__(self, boxes: list[tuple[int, int, int, ItemKey, int]]) -> None:
+        self.boxes = sorted(boxes)
+        self.begins = [box[0] for box in self.boxes]
+        self.reach: list[int] = []  # the largest stop among the first i + 1 requests
+        for box in self.boxes:
+            self.reach.append(max(box[1], self.reach[-1] if self.reach else box[1]))
+
+    def within(self, first: int, stop: int) -> list[_Box]:
+        """The requests' rows within ``[first, stop)``."""
+        low = bisect.bisect_right(self.reach, first)
+        high = bisect.bisect_left(self.begins, stop)
+        found = []
+        for begin, end, rank, key, row in self.boxes[low:high]:
+            a, b = max(begin, first), min(end, stop)
+            if a < b:
+                found.append((rank, (a, b), key, (b - a) * row))
+        return found
 
 
 def _messages(
     placed: list[StripePart],
-    boxes_of: dict[int, list[tuple[int, tuple[int, int], ItemKey, int]]],
+    boxes_of: dict[int, list[_Box]],
     chunks: dict[ChunkKey, ChunkRows],
     world: int,
     rounds: int,
@@ -348,10 +366,10 @@ def _messages(
             offset = _aligned(route[-1].offset + route[-1].nbytes) if route else 0
             route.append(StripeSlot(key, len(mine), rows, offset, nbytes))
         mine.append(part)
-    messages = [
-        StripeMessage(r, s, t, tuple(route), route[-1].offset + route[-1].nbytes)
-        for (r, s, t), route in sorted(slots.items())
-    ]
+    messages = []
+    for r, s, t in sorted(slots):
+        route = slots[r, s, t]
+        messages.append(StripeMessage(r, s, t, tuple(route), route[-1].offset + route[-1].nbytes))
     mine_messages: dict[int, list[StripeMessage]] = {}
     for message in messages:
         mine_messages.setdefault(message.source, []).append(message)
@@ -363,9 +381,7 @@ def _messages(
             world,
             rounds,
             tuple(own_parts.get(rank, ())),
-            tuple(
-                sorted(mine_messages.get(rank, ()), key=lambda m: (m.round, m.source, m.receiver))
-            ),
+            tuple(mine_messages.get(rank, ())),  # in (round, source, receiver) order
         )
         for rank in range(world)
     ]
