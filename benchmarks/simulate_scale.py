@@ -130,13 +130,18 @@ def _schedule_entries(plans: list[object]) -> tuple[int, int]:
 
 
 def simulate(
-    model: str, layout: str, world: int, cost_model: CostModel, checkpoint: CheckpointLayout
+    model: str,
+    layout: str,
+    world: int,
+    cost_model: CostModel,
+    checkpoint: CheckpointLayout,
+    ranks_per_host: int = RANKS_PER_HOST,
 ) -> dict[str, object]:
     """One model x layout x world: every exchange planned, timed and priced."""
-    hosts = max(1, world // RANKS_PER_HOST)
+    hosts = max(1, world // ranks_per_host)
     gc.collect()
     begin = time.perf_counter()
-    tp = min(RANKS_PER_HOST, world)
+    tp = min(ranks_per_host, world)
     _, plans, _, infos = rank_plans(checkpoint, layout, world, tp=tp, replicas=hosts)
     dcp_seconds = time.perf_counter() - begin
     names = hosts_of(world, hosts)
@@ -149,6 +154,7 @@ def simulate(
         "layout": layout,
         "world": world,
         "hosts": hosts,
+        "ranks_per_host": ranks_per_host,
         "read_items": sum(len(p.items) for p in plans),
         "item_planning_seconds": dcp_seconds,
         "checkpoint_bytes": checkpoint.nbytes,
@@ -230,9 +236,9 @@ def _plot(rows: list[dict[str, object]], out: Path, title: str) -> None:
             axis.plot(worlds, seconds, marker=marker, label=strategy)
         axis.set_xscale("log", base=2)
         axis.set_yscale("log")
-        axis.set_xticks(worlds, [f"{w}\n{max(1, w // RANKS_PER_HOST)}h" for w in worlds])
+        axis.set_xticks(worlds, [f"{r['world']}\n{r['hosts']}h" for r in mine])
         axis.set_title(f"{model}, {layout}", fontsize=10)
-        axis.set_xlabel("ranks / hosts (8 ranks per host)", fontsize=8)
+        axis.set_xlabel("ranks / hosts", fontsize=8)
         axis.set_ylabel("predicted load time (s)", fontsize=8)
         axis.grid(True, which="both", alpha=0.3)
         axis.legend(fontsize=8)
@@ -258,8 +264,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--storage-gbps", type=float, default=2.0)
     parser.add_argument("--interconnect-gbps", type=float, default=25.0)
     parser.add_argument("--read-latency-ms", type=float, default=1.0)
+    parser.add_argument("--ranks-per-host", type=int, default=RANKS_PER_HOST)
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
+    parser.add_argument(
+        "--render",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="simulate nothing: merge these reports into one table and plot",
+    )
     args = parser.parse_args(argv)
+    if args.render:
+        return _render(args.render, args.out)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     cost_model = CostModel(
         storage_gbps=args.storage_gbps,
@@ -276,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
                 if len(checkpoint.tensors) * world > args.max_items:
                     skipped.append(f"{model} {layout} {world}")
                     continue
-                row = simulate(model, layout, world, cost_model, checkpoint)
+                row = simulate(model, layout, world, cost_model, checkpoint, args.ranks_per_host)
                 logger.info(
                     "%s %s %d ranks: %s (auto: %s), stripe planner %.2f s",
                     model,
@@ -287,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
                     row["striped"]["planner_seconds"],  # type: ignore[index]
                 )
                 rows.append(row)
+                args.out.mkdir(parents=True, exist_ok=True)  # partial results survive a kill
+                (args.out / "simulate_scale.partial.json").write_text(json.dumps(rows, indent=1))
     command = "python " + " ".join(
         shlex.quote(a) for a in ["benchmarks/simulate_scale.py", *sys.argv[1:]]
     )
@@ -307,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "simulate_scale.json").write_text(json.dumps(report, indent=1))
+    (args.out / "simulate_scale.partial.json").unlink(missing_ok=True)
     table = _table(rows)
     (args.out / "simulate_scale.md").write_text(
         f"`{command}`\n\nModel: storage {cost_model.storage_gbps:g} GB/s per host, "
@@ -326,6 +345,32 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         logger.warning("matplotlib is not installed: no plot")
     sys.stdout.write(table)
+    return 0
+
+
+def _render(reports: list[Path], out: Path) -> int:
+    """One table and plot from several reports (runs made with different options)."""
+    loaded = [json.loads(path.read_text()) for path in reports]
+    rows = [row for report in loaded for row in report["rows"]]
+    model = loaded[0]["model"]
+    text = "".join(f"`{report['command']}`\n\n" for report in loaded)
+    text += (
+        f"Model: storage {model['storage_gbps_per_host']:g} GB/s per host, "
+        f"{model['read_latency_ms']:g} ms per read ({model['reads_in_flight_per_host']} in "
+        f"flight per host), interconnect {model['interconnect_gbps_per_host']:g} GB/s per "
+        f"host, rounds of {model['round_bytes'] >> 20} MiB.\n\n{_table(rows)}"
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "simulate_scale.json").write_text(json.dumps({"reports": loaded}, indent=1))
+    (out / "simulate_scale.md").write_text(text)
+    _plot(
+        rows,
+        out / "simulate_scale.png",
+        f"predicted load time; storage {model['storage_gbps_per_host']:g} GB/s/host, "
+        f"interconnect {model['interconnect_gbps_per_host']:g} GB/s/host, "
+        f"{model['read_latency_ms']:g} ms/read",
+    )
+    sys.stdout.write(text)
     return 0
 
 

@@ -210,13 +210,15 @@ def estimate(
             if not isinstance(schedule, StripeSchedule):
                 continue
             rounds = schedule.rounds
+            extents = []
             for part in schedule.parts:
                 info = storage(first_item[part.chunk])
                 itemsize = to_torch_dtype(info.dtype).itemsize
                 row = math.prod(info.shape[1:]) * itemsize if info.shape else info.length
                 nbytes = (part.rows[1] - part.rows[0]) * row
                 read_bytes[rank] += nbytes
-                reads[rank] += math.ceil(nbytes / CHUNK_BYTES)
+                extents.append((part.round, info.file, info.offset + part.rows[0] * row, nbytes))
+            reads[rank] += _read_calls(extents)
             for message in schedule.messages:
                 if message.source == rank and message.receiver != rank:
                     send(rank, message.receiver, sum(slot.nbytes for slot in message.slots))
@@ -291,6 +293,22 @@ def estimate(
         storage_seconds=storage_seconds,
         exchange_seconds=exchange_seconds,
     )
+
+
+def _read_calls(extents: list[tuple[int, str, int, int]]) -> int:
+    """Read calls for ``(round, file, offset, bytes)`` extents: the engine joins extents of
+    one round that touch in a file, and splits reads at 8 MiB."""
+    calls = 0
+    run_key: tuple[int, str] | None = None
+    run_end = run_bytes = 0
+    for number, file, offset, nbytes in sorted(extents):
+        if (number, file) == run_key and offset == run_end:
+            run_bytes += nbytes
+        else:
+            calls += math.ceil(run_bytes / CHUNK_BYTES)
+            run_key, run_bytes = (number, file), nbytes
+        run_end = offset + nbytes
+    return calls + math.ceil(run_bytes / CHUNK_BYTES)
 
 
 def _request(item: ReadItem, info: StorageInfo) -> tuple[int, int]:
