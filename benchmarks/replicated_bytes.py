@@ -5,7 +5,7 @@ with ``Shard(0)``, a bf16 Llama-like Hugging Face checkpoint (two files and an i
 loaded on spawned gloo CPU ranks by
 
 * ``hyperckpt``: :class:`hyperckpt.HuggingFaceStorageReader` (replicated slices broadcast);
-* ``hyperckpt-off``: the same with ``broadcast_replicated=False``;
+* ``hyperckpt-off``: the same with ``exchange="off"``;
 * ``torch``: ``torch.distributed.checkpoint.HuggingFaceStorageReader``.
 
 Each rank reads ``rchar`` and ``read_bytes`` from ``/proc/self/io`` around ``dcp.load``.
@@ -149,7 +149,9 @@ def _load_once(
     if reader_name == "torch":
         reader = _CountingTorchReader(str(root))
     else:
-        reader = HuggingFaceStorageReader(root, broadcast_replicated=reader_name == "hyperckpt")
+        reader = HuggingFaceStorageReader(
+            root, exchange="replicated" if reader_name == "hyperckpt" else "off"
+        )
     dist.barrier()
     before = _io()
     begin = time.perf_counter()

@@ -14,10 +14,12 @@ that ``except Exception`` misses; :func:`hyperckpt.load` raises :class:`Checkpoi
 from __future__ import annotations
 
 from hyperckpt._api import LoadReport, load
+from hyperckpt._broadcast.costs import CostModel
+from hyperckpt._broadcast.headers import describe
 from hyperckpt._cli.sample import write_sample
 from hyperckpt._consolidate import ConsolidateReport, consolidate
 from hyperckpt._format.header import FileHeader, FileStamp, TensorEntry
-from hyperckpt._layout.directory import CheckpointLayout, Piece, TensorLayout, describe
+from hyperckpt._layout.directory import CheckpointLayout, Piece, TensorLayout
 from hyperckpt._layout.mapping import (
     AddPrefix,
     Fuse,
@@ -43,6 +45,7 @@ __all__ = [
     "CheckpointNotFoundError",
     "ConsolidateReport",
     "Conversion",
+    "CostModel",
     "FileCheck",
     "FileHeader",
     "FileStamp",

@@ -17,7 +17,9 @@ from torch.distributed.checkpoint.planner import LoadPlanner as DcpLoadPlanner
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.tensor import DTensor
 
-from hyperckpt._layout.directory import TORCH_SHARDED, CheckpointLayout, Kind, describe
+from hyperckpt._broadcast.headers import HeaderReads, describe
+from hyperckpt._broadcast.strategy import Exchange
+from hyperckpt._layout.directory import TORCH_SHARDED, CheckpointLayout, Kind
 from hyperckpt._layout.mapping import MappedLayout, MappingLike, as_mapping
 from hyperckpt._layout.mapping import Mapping as _Mapping
 from hyperckpt._planner.load_planner import LoadPlanner, strided_regions
@@ -80,6 +82,7 @@ def load(
     planner: DcpLoadPlanner | None = None,
     allow_missing: bool | Collection[str] = False,
     thread_count: int | None = None,
+    exchange: Exchange = "auto",
     reader_options: Mapping[str, object] | None = None,
     dtype_policy: DtypePolicy = "convert",
     progress: ProgressCallback | None = None,
@@ -108,6 +111,8 @@ def load(
             ``to_empty()`` weights are no longer tied: call ``model.tie_weights()``).
             ``True`` allows any key and only logs those that share no storage.
         thread_count: Reads in flight per rank (see the readers).
+        exchange: How ranks share the reading: ``"off"``, ``"replicated"``, ``"striped"``
+            or ``"auto"`` (the cost model's pick; ``"off"`` on one host).  See the readers.
         reader_options: Further keyword options for the reader's constructor.
         dtype_policy: Which dtype conversions are allowed, checked for every key before
             anything is read: ``"convert"`` (any, the default), ``"exact"`` (none) or
@@ -137,7 +142,9 @@ def load(
     mapper = None if mapping is None else as_mapping(mapping)
     # A refusal on one rank must stop every rank, or the others wait in collectives.
     try:
-        mapped, wanted, skipped = _validate(state_dict, path, allow_missing, mapper)
+        described, mapped, wanted, skipped = _validate(
+            state_dict, path, allow_missing, mapper, process_group, reader_options or {}
+        )
         layout = mapped.layout
         conversions = enforce(
             policy,
@@ -166,6 +173,8 @@ def load(
     options.setdefault("thread_count", thread_count)
     options.setdefault("dtype_policy", policy)
     options.setdefault("progress", progress)
+    if "broadcast_replicated" not in options:
+        options.setdefault("exchange", exchange)
     if process_group is not None:
         options.setdefault("process_group", process_group)
     if mapper is not None:
@@ -174,6 +183,7 @@ def load(
         TorchShardedSafetensorsReader if layout.kind == TORCH_SHARDED else HuggingFaceStorageReader
     )
     reader = reader_type(path, **options)
+    reader.described = described  # validated above: read_metadata reads no header again
     with warnings.catch_warnings():
         # One process without a process group is a supported use here, not a mistake.
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
@@ -236,9 +246,25 @@ def _validate(
     path: str | os.PathLike[str],
     allow_missing: bool | Collection[str],
     mapping: _Mapping | None,
-) -> tuple[MappedLayout, dict[str, torch.Tensor], list[str]]:
-    """The validated layout (mapped), the entries to load, and the keys skipped as allowed."""
-    mapped = (mapping or _Mapping(())).apply(describe(path))
+    group: dist.ProcessGroup | None,
+    reader_options: Mapping[str, object],
+) -> tuple[CheckpointLayout, MappedLayout, dict[str, torch.Tensor], list[str]]:
+    """The validated layout as described and as mapped, the entries to load, and the keys
+    skipped as allowed.
+
+    Under torch.distributed one rank reads the headers (``header_reads`` among the reader
+    options says otherwise) and the others ``stat`` their files.
+    """
+    header_reads = cast(HeaderReads, reader_options.get("header_reads", "once"))
+    if header_reads == "auto":
+        header_reads = "once"
+    distributed = dist.is_available() and dist.is_initialized()
+    described = describe(
+        path,
+        process_group=(group or dist.group.WORLD) if distributed else None,
+        header_reads=header_reads,
+    )
+    mapped = (mapping or _Mapping(())).apply(described)
     layout = mapped.layout
     tensor_shapes = {
         name: to_torch_shape(tensor.dtype, tensor.shape) for name, tensor in layout.tensors.items()
@@ -267,7 +293,7 @@ def _validate(
             raise shape_mismatch(
                 name, tensor_shapes[name], tuple(value.shape), file=_file_of(layout, name)
             )
-    return mapped, wanted, skipped
+    return described, mapped, wanted, skipped
 
 
 def _agree(failure: CheckpointError | None, group: dist.ProcessGroup | None) -> None:

@@ -11,9 +11,8 @@ import dataclasses
 import logging
 import math
 import os
-import socket
 import threading
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 import torch.distributed as dist
@@ -29,8 +28,18 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
+from hyperckpt._broadcast.costs import CostModel, choose_exchange
 from hyperckpt._broadcast.exchange import BroadcastStats, load_with_broadcast
-from hyperckpt._broadcast.schedule import BroadcastReady, BroadcastSchedule, plan_broadcast
+from hyperckpt._broadcast.headers import (
+    HeaderReads,
+    check_header_reads,
+    host_name,
+    reader_layout,
+)
+from hyperckpt._broadcast.schedule import BroadcastReady, BroadcastSchedule
+from hyperckpt._broadcast.strategy import Exchange, exchange_option, plan_exchange
+from hyperckpt._broadcast.striped import load_striped
+from hyperckpt._broadcast.stripes import StripeSchedule
 from hyperckpt._layout.directory import CheckpointLayout, huggingface_layout, torch_sharded_layout
 from hyperckpt._layout.gcpause import collector_paused
 from hyperckpt._layout.mapping import MappingLike, as_mapping
@@ -105,6 +114,7 @@ class _SafetensorsReader(FileSystemReader):
     rank = _PerThread()
     use_collectives = _PerThread()
     layout = _PerThread()
+    described = _PerThread()
     mapped = _PerThread()
     metadata = _PerThread()
 
@@ -114,11 +124,14 @@ class _SafetensorsReader(FileSystemReader):
         *,
         thread_count: int | None = None,
         staging_bytes: int = DEFAULT_STAGING_BYTES,
-        broadcast_replicated: bool | None = None,
+        exchange: Exchange | None = None,
         process_group: dist.ProcessGroup | None = None,
         dtype_policy: DtypePolicy = "convert",
         progress: ProgressCallback | None = None,
         mapping: MappingLike | None = None,
+        header_reads: HeaderReads = "auto",
+        cost_model: CostModel | None = None,
+        broadcast_replicated: bool | None = None,
     ) -> None:
         """Point the reader at a checkpoint; nothing is read until DCP asks.
 
@@ -129,13 +142,13 @@ class _SafetensorsReader(FileSystemReader):
             staging_bytes: Memory for staging reads that cannot land in place (dtype
                 conversion, non-contiguous or non-CPU destinations), all threads together;
                 also the most bytes of replicated slices exchanged per broadcast round.
-            broadcast_replicated: Read each slice that several ranks need (``Replicate``,
-                HSDP replicas) on one rank only and send it to the others (see
-                :mod:`hyperckpt._broadcast.exchange`).  ``None`` (the default) turns it on when the
-                ranks span more than one host, where it saves storage traffic; ranks on one
-                node share its page cache, so there every rank reads its own slices.
-                ``True`` forces it on, ``False`` off.  It takes effect only when
-                torch.distributed is initialized and the group has more than one rank.
+            exchange: How ranks share the reading (see :doc:`broadcast`): ``"off"``, every
+                rank reads its own requests; ``"replicated"``, a slice several ranks need
+                (``Replicate``, HSDP replicas) is read by one of them and sent to the others;
+                ``"striped"``, the needed bytes are read once, in long stripes spread over
+                the ranks, and every box is sent where it is needed; ``"auto"`` (the
+                default) lets the cost model choose (on one host: ``"off"``).  Takes effect
+                only when torch.distributed is initialized and the group has several ranks.
             process_group: The group ``dcp.load`` was given (DCP does not tell the reader);
                 ``None`` means the default group.
             dtype_policy: Which dtype conversions the load may make, checked for every
@@ -148,6 +161,15 @@ class _SafetensorsReader(FileSystemReader):
                 tensors (a :class:`~hyperckpt.Mapping`, a rule, a dict, a function or a
                 preset's name such as ``"qwen3-moe"``); applied to the metadata, so each
                 rank still reads only its own bytes.
+            header_reads: Who reads the headers (see :mod:`hyperckpt._broadcast.headers`):
+                ``"auto"`` (the default) reads them on one rank inside a distributed
+                ``dcp.load`` and sends the layout to the others, which only ``stat`` their
+                files; ``"once"`` does so also outside ``dcp.load``; ``"per-host"`` reads
+                them on the lowest rank of each host; ``"every-rank"`` on every rank.
+            cost_model: Bandwidths and latencies ``exchange="auto"`` assumes (see
+                :class:`hyperckpt.CostModel`); the defaults describe a network file system.
+            broadcast_replicated: Deprecated alias of ``exchange``: ``True`` is
+                ``"replicated"``, ``False`` is ``"off"``.
         """
         super().__init__(path)
         if thread_count is not None and thread_count < 1:
@@ -156,12 +178,18 @@ class _SafetensorsReader(FileSystemReader):
             raise ValueError(f"staging_bytes must be positive, got {staging_bytes}")
         self.thread_count = thread_count
         self.staging_bytes = staging_bytes
-        self.broadcast_replicated = broadcast_replicated
+        self.exchange: Exchange = exchange_option(exchange, broadcast_replicated)
         self.process_group = process_group
         self.dtype_policy = check_policy(dtype_policy)
         self.progress = progress
         self.last_conversions: tuple[Conversion, ...] = ()
         self.mapping = None if mapping is None else as_mapping(mapping)
+        self.cost_model = cost_model
+        check_header_reads(header_reads)
+        self.header_reads: HeaderReads = header_reads
+        #: A layout already validated for this load (``hyperckpt.load`` sets it), used
+        #: by the next ``read_metadata`` instead of reading the headers again.
+        self.described = None
         self.mapped = None
         self.layout = None
         self.metadata = None
@@ -188,7 +216,12 @@ class _SafetensorsReader(FileSystemReader):
             CheckpointError: The checkpoint breaks a rule, or does not fit the mapping; the
                 message stands on its own.
         """
-        layout = self._describe(self.path)
+        layout = self.described
+        self.described = None
+        if layout is None:
+            layout = reader_layout(
+                self.path, self._describe, header_reads=self.header_reads, group=self.process_group
+            )
         if self.mapping is not None:
             self.mapped = self.mapping.apply(layout)
             layout = self.mapped.layout
@@ -224,12 +257,12 @@ class _SafetensorsReader(FileSystemReader):
         )
         schedule = plan.storage_data
         exchange = None
-        if isinstance(schedule, BroadcastSchedule):  # every rank of the group is here
+        if isinstance(schedule, (BroadcastSchedule, StripeSchedule)):  # the whole group is here
             exchange = (self._group(), schedule.world_size)
         plan, exchanging = plan_to_read(plan, planner, self.metadata, exchange=exchange)
         tracker = ProgressTracker(self.progress)
         for item in plan.items:
-            tracker.expect(item, self._locate(item)[0])
+            tracker.expect(item, self._nbytes(item))
 
         def engine() -> ReadEngine:
             return ReadEngine(
@@ -240,8 +273,19 @@ class _SafetensorsReader(FileSystemReader):
                 progress=tracker if self.progress is not None else None,
             )
 
+        striped = isinstance(schedule, StripeSchedule) and exchanging
         broadcast = isinstance(schedule, BroadcastSchedule) and schedule.rounds > 0 and exchanging
-        if broadcast:
+        if striped:
+            assert isinstance(schedule, StripeSchedule)
+            self.last_stats, self.last_broadcast = load_striped(
+                plan,
+                planner,
+                schedule,
+                engine=engine,
+                storage=self.storage_data,
+                group=self._group(),
+            )
+        elif broadcast:
             assert isinstance(schedule, BroadcastSchedule)
             self.last_stats, self.last_broadcast = load_with_broadcast(
                 plan,
@@ -254,7 +298,7 @@ class _SafetensorsReader(FileSystemReader):
         else:
             self.last_stats = engine().run(plan.items, self.storage_data, planner)
         # Slices received from other ranks are counted as they complete the load.
-        tracker.finish(complete=broadcast)
+        tracker.finish(complete=striped or broadcast)
         log_load_summary(self.last_stats)
         log_conversions(logger, self.last_conversions, rank=self._rank())
         future: Future[None] = Future()
@@ -262,8 +306,8 @@ class _SafetensorsReader(FileSystemReader):
         return future
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
-        """Mark the plan: this rank loads with the whole group (see prepare_global_plan)."""
-        if plan.storage_data is not None:
+        """Mark the plan as able to take part in an exchange between ranks."""
+        if self.exchange == "off" or plan.storage_data is not None:
             return plan
         if not (dist.is_available() and dist.is_initialized()):
             return plan
@@ -272,18 +316,14 @@ class _SafetensorsReader(FileSystemReader):
         # DCP's rank is its own group's; a different group than dcp.load's disables broadcast.
         if size < 2 or getattr(self, "rank", rank) not in (None, rank):
             return plan
-        ready = BroadcastReady(rank, size, socket.gethostname())
+        ready = BroadcastReady(rank, size, host_name())
         return dataclasses.replace(plan, storage_data=ready)
 
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
-        """On the coordinator: pick one reader for each slice several ranks ask for.
+        """On the coordinator: choose the exchange and give each rank its part of it.
 
-        Broadcast happens only when every rank marked its plan, in rank order, for a group
-        of ``len(plans)`` ranks, and (unless forced on) the ranks span several hosts;
-        otherwise every rank reads all its slices itself.  A group that takes part but does
-        not broadcast gets empty schedules: ``read_data`` then knows every rank of the
-        group is there to agree on re-planned reads (see
-        :func:`hyperckpt._planner.plain_call.plan_to_read`).
+        An exchange happens only when every rank marked its plan, in rank order, for a
+        group of ``len(plans)`` ranks; otherwise every rank reads all its requests itself.
         """
         ready = all(
             isinstance(plan.storage_data, BroadcastReady)
@@ -291,33 +331,34 @@ class _SafetensorsReader(FileSystemReader):
             and plan.storage_data.world_size == len(plans)
             for index, plan in enumerate(plans)
         )
-        if not ready or len(plans) < 2:
-            return [
-                dataclasses.replace(plan, storage_data=None)
-                if isinstance(plan.storage_data, BroadcastReady)
-                else plan
-                for plan in plans
-            ]
-        wanted = self.broadcast_replicated
-        if wanted is None:
-            wanted = len({plan.storage_data.host for plan in plans}) > 1
-        if wanted:
-            schedules = plan_broadcast(
+        if not ready:
+            return plan_exchange(plans, "off", self._info, round_bytes=1, batch_bytes=1)
+        hosts = [cast(BroadcastReady, plan.storage_data).host for plan in plans]
+        if self.exchange == "auto":
+            strategy, planned = choose_exchange(
                 plans,
-                self._locate,
+                hosts,
+                self._info,
+                self.cost_model or CostModel(),
                 round_bytes=self.staging_bytes,
                 batch_bytes=BATCH_BYTES,
             )
-        else:
-            schedules = [BroadcastSchedule(rank, len(plans), 0, ()) for rank in range(len(plans))]
-        return [
-            dataclasses.replace(plan, storage_data=schedule)
-            for plan, schedule in zip(plans, schedules, strict=True)
-        ]
+            logger.info("hyperckpt: exchange='auto' chose %r for %d ranks", strategy, len(plans))
+            return planned
+        return plan_exchange(
+            plans,
+            self.exchange,
+            self._info,
+            round_bytes=self.staging_bytes,
+            batch_bytes=BATCH_BYTES,
+        )
 
-    def _locate(self, item: ReadItem) -> tuple[int, str, int]:
+    def _info(self, item: ReadItem) -> StorageInfo:
         info: StorageInfo = self.storage_data[item.storage_index]
-        return math.prod(item.lengths) * to_torch_dtype(info.dtype).itemsize, info.file, info.offset
+        return info
+
+    def _nbytes(self, item: ReadItem) -> int:
+        return math.prod(item.lengths) * to_torch_dtype(self._info(item).dtype).itemsize
 
     def _rank(self) -> int:
         return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0

@@ -182,7 +182,7 @@ class _Exchange:
         return CheckpointError(
             f"{fqn}: the broadcast plan expects rank {self.rank} to hold {len(self.missing)} "
             f"read request(s) its final load plan lacks; the load planner changed the plan "
-            f"after global planning: load with broadcast_replicated=False",
+            f"after global planning: load with exchange='off'",
             tensor=fqn,
         )
 

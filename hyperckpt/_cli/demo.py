@@ -69,7 +69,7 @@ class DemoRow:
             ``dcp.load`` call (torch's default planner, no ``planner=``),
             ``"fsdp-tp-torch"`` for FSDPxTP through torch's own reader and planner (shown
             to make its silent error visible), or ``"hsdp-broadcast"`` for HSDP with
-            ``broadcast_replicated=True``.
+            ``exchange="replicated"``.
         checkpoint: ``"huggingface"`` or ``"torch-sharded"``.
         mesh: The device mesh's shape.
         seconds: The slowest rank's ``dcp.load`` wall time, in seconds.
@@ -447,7 +447,7 @@ def _load(
     )
     # On one host the readers broadcast replicated slices only when told to.
     reader: StorageReader = reader_type(
-        path, broadcast_replicated=True if layout == "hsdp-broadcast" else None
+        path, exchange="replicated" if layout == "hsdp-broadcast" else "auto"
     )
     if layout == "fsdp-tp-torch":
         reader = TorchHuggingFaceStorageReader(path)

@@ -3,8 +3,10 @@
 For a named layout (FSDP, TP, FSDP x TP, HSDP, replicate) every tensor gets a Llama-style
 placement; each rank's global regions come from DTensor placement arithmetic
 (:func:`hyperckpt._planner.regions.local_regions`) and are cut against the stored pieces exactly as
-DCP's planner cuts them into read items.  Slices several ranks need are then assigned to
-one reader as the readers' broadcast does (:func:`hyperckpt._broadcast.schedule.plan_broadcast`).
+DCP's planner cuts them into read items.  The exchange is then planned as the readers plan
+it: slices several ranks need assigned to one reader (:func:`hyperckpt._broadcast.schedule.plan_broadcast`),
+or the needed rows cut into stripes (:func:`hyperckpt._broadcast.stripes.plan_stripes`); and
+:func:`strategy_costs` prices each exchange with the cost model behind ``exchange="auto"``.
 """
 
 from __future__ import annotations
@@ -21,14 +23,26 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadIte
 from torch.distributed.tensor import Placement, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
+from hyperckpt._broadcast.costs import CostModel, StrategyCost, compare
 from hyperckpt._broadcast.schedule import item_key, plan_broadcast
+from hyperckpt._broadcast.strategy import Strategy, chunk_rows
+from hyperckpt._broadcast.stripes import plan_stripes
 from hyperckpt._format.header import DTYPES
 from hyperckpt._layout.directory import CheckpointLayout, Piece
 from hyperckpt._planner.regions import DTENSOR, FSDP, Order, fsdp_order_applies, local_regions
-from hyperckpt._read.engine import DEFAULT_STAGING_BYTES
+from hyperckpt._read.engine import DEFAULT_STAGING_BYTES, StorageInfo
 from hyperckpt._readers import BATCH_BYTES
 
-__all__ = ["LAYOUTS", "RankPlan", "mesh_shape", "placements_for", "plan_load"]
+__all__ = [
+    "LAYOUTS",
+    "RankPlan",
+    "hosts_of",
+    "mesh_shape",
+    "placements_for",
+    "plan_load",
+    "rank_plans",
+    "strategy_costs",
+]
 
 #: The layouts ``hyperckpt plan`` knows.
 LAYOUTS: Final = ("fsdp", "tp", "fsdp-tp", "hsdp", "replicate")
@@ -130,7 +144,7 @@ def plan_load(
     *,
     tp: int = 2,
     replicas: int = 2,
-    broadcast: bool = True,
+    exchange: Strategy = "replicated",
 ) -> tuple[RankPlan, ...]:
     """Each rank's reads for ``checkpoint`` loaded in ``layout`` on ``world`` ranks.
 
@@ -140,8 +154,9 @@ def plan_load(
         world: Ranks.
         tp: Tensor-parallel degree of ``fsdp-tp`` (the second mesh dimension).
         replicas: Replica groups of ``hsdp`` (the first mesh dimension).
-        broadcast: Whether slices several ranks need are read once and broadcast, as the
-            readers do by default (``broadcast_replicated=True``).
+        exchange: The readers' exchange: ``"off"`` (every rank reads what it needs),
+            ``"replicated"`` (slices several ranks need read once and sent) or
+            ``"striped"`` (needed rows read once in stripes and sent).
 
     Returns:
         One plan per rank, by rank.
@@ -149,48 +164,148 @@ def plan_load(
     Raises:
         ValueError: The layout is unknown or ``world`` does not fit it.
     """
-    mesh = mesh_shape(layout, world, tp=tp, replicas=replicas)
-    coordinates = list(itertools.product(*(range(size) for size in mesh)))
-    sizes: dict[tuple[object, ...], tuple[int, str, int]] = {}
-    plans = [_rank_items(checkpoint, layout, mesh, coord, sizes) for coord in coordinates]
+    coordinates, plans, sizes, infos = rank_plans(
+        checkpoint, layout, world, tp=tp, replicas=replicas
+    )
     read = [0] * world
     received = [0] * world
     files: list[set[str]] = [set() for _ in range(world)]
     reads = [0] * world
+    if exchange == "striped" and world > 1:
+        schedules, totals = plan_stripes(
+            plans,
+            lambda item: chunk_rows(infos[item.storage_index]),
+            round_bytes=DEFAULT_STAGING_BYTES,
+        )
+        for rank, schedule in enumerate(schedules):
+            files[rank].update(infos[_index(part.chunk)].file for part in schedule.parts)
+        read, reads = list(totals.read_bytes), list(totals.reads)
+        received = list(totals.received_bytes)
     shared: dict[tuple[object, ...], int] = {}
-    if broadcast and world > 1:
-        schedules = plan_broadcast(
-            [LoadPlan(items) for items in plans],
+    if exchange == "replicated" and world > 1:
+        schedules_b = plan_broadcast(
+            plans,
             lambda item: sizes[item_key(item)],
             round_bytes=DEFAULT_STAGING_BYTES,
             batch_bytes=BATCH_BYTES,
         )
-        for schedule in schedules:
-            for transfer in schedule.transfers:
+        for broadcast in schedules_b:
+            for transfer in broadcast.transfers:
                 for slot in transfer.slots:
                     shared[slot.key] = transfer.source
-    for rank, items in enumerate(plans):
-        for item in items:
-            key = item_key(item)
-            nbytes, file, _ = sizes[key]
-            if shared.get(key, rank) == rank:
-                read[rank] += nbytes
-                reads[rank] += 1
-                files[rank].add(file)
-            else:
-                received[rank] += nbytes
+    if exchange != "striped" or world == 1:
+        for rank, plan in enumerate(plans):
+            for item in plan.items:
+                key = item_key(item)
+                nbytes, file, _ = sizes[key]
+                if shared.get(key, rank) == rank:
+                    read[rank] += nbytes
+                    reads[rank] += 1
+                    files[rank].add(file)
+                else:
+                    received[rank] += nbytes
     return tuple(
         RankPlan(
             rank=rank,
             coordinate=tuple(coordinates[rank]),
             bytes_read=read[rank],
             bytes_received=received[rank],
-            bytes_needed=read[rank] + received[rank],
+            bytes_needed=sum(sizes[item_key(item)][0] for item in plans[rank].items),
             files=tuple(sorted(files[rank])),
             reads=reads[rank],
         )
         for rank in range(world)
     )
+
+
+def rank_plans(
+    checkpoint: CheckpointLayout,
+    layout: str,
+    world: int,
+    *,
+    tp: int = 2,
+    replicas: int = 2,
+) -> tuple[
+    list[tuple[int, ...]],
+    list[LoadPlan],
+    dict[tuple[object, ...], tuple[int, str, int]],
+    dict[MetadataIndex, StorageInfo],
+]:
+    """Every rank's DCP load plan for ``checkpoint`` in ``layout``, as the planner makes it.
+
+    Returns:
+        Each rank's mesh coordinate and plan (by rank), each read item's ``(bytes, file,
+        chunk offset)`` by :func:`~hyperckpt._broadcast.schedule.item_key`, and each stored chunk's
+        storage info (in the checkpoint's element coordinates).
+
+    Raises:
+        ValueError: The layout is unknown or ``world`` does not fit it.
+    """
+    mesh = mesh_shape(layout, world, tp=tp, replicas=replicas)
+    partial = sorted({t.dtype for t in checkpoint.tensors.values() if DTYPES[t.dtype].bits % 8})
+    if partial:
+        raise ValueError(
+            f"cannot plan the exchange of sub-byte dtypes ({', '.join(partial)}): their rows "
+            f"are not whole bytes in the checkpoint's coordinates"
+        )
+    coordinates = list(itertools.product(*(range(size) for size in mesh)))
+    sizes: dict[tuple[object, ...], tuple[int, str, int]] = {}
+    plans = [LoadPlan(_rank_items(checkpoint, layout, mesh, coord, sizes)) for coord in coordinates]
+    infos = {
+        MetadataIndex(tensor.name, torch.Size(piece.offsets)): StorageInfo(
+            piece.file, piece.start, piece.nbytes, tensor.dtype, piece.shape
+        )
+        for tensor in checkpoint.tensors.values()
+        for piece in tensor.pieces
+    }
+    return [tuple(c) for c in coordinates], plans, sizes, infos
+
+
+def hosts_of(world: int, hosts: int) -> list[str]:
+    """Host names for ``world`` ranks spread over ``hosts`` hosts in contiguous blocks."""
+    if hosts < 1 or hosts > world:
+        raise ValueError(f"hosts must be between 1 and the ranks ({world}), got {hosts}")
+    return [f"host{rank * hosts // world}" for rank in range(world)]
+
+
+def strategy_costs(
+    checkpoint: CheckpointLayout,
+    layout: str,
+    world: int,
+    *,
+    hosts: int = 1,
+    tp: int = 2,
+    replicas: int = 2,
+    model: CostModel | None = None,
+) -> dict[Strategy, StrategyCost]:
+    """Each exchange's reads, traffic and predicted time for ``checkpoint`` in ``layout``.
+
+    Args:
+        checkpoint: A validated layout.
+        layout: One of :data:`LAYOUTS`.
+        world: Ranks.
+        hosts: Hosts the ranks span (contiguous blocks of ranks).
+        tp: Tensor-parallel degree of ``fsdp-tp``.
+        replicas: Replica groups of ``hsdp``.
+        model: Bandwidths and latencies; :class:`~hyperckpt.CostModel` defaults if ``None``.
+
+    Returns:
+        By strategy, its cost (see :class:`~hyperckpt._broadcast.costs.StrategyCost`).
+    """
+    _, plans, _, infos = rank_plans(checkpoint, layout, world, tp=tp, replicas=replicas)
+    results = compare(
+        plans,
+        hosts_of(world, hosts),
+        lambda item: infos[item.storage_index],
+        model or CostModel(),
+        round_bytes=DEFAULT_STAGING_BYTES,
+        batch_bytes=BATCH_BYTES,
+    )
+    return {strategy: cost for strategy, (cost, _) in results.items()}
+
+
+def _index(chunk: tuple[str, tuple[int, ...]]) -> MetadataIndex:
+    return MetadataIndex(chunk[0], torch.Size(chunk[1]))
 
 
 def _rank_items(

@@ -8,21 +8,26 @@ on stderr; ``--debug`` shows the traceback as well.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
 import signal
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from hyperckpt._layout.directory import CheckpointLayout, describe
 from hyperckpt._layout.mapping import MappedLayout
 from hyperckpt._read.progress import StatusLine, format_bytes
 from hyperckpt._verify import command as verify_command
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError, printable
+
+if TYPE_CHECKING:
+    from hyperckpt._broadcast.costs import CostModel, StrategyCost
+    from hyperckpt._broadcast.strategy import Strategy
 
 __all__ = ["main"]
 
@@ -162,8 +167,14 @@ def _parser() -> argparse.ArgumentParser:
         "--hosts",
         type=int,
         default=1,
-        help="hosts the ranks span (default 1); the readers broadcast replicated slices by "
-        "default only across several hosts",
+        help="hosts the ranks span, in contiguous blocks of ranks (default 1)",
+    )
+    plan.add_argument(
+        "--exchange",
+        choices=("auto", "off", "replicated", "striped"),
+        default="auto",
+        help="the exchange the per-rank table shows (default auto: what the cost model picks; "
+        "off on one host)",
     )
     forced = plan.add_mutually_exclusive_group()
     forced.add_argument(
@@ -171,14 +182,26 @@ def _parser() -> argparse.ArgumentParser:
         dest="broadcast",
         action="store_const",
         const=True,
-        help="plan as with broadcast_replicated=True: one rank reads each shared slice",
+        help="deprecated: --exchange replicated",
     )
     forced.add_argument(
         "--no-broadcast",
         dest="broadcast",
         action="store_const",
         const=False,
-        help="plan as with broadcast_replicated=False: every rank reads all it needs",
+        help="deprecated: --exchange off",
+    )
+    plan.add_argument(
+        "--storage-gbps", type=float, default=2.0, help="cost model: GB/s per host from storage"
+    )
+    plan.add_argument(
+        "--interconnect-gbps",
+        type=float,
+        default=25.0,
+        help="cost model: GB/s per host between hosts",
+    )
+    plan.add_argument(
+        "--read-latency-ms", type=float, default=1.0, help="cost model: ms per read call"
     )
     plan.add_argument(
         "--dtype",
@@ -432,6 +455,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from hyperckpt._broadcast.costs import CostModel, pick
     from hyperckpt._cli import dryrun as _plan
     from hyperckpt._read import dtype_policy
 
@@ -441,9 +465,15 @@ def _plan(args: argparse.Namespace) -> int:
         mesh = _plan.mesh_shape(args.layout, args.world, tp=args.tp, replicas=args.replicas)
     except ValueError as err:
         raise _UsageError(str(err)) from err
-    if args.hosts < 1:
-        raise _UsageError(f"--hosts must be at least 1, got {args.hosts}")
-    broadcast = args.hosts > 1 if args.broadcast is None else args.broadcast
+    if not 1 <= args.hosts <= args.world:
+        raise _UsageError(f"--hosts must be between 1 and --world, got {args.hosts}")
+    if min(args.storage_gbps, args.interconnect_gbps) <= 0 or args.read_latency_ms < 0:
+        raise _UsageError("bandwidths must be positive and the read latency not negative")
+    model = CostModel(
+        storage_gbps=args.storage_gbps,
+        interconnect_gbps=args.interconnect_gbps,
+        read_latency_ms=args.read_latency_ms,
+    )
     target = None
     if args.dtype is not None:
         try:
@@ -452,13 +482,30 @@ def _plan(args: argparse.Namespace) -> int:
             raise _UsageError(f"--dtype: {err}") from err
     layout, _ = _described(args)
     made = None if target is None else dtype_policy.layout_conversions(layout, target)
+    try:
+        costs = _plan.strategy_costs(
+            layout,
+            args.layout,
+            args.world,
+            hosts=args.hosts,
+            tp=args.tp,
+            replicas=args.replicas,
+            model=model,
+        )
+    except ValueError as err:
+        raise _UsageError(str(err)) from err
+    picked = pick(costs, hosts=args.hosts)
+    exchange: Strategy = picked if args.exchange == "auto" else args.exchange
+    if args.broadcast is not None:
+        exchange = "replicated" if args.broadcast else "off"
+    broadcast = exchange == "replicated"
     ranks = _plan.plan_load(
         layout,
         args.layout,
         args.world,
         tp=args.tp,
         replicas=args.replicas,
-        broadcast=broadcast,
+        exchange=exchange,
     )
     if args.json:
         print(
@@ -469,6 +516,22 @@ def _plan(args: argparse.Namespace) -> int:
                     "layout": args.layout,
                     "mesh": list(mesh),
                     "broadcast": broadcast,
+                    "exchange": exchange,
+                    "auto": picked,
+                    "hosts": args.hosts,
+                    "model": dataclasses.asdict(model),
+                    "strategies": {
+                        name: {
+                            "read_bytes": list(cost.read_bytes),
+                            "reads": list(cost.reads),
+                            "host_read_bytes": list(cost.host_read_bytes),
+                            "exchanged_bytes": cost.exchanged_bytes,
+                            "inter_host_bytes": cost.inter_host_bytes,
+                            "rounds": cost.rounds,
+                            "seconds": cost.seconds,
+                        }
+                        for name, cost in costs.items()
+                    },
                     "total_bytes": layout.nbytes,
                     "dtype": None if target is None else dtype_policy.torch_name(target),
                     "conversions": None
@@ -504,7 +567,7 @@ def _plan(args: argparse.Namespace) -> int:
     print(
         f"{printable(layout.root)}: {layout.kind} checkpoint, {format_bytes(layout.nbytes)}; "
         f"layout {args.layout} on {args.world} ranks, mesh {'x'.join(map(str, mesh))}, "
-        f"broadcast of replicated slices {'on' if broadcast else 'off'}"
+        f"{args.hosts} host(s), exchange {exchange}"
     )
     print(f"{'rank':>5}  {'mesh':<8}{'reads':>12}{'receives':>12}{'requests':>10}  files")
     for r in ranks:
@@ -518,10 +581,39 @@ def _plan(args: argparse.Namespace) -> int:
         f"({total_read / layout.nbytes if layout.nbytes else 0:.2f}x the checkpoint); sub-box "
         f"bytes: narrow column slices may be read as whole rows"
     )
+    _print_strategies(costs, picked, model)
     if made is not None and target is not None:
         for line in dtype_policy.conversion_lines(made, dtype_policy.torch_name(target)):
             print(line)
     return OK
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.2f} s" if value >= 1 else f"{value * 1e3:.1f} ms"
+
+
+def _print_strategies(
+    costs: Mapping[Strategy, StrategyCost], picked: str, model: CostModel
+) -> None:
+    print(
+        f"\nper exchange (model: storage {model.storage_gbps:g} GB/s per host, {model.read_latency_ms:g} ms "
+        f"per read, {model.reads_in_flight} in flight; interconnect {model.interconnect_gbps:g} GB/s per host)"
+    )
+    print(
+        f"{'exchange':<11}{'read/rank':>11}{'read/host':>11}{'reads/rank':>11}{'read size':>11}"
+        f"{'exchanged':>11}{'cross-host':>11}{'rounds':>7}{'predicted':>11}"
+    )
+    for name, cost in costs.items():
+        reads = max(cost.reads, default=0)
+        total_reads = sum(cost.reads)
+        size = sum(cost.read_bytes) / total_reads if total_reads else 0
+        print(
+            f"{name:<11}{format_bytes(max(cost.read_bytes, default=0)):>11}"
+            f"{format_bytes(max(cost.host_read_bytes, default=0)):>11}{reads:>11}"
+            f"{format_bytes(int(size)):>11}{format_bytes(cost.exchanged_bytes):>11}"
+            f"{format_bytes(cost.inter_host_bytes):>11}{cost.rounds:>7}"
+            f"{_seconds(cost.seconds):>11}{'  <- auto' if name == picked else ''}"
+        )
 
 
 # ---- demo ----------------------------------------------------------------------------------

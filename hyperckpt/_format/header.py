@@ -100,9 +100,10 @@ class FileStamp:
         size: File size in bytes.
         mtime_ns: Modification time in nanoseconds since the epoch.
         inode: Inode number (a replaced file gets a new one).
-        device: Device number of the file system holding it.
-        ctime_ns: Status change time in nanoseconds since the epoch; ``0`` when unknown
-            (a stamp built from header bytes alone).
+        device: Device number of the file system holding it (differs between hosts
+            mounting the same file system).
+        ctime_ns: Status-change time in nanoseconds since the epoch (a writer cannot set
+            it back the way it can set ``mtime``); 0 when unknown.
     """
 
     size: int

@@ -55,14 +55,14 @@ LAYOUTS: dict[str, tuple[tuple[int, ...], tuple[Placement, ...]]] = {
 }
 # case -> (layout of each dtensor by its position in SPECS, reader options)
 CASES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
-    "replicate": (("Replicate",), {"broadcast_replicated": True}),
-    "hsdp": (("HSDP",), {"broadcast_replicated": True}),
-    "mixed": (("Replicate", "HSDP", "Shard(0)"), {"broadcast_replicated": True}),
+    "replicate": (("Replicate",), {"exchange": "replicated"}),
+    "hsdp": (("HSDP",), {"exchange": "replicated"}),
+    "mixed": (("Replicate", "HSDP", "Shard(0)"), {"exchange": "replicated"}),
     "replicate-in-small-rounds": (
         ("Replicate",),
-        {"broadcast_replicated": True, "staging_bytes": 2**20},
+        {"exchange": "replicated", "staging_bytes": 2**20},
     ),
-    "replicate-broadcast-off": (("Replicate",), {"broadcast_replicated": False}),
+    "replicate-broadcast-off": (("Replicate",), {"exchange": "off"}),
     # One host: the default leaves every rank to read its own slices from the page cache.
     "replicate-default-one-host": (("Replicate",), {}),
 }
@@ -160,7 +160,7 @@ def _failing_load(
     dist.barrier()
     state = {name: _place(poison_(torch.empty(64, 64)), "Replicate", meshes) for name in ("a", "b")}
     try:
-        dcp.load(state, storage_reader=_TruncatingReader(root, broadcast_replicated=True))
+        dcp.load(state, storage_reader=_TruncatingReader(root, exchange="replicated"))
     except CheckpointException as err:
         return {r: str(failure[0]) for r, failure in err.failures.items()}
     raise AssertionError(f"rank {rank}: a load from a truncated file did not raise")

@@ -1,6 +1,7 @@
 """Faults during a load, on 4 spawned gloo ranks: every rank raises, naming the file, and none hangs.
 
-One spawn runs every fault twice, with replicated-slice broadcast on and off: a file
+One spawn runs every fault three times, with each exchange (``"replicated"``, ``"off"``,
+``"striped"``, so a rank fails mid-exchange in the last): a file
 truncated, replaced or deleted after the metadata was read (between planning and reading,
 and in the middle of the reads), one rank whose copy of the checkpoint differs from the
 others', and an I/O error in one read thread of one rank.  ``dcp.load`` must raise on every
@@ -25,7 +26,7 @@ import torch.distributed.checkpoint as dcp
 from helpers import poison_, sample_tensor, write_hf_checkpoint
 from torch.distributed.checkpoint import DefaultLoadPlanner
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
+from torch.distributed.checkpoint.planner import LoadPlan
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
@@ -42,6 +43,7 @@ PLACEMENTS = {
     "c.rows": Shard(0),
     "d.other": Replicate(),
 }
+EXCHANGES = ("replicated", "off", "striped")
 FAULTS = (
     "truncated after planning",
     "replaced after planning",
@@ -75,7 +77,6 @@ class _FaultPlanner(DefaultLoadPlanner):
         self.fault = fault
         self.rank = rank
         self.path = path
-        self.resolved = 0
 
     def finish_plan(self, central_plan: LoadPlan) -> LoadPlan:
         # Every rank has read the metadata and planned; the reads have not started.
@@ -94,12 +95,23 @@ class _FaultPlanner(DefaultLoadPlanner):
         dist.barrier()
         return super().finish_plan(central_plan)
 
-    def resolve_tensor(self, read_item: ReadItem) -> torch.Tensor:
-        self.resolved += 1
-        if self.fault == "truncated while reading" and self.rank == 0 and self.resolved == 1:
-            # The file was opened and its identity checked; now it shrinks under the reads.
-            os.truncate(self.path / FAULTY, 200)
-        return super().resolve_tensor(read_item)
+
+def _truncating_preadv(real: object, rank: int) -> object:
+    """``_sysio._preadv`` that, on ``rank`` 0, truncates the faulty file before its first read.
+
+    The file was opened and its identity checked; now it shrinks under the reads (whatever
+    the exchange: every mode reads through here).
+    """
+    state = {"done": False}
+
+    def preadv(fd: int, iov: int, count: int, offset: int) -> int:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if rank == 0 and not state["done"] and path.endswith(FAULTY):
+            state["done"] = True
+            os.truncate(path, 200)
+        return real(fd, iov, count, offset)  # type: ignore[operator]
+
+    return preadv
 
 
 def _failing_preadv(real: object, rank: int) -> object:
@@ -118,10 +130,10 @@ def _failing_preadv(real: object, rank: int) -> object:
 
 
 def _load_with_fault(
-    rank: int, base: Path, fault: str, broadcast: bool
+    rank: int, base: Path, fault: str, exchange: str
 ) -> tuple[Outcome, dict[str, torch.Tensor]]:
     slug = "".join(c if c.isalnum() else "-" for c in fault)
-    path = base / f"{slug}-{broadcast}"
+    path = base / f"{slug}-{exchange}"
     if rank == 0:
         shutil.copytree(base / "pristine", path)
         if fault == "one rank's copy differs":
@@ -141,7 +153,9 @@ def _load_with_fault(
     real_preadv = _sysio._preadv
     if fault == "I/O error in one read thread":
         _sysio._preadv = _failing_preadv(real_preadv, rank)  # type: ignore[assignment]
-    reader = HuggingFaceStorageReader(where, thread_count=2, broadcast_replicated=broadcast)
+    if fault == "truncated while reading":
+        _sysio._preadv = _truncating_preadv(real_preadv, rank)  # type: ignore[assignment]
+    reader = HuggingFaceStorageReader(where, thread_count=2, exchange=exchange)
     begin = time.monotonic()
     try:
         dcp.load(state, storage_reader=reader, planner=_FaultPlanner(fault, rank, path))
@@ -154,15 +168,15 @@ def _load_with_fault(
     return outcome, {name: tensor.to_local() for name, tensor in state.items()}
 
 
-def _run_faults(rank: int, world_size: int, base: str) -> dict[tuple[str, bool], Outcome]:
+def _run_faults(rank: int, world_size: int, base: str) -> dict[tuple[str, str], Outcome]:
     assert world_size == WORLD
     outcomes = {}
-    for broadcast in (True, False):
+    for exchange in EXCHANGES:
         for fault in FAULTS:
-            outcomes[fault, broadcast], _ = _load_with_fault(rank, Path(base), fault, broadcast)
+            outcomes[fault, exchange], _ = _load_with_fault(rank, Path(base), fault, exchange)
     # The same ranks load the pristine copy afterwards: the faults left nothing behind.
-    clean, local = _load_with_fault(rank, Path(base), "none", True)
-    outcomes["none", True] = clean
+    clean, local = _load_with_fault(rank, Path(base), "none", "striped")
+    outcomes["none", "striped"] = clean
     mesh = init_device_mesh("cpu", (WORLD,))
     for name, shape in SHAPES.items():
         whole = sample_tensor(shape, torch.float32, seed=len(name))
@@ -178,17 +192,17 @@ def test_every_rank_raises_naming_the_file_for_every_fault_during_a_load(tmp_pat
     }
     write_hf_checkpoint(tmp_path / "pristine", tensors, files=2)
     assert sorted(p.name for p in (tmp_path / "pristine").iterdir())[0] == FAULTY
-    per_rank = spawn_ranks(_run_faults, WORLD, str(tmp_path), timeout=150, workdir=tmp_path)
+    per_rank = spawn_ranks(_run_faults, WORLD, str(tmp_path), timeout=175, workdir=tmp_path)
     problems = []
     for rank, outcomes in enumerate(per_rank):
         assert isinstance(outcomes, dict)
-        assert outcomes["none", True].error is None, outcomes["none", True].message
-        for broadcast in (True, False):
+        assert outcomes["none", "striped"].error is None, outcomes["none", "striped"].message
+        for exchange in EXCHANGES:
             for fault in FAULTS:
-                outcome = outcomes[fault, broadcast]
+                outcome = outcomes[fault, exchange]
                 if outcome.error is None or FAULTY not in outcome.message:
                     problems.append(
-                        f"rank {rank}, {fault}, broadcast={broadcast}: {outcome.error} "
+                        f"rank {rank}, {fault}, exchange={exchange}: {outcome.error} "
                         f"{outcome.message[:300]!r}"
                     )
     assert not problems, "\n".join(problems)

@@ -198,19 +198,66 @@ def test_plan_fsdp_reads_every_byte_exactly_once(
     assert all(r["files"] == [FIRST, SECOND] for r in report["ranks"])
 
 
-def test_plan_replicate_reads_everything_on_every_rank_unless_broadcast(
+def test_plan_replicate_reads_everything_on_every_rank_unless_exchanged(
     capsys: pytest.CaptureFixture[str], sample: Path
 ) -> None:
     total = describe(sample).nbytes
     argv = ("plan", sample, "--world", "3", "--layout", "replicate", "--json")
-    for options in ((), ("--no-broadcast",), ("--hosts", "2", "--no-broadcast")):
+    for options in ((), ("--no-broadcast",), ("--hosts", "2", "--exchange", "off")):
         _, out, _ = run(capsys, *argv, *options)
         assert [r["bytes_read"] for r in json.loads(out)["ranks"]] == [total] * 3
-    for options in (("--broadcast",), ("--hosts", "3")):
+    for options in (("--broadcast",), ("--hosts", "3", "--exchange", "replicated")):
         _, out, _ = run(capsys, *argv, *options)
         ranks = json.loads(out)["ranks"]
         assert sum(r["bytes_read"] for r in ranks) == total
         assert all(r["bytes_read"] + r["bytes_received"] == total for r in ranks)
+    _, out, _ = run(capsys, *argv, "--hosts", "3", "--exchange", "striped")
+    ranks = json.loads(out)["ranks"]
+    assert sum(r["bytes_read"] for r in ranks) == total
+    assert all(
+        r["bytes_received"] == total - r["bytes_needed"] + r["bytes_received"] for r in ranks
+    )
+
+
+def test_plan_prices_every_exchange_and_marks_what_auto_picks(
+    capsys: pytest.CaptureFixture[str], sample: Path
+) -> None:
+    total = describe(sample).nbytes
+    argv = ("plan", sample, "--world", "4", "--layout", "fsdp", "--json")
+    _, out, _ = run(capsys, *argv)
+    report = json.loads(out)
+    assert report["auto"] == "off"  # one host: the ranks share the page cache
+    assert report["exchange"] == "off"
+    strategies = report["strategies"]
+    assert sorted(strategies) == ["off", "replicated", "striped"]
+    assert sum(strategies["off"]["read_bytes"]) == total
+    assert sum(strategies["striped"]["read_bytes"]) == total
+    assert strategies["off"]["exchanged_bytes"] == 0
+    # Striped: each rank reads a quarter of the file order, so most of what it needs moves.
+    assert strategies["striped"]["exchanged_bytes"] > 0
+    assert max(strategies["striped"]["reads"]) <= max(strategies["off"]["reads"])
+    # A slow interconnect keeps "off"; slow storage behind fast links picks an exchange.
+    _, out, _ = run(capsys, *argv, "--hosts", "2", "--interconnect-gbps", "0.001")
+    assert json.loads(out)["auto"] == "off"
+    status, out, _ = run(
+        capsys,
+        "plan",
+        sample,
+        "--world",
+        "4",
+        "--layout",
+        "replicate",
+        "--hosts",
+        "4",
+        "--storage-gbps",
+        "0.001",
+        "--read-latency-ms",
+        "0",
+    )
+    assert status == 0
+    assert "<- auto" in out
+    auto_line = next(line for line in out.splitlines() if line.endswith("<- auto"))
+    assert not auto_line.startswith("off")
 
 
 def test_plan_hsdp_and_fsdp_tp_cover_each_replica_once(
@@ -218,7 +265,18 @@ def test_plan_hsdp_and_fsdp_tp_cover_each_replica_once(
 ) -> None:
     total = describe(sample).nbytes
     _, out, _ = run(
-        capsys, "plan", sample, "--world", "4", "--layout", "hsdp", "--json", "--hosts", "2"
+        capsys,
+        "plan",
+        sample,
+        "--world",
+        "4",
+        "--layout",
+        "hsdp",
+        "--json",
+        "--hosts",
+        "2",
+        "--exchange",
+        "replicated",
     )
     ranks = json.loads(out)["ranks"]
     assert [r["coordinate"] for r in ranks] == [[0, 0], [0, 1], [1, 0], [1, 1]]
@@ -233,7 +291,7 @@ def test_plan_hsdp_and_fsdp_tp_cover_each_replica_once(
     status, out, _ = run(capsys, "plan", sample, "--world", "4", "--layout", "tp")
     assert status == 0
     assert "mesh 4" in out
-    assert out.count("\n") == 4 + 3
+    assert out.count("\n") == 4 + 3 + 6  # header, 4 ranks, total; then the exchanges
 
 
 def test_status_line_is_silent_when_not_a_terminal(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ PUBLIC = [
     "CheckpointNotFoundError",
     "ConsolidateReport",
     "Conversion",
+    "CostModel",
     "FileCheck",
     "FileHeader",
     "FileStamp",

@@ -93,7 +93,14 @@ def test_the_root_package_is_not_imported_from_inside_a_stage() -> None:
         assert roots == [], f"{module} imports public names from the package root"
 
 
-@pytest.mark.parametrize("module", [name for name in MODULES if _stage(name) is not None and STAGES[_stage(name) or 0] in TORCH_FREE])
+@pytest.mark.parametrize(
+    "module",
+    [
+        name
+        for name in MODULES
+        if _stage(name) is not None and STAGES[_stage(name) or 0] in TORCH_FREE
+    ],
+)
 def test_the_parsing_stages_never_import_torch(module: str) -> None:
     seen: set[str] = set()
     todo = [module]

@@ -1,0 +1,331 @@
+"""The cost model behind ``exchange="auto"``: predicted load time of each strategy.
+
+A load's time is modelled as three phases run one after the other (the exchange does not
+overlap reading with sending):
+
+* **storage** — each host reads its ranks' bytes from the checkpoint's file system at
+  ``storage_gbps`` per host (all its ranks together), plus a fixed ``read_latency_ms`` per
+  read call, ``reads_in_flight`` of them overlapping per host; ranks of one host share its
+  page cache, so under ``"off"`` a host fetches the union of its ranks' requests once;
+* **exchange** — bytes between hosts move at ``interconnect_gbps`` per host and direction,
+  bytes between ranks of one host at ``intra_host_gbps``; the busiest host sets the pace;
+* **rounds** — each exchange round costs one small all-gather, ``collective_latency_ms``
+  times ``log2`` of the ranks.
+
+The slowest host decides each phase.  The defaults describe a network file system
+(2 GB/s per host, 1 ms per read) and a 25 GB/s interconnect; measure yours and pass a
+:class:`CostModel`.  On one host ``"auto"`` keeps ``"off"``: the ranks share the page
+cache, so exchanging bytes only adds copies.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
+
+from hyperckpt._broadcast.schedule import BroadcastSchedule, item_key
+from hyperckpt._broadcast.strategy import Strategy, plan_exchange
+from hyperckpt._broadcast.stripes import StripeSchedule
+from hyperckpt._read.boxes import Box
+from hyperckpt._read.dtypes import to_torch_dtype
+from hyperckpt._read.engine import CHUNK_BYTES, MAX_GAP, StorageInfo
+
+__all__ = [
+    "STRATEGIES",
+    "CostModel",
+    "StrategyCost",
+    "choose_exchange",
+    "compare",
+    "estimate",
+    "pick",
+]
+
+STRATEGIES: tuple[Strategy, ...] = ("off", "replicated", "striped")
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    """Bandwidths and latencies the prediction assumes.
+
+    Attributes:
+        storage_gbps: GB/s (1e9 bytes) one host reads from the checkpoint's storage, all
+            its ranks together.
+        interconnect_gbps: GB/s one host sends (and, at the same time, receives) to and
+            from other hosts.
+        intra_host_gbps: GB/s of copies between ranks of one host.
+        read_latency_ms: Fixed cost of one read call on the storage, in milliseconds.
+        reads_in_flight: Read calls one host keeps in flight.
+        collective_latency_ms: Cost of one small collective step, in milliseconds
+            (a round costs this times ``log2`` of the ranks).
+    """
+
+    storage_gbps: float = 2.0
+    interconnect_gbps: float = 25.0
+    intra_host_gbps: float = 100.0
+    read_latency_ms: float = 1.0
+    reads_in_flight: int = 32
+    collective_latency_ms: float = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class StrategyCost:
+    """What one strategy would do for a load, and the model's time for it.
+
+    Attributes:
+        strategy: ``"off"``, ``"replicated"`` or ``"striped"``.
+        read_bytes: Bytes each rank reads from the files, by rank.
+        reads: Read calls each rank issues (after coalescing, split at 8 MiB), by rank.
+        host_read_bytes: Bytes each host fetches from storage (page cache shared), by host
+            in order of first appearance.
+        exchanged_bytes: Payload bytes sent between ranks, in total.
+        inter_host_bytes: Of those, bytes that cross hosts.
+        rounds: Exchange rounds (0 without an exchange).
+        seconds: Predicted load time, in seconds.
+        storage_seconds: Of which reading storage (the slowest host).
+        exchange_seconds: Of which the exchange (the busiest host) and its rounds.
+    """
+
+    strategy: Strategy
+    read_bytes: tuple[int, ...]
+    reads: tuple[int, ...]
+    host_read_bytes: tuple[int, ...]
+    exchanged_bytes: int
+    inter_host_bytes: int
+    rounds: int
+    seconds: float
+    storage_seconds: float
+    exchange_seconds: float
+
+
+def compare(
+    plans: list[LoadPlan],
+    hosts: Sequence[str],
+    storage: Callable[[ReadItem], StorageInfo],
+    model: CostModel,
+    *,
+    round_bytes: int,
+    batch_bytes: int,
+    strategies: Sequence[Strategy] = STRATEGIES,
+) -> dict[Strategy, tuple[StrategyCost, list[LoadPlan]]]:
+    """Plan each strategy and predict its cost.
+
+    Args:
+        plans: Every rank's plan, by rank.
+        hosts: Each rank's host, by rank.
+        storage: A read item's stored chunk.
+        model: The bandwidths and latencies.
+        round_bytes: The exchange's round budget (the readers' ``staging_bytes``).
+        batch_bytes: Replicated slices under this travel batched.
+        strategies: The strategies to plan.
+
+    Returns:
+        By strategy: its cost and the plans carrying its schedules.
+    """
+    results = {}
+    for strategy in strategies:
+        planned = plan_exchange(
+            plans, strategy, storage, round_bytes=round_bytes, batch_bytes=batch_bytes
+        )
+        results[strategy] = (estimate(strategy, planned, hosts, storage, model), planned)
+    return results
+
+
+def choose_exchange(
+    plans: list[LoadPlan],
+    hosts: Sequence[str],
+    storage: Callable[[ReadItem], StorageInfo],
+    model: CostModel,
+    *,
+    round_bytes: int,
+    batch_bytes: int,
+) -> tuple[Strategy, list[LoadPlan]]:
+    """What ``exchange="auto"`` does: ``"off"`` on one host, else the fastest prediction.
+
+    Ties go to the simpler strategy (``off``, then ``replicated``, then ``striped``).
+
+    Returns:
+        The strategy and the plans carrying its schedules.
+    """
+    if len(set(hosts)) < 2:
+        return "off", plan_exchange(
+            plans, "off", storage, round_bytes=round_bytes, batch_bytes=batch_bytes
+        )
+    results = compare(
+        plans, hosts, storage, model, round_bytes=round_bytes, batch_bytes=batch_bytes
+    )
+    best = pick({s: cost for s, (cost, _) in results.items()}, hosts=len(set(hosts)))
+    return best, results[best][1]
+
+
+def pick(costs: Mapping[Strategy, StrategyCost], *, hosts: int) -> Strategy:
+    """The strategy ``"auto"`` picks from predicted costs: ``"off"`` on one host, else the
+    fastest, ties to the simpler one (``off``, then ``replicated``, then ``striped``)."""
+    if hosts < 2 or not costs:
+        return "off"
+    return min(costs, key=lambda s: (costs[s].seconds, STRATEGIES.index(s)))
+
+
+def estimate(
+    strategy: Strategy,
+    plans: Sequence[LoadPlan],
+    hosts: Sequence[str],
+    storage: Callable[[ReadItem], StorageInfo],
+    model: CostModel,
+) -> StrategyCost:
+    """The model's cost of ``plans``, already planned for ``strategy``."""
+    world = len(plans)
+    names = list(dict.fromkeys(hosts))
+    host_of = [names.index(host) for host in hosts]
+    read_bytes = [0] * world
+    reads = [0] * world
+    host_bytes = [0] * len(names)
+    inter_out = [0] * len(names)
+    inter_in = [0] * len(names)
+    intra = [0] * len(names)
+    rounds = 0
+    exchanged = 0
+
+    def send(source: int, receiver: int, nbytes: int) -> None:
+        nonlocal exchanged
+        exchanged += nbytes
+        a, b = host_of[source], host_of[receiver]
+        if a == b:
+            intra[a] += nbytes
+        else:
+            inter_out[a] += nbytes
+            inter_in[b] += nbytes
+
+    if strategy == "striped":
+        first_item: dict[tuple[str, tuple[int, ...]], ReadItem] = {}
+        for plan in plans:
+            for item in plan.items:
+                first_item.setdefault(
+                    (item.storage_index.fqn, tuple(item.storage_index.offset or ())), item
+                )
+        for rank, plan in enumerate(plans):
+            schedule = plan.storage_data
+            if not isinstance(schedule, StripeSchedule):
+                continue
+            rounds = schedule.rounds
+            extents = []
+            for part in schedule.parts:
+                info = storage(first_item[part.chunk])
+                itemsize = to_torch_dtype(info.dtype).itemsize
+                row = math.prod(info.shape[1:]) * itemsize if info.shape else info.length
+                nbytes = (part.rows[1] - part.rows[0]) * row
+                read_bytes[rank] += nbytes
+                extents.append((part.round, info.file, info.offset + part.rows[0] * row, nbytes))
+            reads[rank] += _read_calls(extents)
+            for message in schedule.messages:
+                if message.source == rank and message.receiver != rank:
+                    send(rank, message.receiver, sum(slot.nbytes for slot in message.slots))
+        for rank in range(world):
+            host_bytes[host_of[rank]] += read_bytes[rank]
+    else:
+        shared: set[tuple[int, object]] = set()
+        if strategy == "replicated":
+            for rank, plan in enumerate(plans):
+                schedule = plan.storage_data
+                if not isinstance(schedule, BroadcastSchedule):
+                    continue
+                rounds = schedule.rounds
+                for transfer in schedule.transfers:
+                    shared.update((rank, slot.key) for slot in transfer.slots)
+                    if transfer.source != rank:
+                        continue
+                    payload = sum(slot.nbytes for slot in transfer.slots)
+                    read_bytes[rank] += payload
+                    reads[rank] += len(transfer.slots)
+                    for receiver in transfer.receivers:
+                        send(rank, receiver, payload)
+        seen: list[dict[object, int]] = [{} for _ in names]
+        for rank, plan in enumerate(plans):
+            for item in plan.items:
+                key = item_key(item)
+                if (rank, key) in shared:
+                    continue
+                nbytes, calls = _request(item, storage(item))
+                read_bytes[rank] += nbytes
+                reads[rank] += calls
+                seen[host_of[rank]][key] = nbytes
+        for host, boxes in enumerate(seen):
+            host_bytes[host] += sum(boxes.values())
+        if strategy == "replicated":
+            for rank, plan in enumerate(plans):
+                schedule = plan.storage_data
+                if isinstance(schedule, BroadcastSchedule):
+                    for transfer in schedule.transfers:
+                        if transfer.source == rank:
+                            host_bytes[host_of[rank]] += sum(s.nbytes for s in transfer.slots)
+    host_reads = [0] * len(names)
+    for rank in range(world):
+        host_reads[host_of[rank]] += reads[rank]
+    storage_seconds = max(
+        (
+            host_bytes[h] / (model.storage_gbps * 1e9)
+            + host_reads[h] * model.read_latency_ms / 1e3 / max(1, model.reads_in_flight)
+            for h in range(len(names))
+        ),
+        default=0.0,
+    )
+    network = max(
+        (
+            max(inter_out[h], inter_in[h]) / (model.interconnect_gbps * 1e9)
+            + intra[h] / (model.intra_host_gbps * 1e9)
+            for h in range(len(names))
+        ),
+        default=0.0,
+    )
+    round_cost = rounds * model.collective_latency_ms / 1e3 * max(1.0, math.log2(max(2, world)))
+    exchange_seconds = network + round_cost
+    return StrategyCost(
+        strategy=strategy,
+        read_bytes=tuple(read_bytes),
+        reads=tuple(reads),
+        host_read_bytes=tuple(host_bytes),
+        exchanged_bytes=exchanged,
+        inter_host_bytes=sum(inter_out),
+        rounds=rounds,
+        seconds=storage_seconds + exchange_seconds,
+        storage_seconds=storage_seconds,
+        exchange_seconds=exchange_seconds,
+    )
+
+
+def _read_calls(extents: list[tuple[int, str, int, int]]) -> int:
+    """Read calls for ``(round, file, offset, bytes)`` extents: the engine joins extents of
+    one round that touch in a file, and splits reads at 8 MiB."""
+    calls = 0
+    run_key: tuple[int, str] | None = None
+    run_end = run_bytes = 0
+    for number, file, offset, nbytes in sorted(extents):
+        if (number, file) == run_key and offset == run_end:
+            run_bytes += nbytes
+        else:
+            calls += math.ceil(run_bytes / CHUNK_BYTES)
+            run_key, run_bytes = (number, file), nbytes
+        run_end = offset + nbytes
+    return calls + math.ceil(run_bytes / CHUNK_BYTES)
+
+
+def _request(item: ReadItem, info: StorageInfo) -> tuple[int, int]:
+    """Bytes and read calls the engine spends on one request (runs closer than 16 KiB join)."""
+    itemsize = to_torch_dtype(info.dtype).itemsize
+    box = Box(info.offset, info.shape, tuple(item.storage_offsets), tuple(item.lengths), itemsize)
+    if box.nbytes == 0:
+        return 0, 0
+    if box.is_one_run():
+        return box.nbytes, math.ceil(box.nbytes / CHUNK_BYTES)
+    narrowed = [d for d in range(len(box.shape)) if box.lengths[d] != box.shape[d]]
+    inner = narrowed[-1]
+    run = math.prod(box.lengths[inner:]) * itemsize
+    runs = box.nbytes // run
+    strides = box.strides()
+    gap = strides[inner - 1] * itemsize - run if inner else 0
+    if gap <= MAX_GAP:
+        _, span = box.span()
+        return box.nbytes, math.ceil(span / CHUNK_BYTES)
+    return box.nbytes, runs

@@ -1,0 +1,413 @@
+"""Headers read once per job: one rank describes the checkpoint, the others only ``stat``.
+
+Under ``torch.distributed`` every rank needs the same validated
+:class:`~hyperckpt._layout.directory.CheckpointLayout`, and DCP asks every rank for it at the same time
+(``read_metadata`` inside its local step).  Reading and parsing every header on every rank
+turns a large job into a metadata storm (a DeepSeek-V3 checkpoint at 512 ranks: 83,000
+header reads).  Here one rank of the group (or one per host) reads and validates the
+headers and the index and sends a compact encoding of the layout; the others read no header
+byte.  They ``stat`` each file instead and compare its identity with the reader's (size,
+mtime, ctime, inode), so a rank that sees other files (another mount, a copy, a file
+replaced meanwhile) refuses instead of loading bytes that do not match the headers.
+
+Failures reach every rank: a refused checkpoint travels as its error text instead of the
+layout, and the ``stat`` comparison ends with a small all-gather, so every rank raises the
+same message (naming the file and the rank where it differs) and none waits forever.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType, MappingProxyType
+from typing import Literal, cast
+
+import torch.distributed as dist
+
+from hyperckpt._format.header import FileHeader, FileStamp, TensorEntry
+from hyperckpt._layout.directory import CheckpointLayout, Piece, TensorLayout
+from hyperckpt._layout.directory import describe as describe_locally
+from hyperckpt.errors import CheckpointChangedError, CheckpointError, CheckpointNotFoundError
+
+__all__ = [
+    "HOST_ENV",
+    "HeaderReads",
+    "check_header_reads",
+    "dcp_group",
+    "decode_layout",
+    "describe",
+    "encode_layout",
+    "host_name",
+    "reader_layout",
+    "shared_layout",
+]
+
+logger = logging.getLogger(__name__)
+
+#: How many ranks read the headers: ``"once"`` (one rank of the group), ``"per-host"`` (the
+#: lowest rank of each host), ``"every-rank"``, or ``"auto"`` (``"once"`` inside a
+#: distributed ``dcp.load``, else ``"every-rank"``).
+HeaderReads = Literal["auto", "once", "per-host", "every-rank"]
+HEADER_READS: tuple[str, ...] = ("auto", "once", "per-host", "every-rank")
+
+#: Environment variable that overrides the host name ranks report (tests pose as hosts).
+HOST_ENV = "HYPERCKPT_HOST"
+
+_DCP_LOADER = "torch.distributed.checkpoint.state_dict_loader"
+
+
+def host_name() -> str:
+    """The host this rank runs on: ``$HYPERCKPT_HOST`` when set, else the machine's name."""
+    return os.environ.get(HOST_ENV) or socket.gethostname()
+
+
+def check_header_reads(value: str) -> None:
+    """Refuse an unknown ``header_reads`` option, listing the allowed ones."""
+    if value not in HEADER_READS:
+        raise ValueError(f"header_reads must be one of {', '.join(HEADER_READS)}; got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Refusal:
+    """A failure as the other ranks hear of it: the error's type, text and facts."""
+
+    rank: int
+    kind: str
+    message: str
+    path: str | None
+    tensor: str | None
+
+
+# The encoded layout: plain tuples, dicts and strings (picklable, compact, versionless).
+_Entry = tuple[str, str, tuple[int, ...], int, int]
+_File = tuple[str, tuple[int, int, int, int, int], int, tuple[_Entry, ...], dict[str, str] | None]
+_Tensor = tuple[
+    str, str, tuple[int, ...], tuple[tuple[int, tuple[int, ...], tuple[int, ...], int, int], ...]
+]
+_Encoded = tuple[str, str, tuple[_File, ...], tuple[_Tensor, ...]]
+
+
+def encode_layout(layout: CheckpointLayout) -> _Encoded:
+    """A layout as plain tuples (``MappingProxyType`` does not pickle); see :func:`decode_layout`."""
+    names = list(layout.files)
+    number = {name: index for index, name in enumerate(names)}
+    files = tuple(
+        (
+            name,
+            (h.stamp.size, h.stamp.mtime_ns, h.stamp.inode, h.stamp.device, h.stamp.ctime_ns),
+            h.header_length,
+            tuple((e.name, e.dtype, e.shape, e.start, e.stop) for e in h.tensors.values()),
+            None if h.metadata is None else dict(h.metadata),
+        )
+        for name, h in layout.files.items()
+    )
+    tensors = tuple(
+        (
+            t.name,
+            t.dtype,
+            t.shape,
+            tuple((number[p.file], p.offsets, p.shape, p.start, p.stop) for p in t.pieces),
+        )
+        for t in layout.tensors.values()
+    )
+    return (layout.kind, layout.root, files, tensors)
+
+
+def decode_layout(encoded: _Encoded, root: str) -> CheckpointLayout:
+    """The layout :func:`encode_layout` encoded, with files under this rank's ``root``.
+
+    Each header keeps the reader's stamp; :func:`shared_layout` replaces it with this rank's
+    own ``stat`` once the two agree.
+    """
+    kind, _, files, tensors = encoded
+    headers: dict[str, FileHeader] = {}
+    for name, stamp, header_length, entries, metadata in files:
+        headers[name] = FileHeader(
+            name=name,
+            path=os.path.join(root, name),
+            stamp=FileStamp(*stamp),
+            header_length=header_length,
+            tensors=MappingProxyType({e[0]: TensorEntry(*e) for e in entries}),
+            metadata=None if metadata is None else MappingProxyType(metadata),
+        )
+    names = [file[0] for file in files]
+    layouts = {
+        name: TensorLayout(
+            name,
+            dtype,
+            shape,
+            tuple(
+                Piece(names[f], offsets, piece_shape, s, e)
+                for f, offsets, piece_shape, s, e in pieces
+            ),
+        )
+        for name, dtype, shape, pieces in tensors
+    }
+    if kind not in ("huggingface", "torch-sharded"):
+        raise AssertionError(f"unknown layout kind {kind!r}")
+    return CheckpointLayout(
+        cast(Literal["huggingface", "torch-sharded"], kind),
+        root,
+        MappingProxyType(headers),
+        MappingProxyType(layouts),
+    )
+
+
+def describe(
+    path: str | os.PathLike[str],
+    *,
+    process_group: dist.ProcessGroup | None = None,
+    header_reads: HeaderReads = "auto",
+) -> CheckpointLayout:
+    """Validate a checkpoint of either kind from its headers and describe it; no data is read.
+
+    The kind is detected (a torch sharded directory or a Hugging Face checkpoint).  Use this
+    outside ``dcp.load`` to get typed errors: inside ``dcp.load`` torch keeps only their text.
+
+    Args:
+        path: A checkpoint directory, or a single ``.safetensors`` file.
+        process_group: When given (and torch.distributed is initialized), every rank of it
+            must call this together: the headers are read once (see ``header_reads``) and
+            the others only ``stat`` their files.
+        header_reads: ``"auto"`` or ``"once"``: one rank of ``process_group`` reads the
+            headers; ``"per-host"``: the lowest rank on each host; ``"every-rank"``: each
+            rank reads them itself (no collective).
+
+    Returns:
+        The validated layout; its file stamps are this rank's own ``stat``.
+
+    Raises:
+        CheckpointNotFoundError: The path, or a file the checkpoint needs, does not exist.
+        CheckpointError: Any rule is broken; the message names the file and the tensor.
+            Under a process group every rank raises, with the same message.
+        CheckpointChangedError: Under a process group, a rank sees a file that differs from
+            the one whose header was read (the message names the file and the rank).
+    """
+    check_header_reads(header_reads)
+    distributed = dist.is_available() and dist.is_initialized()
+    if process_group is None or not distributed or header_reads == "every-rank":
+        return describe_locally(path)
+    return shared_layout(
+        path, describe_locally, group=process_group, per_host=header_reads == "per-host"
+    )
+
+
+def dcp_group() -> tuple[bool | None, dist.ProcessGroup | None]:
+    """Whether the caller runs inside a distributed ``dcp.load``, and that load's group.
+
+    Returns ``(True, group)`` inside a distributed ``dcp.load``, ``(False, None)`` inside one
+    with ``no_dist=True``, ``(None, None)`` outside ``dcp.load``.
+
+    DCP does not tell a reader whether ``read_metadata`` runs on every rank together or, with
+    ``no_dist=True``, on one rank alone; a collective in the second case would wait
+    forever.  The answer is on the stack: DCP's ``_load_state_dict`` frame holds its
+    ``_DistWrapper``.  When that frame or its attributes are not found (another torch, a
+    direct call), the answer is "not inside", and with ``header_reads="auto"`` every rank
+    reads its own headers: slower, never stuck.
+    """
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_globals.get("__name__") == _DCP_LOADER and "distW" in frame.f_locals:
+            wrapper = frame.f_locals["distW"]
+            use_dist = getattr(wrapper, "use_dist", None)
+            if use_dist is True:
+                group = getattr(wrapper, "group", None)
+                return True, cast(dist.ProcessGroup | None, group)
+            return False, None
+        frame = frame.f_back
+    return None, None
+
+
+def reader_layout(
+    path: str | os.PathLike[str],
+    describe_fn: Callable[[str | os.PathLike[str]], CheckpointLayout],
+    *,
+    header_reads: HeaderReads,
+    group: dist.ProcessGroup | None,
+) -> CheckpointLayout:
+    """The layout a reader's ``read_metadata`` returns, its headers read as configured.
+
+    Inside a distributed ``dcp.load`` the load's own group shares the layout (unless
+    ``header_reads="every-rank"``); inside a ``no_dist=True`` load every rank reads alone;
+    outside ``dcp.load`` only an explicit ``"once"`` or ``"per-host"`` shares it, over
+    ``group``, and every rank of it must then call together.
+    """
+    if header_reads == "every-rank" or not (dist.is_available() and dist.is_initialized()):
+        return describe_fn(path)
+    inside, load_group = dcp_group()
+    if inside is False or (inside is None and header_reads == "auto"):
+        return describe_fn(path)
+    if inside is None:
+        load_group = group
+    if dist.get_world_size(load_group) < 2:
+        return describe_fn(path)
+    return shared_layout(path, describe_fn, group=load_group, per_host=header_reads == "per-host")
+
+
+def shared_layout(
+    path: str | os.PathLike[str],
+    describe_fn: Callable[[str | os.PathLike[str]], CheckpointLayout],
+    *,
+    group: dist.ProcessGroup | None,
+    per_host: bool = False,
+) -> CheckpointLayout:
+    """Describe the checkpoint on one rank (or one per host) and share it with the group.
+
+    Every rank of ``group`` must call this at the same time.
+
+    Args:
+        path: This rank's path to the checkpoint (ranks may mount it at different places).
+        describe_fn: Reads and validates the headers (the reader's kind of checkpoint).
+        group: The process group; ``None`` means the default group.
+        per_host: One reader per host (the lowest rank there) instead of one per group.
+
+    Returns:
+        The layout, with this rank's root and ``stat`` stamps.
+
+    Raises:
+        CheckpointError: The reader refused the checkpoint (same message on every rank), or
+            a rank's files differ from the reader's (:class:`CheckpointChangedError`).
+    """
+    rank = dist.get_rank(group)
+    size = dist.get_world_size(group)
+    if per_host:
+        hosts: list[object] = [None] * size
+        dist.all_gather_object(hosts, host_name(), group=group)
+        leader = hosts.index(hosts[rank])
+        members = [r for r in range(size) if hosts[r] == hosts[rank]]
+    else:
+        leader, members = 0, list(range(size))
+    payload: list[object] = [None]
+    own_error: BaseException | None = None
+    described: CheckpointLayout | None = None
+    if rank == leader:
+        try:
+            described = describe_fn(path)
+            payload[0] = encode_layout(described)
+        except Exception as err:  # re-raised here once the other ranks have the text
+            own_error = err
+            payload[0] = _refusal(rank, err)
+    if per_host:
+        if rank == leader:
+            for member in members[1:]:
+                dist.send_object_list(payload, group_dst=member, group=group)
+        else:
+            dist.recv_object_list(payload, group_src=leader, group=group)
+    else:
+        dist.broadcast_object_list(payload, group_src=leader, group=group)
+    if own_error is not None:
+        raise own_error
+    received = payload[0]
+    if isinstance(received, _Refusal):
+        raise _rebuild(received)
+    encoded = cast(_Encoded, received)
+    problem: _Refusal | None = None
+    layout: CheckpointLayout | None = described
+    if rank != leader:
+        try:
+            layout = _with_own_stamps(decode_layout(encoded, _local_root(path, encoded)), rank)
+        except CheckpointError as err:
+            problem = _refusal(rank, err)
+    statuses: list[object] = [None] * size
+    dist.all_gather_object(statuses, problem, group=group)
+    refusals = [s for s in statuses if isinstance(s, _Refusal)]
+    if refusals:
+        raise _rebuild(refusals[0])
+    assert layout is not None, "a rank without a layout reported a problem"
+    logger.debug(
+        "hyperckpt: rank %d of %d got the layout of %d files from rank %d",
+        rank,
+        size,
+        len(layout.files),
+        leader,
+    )
+    return layout
+
+
+def _local_root(path: str | os.PathLike[str], encoded: _Encoded) -> str:
+    """This rank's checkpoint directory: ``path``, or its parent when it names one file."""
+    local = Path(path)
+    if encoded[0] == "huggingface" and local.suffix == ".safetensors" and not local.is_dir():
+        return str(local.parent)
+    return str(local)
+
+
+def _with_own_stamps(layout: CheckpointLayout, rank: int) -> CheckpointLayout:
+    """The layout with each file's stamp replaced by this rank's ``stat`` of it.
+
+    Raises:
+        CheckpointChangedError: A file is missing or differs in size, mtime, ctime or inode.
+    """
+    headers = {}
+    for name, header in layout.files.items():
+        try:
+            now = FileStamp.of(os.stat(header.path))
+        except FileNotFoundError as err:
+            raise CheckpointNotFoundError(
+                f"{name}: rank {rank} cannot find it at {header.path}, though the rank that "
+                f"read the headers found it; every rank must see the same checkpoint (same "
+                f"directory contents on every host)",
+                path=name,
+            ) from err
+        except OSError as err:
+            raise CheckpointChangedError(
+                f"{name}: rank {rank} cannot stat it ({err.strerror or err}); every rank must "
+                f"see the same checkpoint",
+                path=name,
+            ) from err
+        differs = _differences(header.stamp, now)
+        if differs:
+            raise CheckpointChangedError(
+                f"{name}: rank {rank} sees another file than the rank that read the headers "
+                f"({'; '.join(differs)}): the file was replaced or changed meanwhile, or this "
+                f"rank sees another copy of the checkpoint; make every rank load the same "
+                f"files (or use header_reads='per-host' where hosts number inodes differently)",
+                path=name,
+            )
+        headers[name] = FileHeader(
+            header.name, header.path, now, header.header_length, header.tensors, header.metadata
+        )
+    return CheckpointLayout(layout.kind, layout.root, MappingProxyType(headers), layout.tensors)
+
+
+def _differences(then: FileStamp, now: FileStamp) -> list[str]:
+    """What differs between two stamps, the device excepted (it differs between hosts)."""
+    fields: Sequence[tuple[str, int, int]] = (
+        ("size", then.size, now.size),
+        ("mtime_ns", then.mtime_ns, now.mtime_ns),
+        ("ctime_ns", then.ctime_ns, now.ctime_ns),
+        ("inode", then.inode, now.inode),
+    )
+    return [f"{field} {a} there, {b} here" for field, a, b in fields if a != b]
+
+
+def _refusal(rank: int, err: BaseException) -> _Refusal:
+    return _Refusal(
+        rank,
+        type(err).__name__,
+        str(err),
+        getattr(err, "path", None),
+        getattr(err, "tensor", None),
+    )
+
+
+def _rebuild(refusal: _Refusal) -> CheckpointError:
+    """The error every rank raises for a refusal heard from ``refusal.rank``."""
+    kinds: dict[str, type[CheckpointError]] = {
+        "CheckpointNotFoundError": CheckpointNotFoundError,
+        "CheckpointChangedError": CheckpointChangedError,
+        "CheckpointError": CheckpointError,
+    }
+    kind = kinds.get(refusal.kind)
+    if kind is None:
+        return CheckpointError(
+            f"rank {refusal.rank} failed to read the checkpoint's headers "
+            f"({refusal.kind}): {refusal.message}",
+            path=refusal.path,
+        )
+    return kind(refusal.message, path=refusal.path, tensor=refusal.tensor)

@@ -1,0 +1,108 @@
+"""Which exchange a load uses: none, replicated slices, or stripes, and the plans it makes.
+
+``exchange="off"``: every rank reads its own requests.  ``"replicated"``: a slice several
+ranks need is read by one of them and sent to the others (:mod:`hyperckpt._broadcast.schedule`).
+``"striped"``: the needed bytes are read once in long stripes spread over all ranks and
+every box is sent where it is needed (:mod:`hyperckpt._broadcast.stripes`).  ``"auto"``
+asks the cost model (:mod:`hyperckpt._broadcast.costs`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
+
+from hyperckpt._broadcast.schedule import BroadcastReady, plan_broadcast
+from hyperckpt._broadcast.stripes import ChunkRows, plan_stripes
+from hyperckpt._read.dtypes import to_torch_dtype
+from hyperckpt._read.engine import StorageInfo
+
+__all__ = [
+    "EXCHANGES",
+    "Exchange",
+    "Strategy",
+    "chunk_rows",
+    "exchange_option",
+    "plan_exchange",
+]
+
+#: The ``exchange`` option of the readers and ``hyperckpt.load``.
+Exchange = Literal["auto", "off", "replicated", "striped"]
+#: What ``"auto"`` resolves to.
+Strategy = Literal["off", "replicated", "striped"]
+EXCHANGES: tuple[str, ...] = ("auto", "off", "replicated", "striped")
+
+
+def exchange_option(exchange: Exchange | None, broadcast_replicated: bool | None) -> Exchange:
+    """The ``exchange`` a reader uses, given the deprecated ``broadcast_replicated`` too.
+
+    Raises:
+        ValueError: An unknown ``exchange``, or both options given.
+    """
+    if broadcast_replicated is not None:
+        if exchange is not None:
+            raise ValueError("give exchange= only; broadcast_replicated= is its deprecated alias")
+        warnings.warn(
+            "broadcast_replicated= is deprecated: use exchange='replicated' (True) or "
+            "exchange='off' (False)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return "replicated" if broadcast_replicated else "off"
+    exchange = "auto" if exchange is None else exchange
+    if exchange not in EXCHANGES:
+        raise ValueError(f"exchange must be one of {', '.join(EXCHANGES)}; got {exchange!r}")
+    return exchange
+
+
+def chunk_rows(info: StorageInfo) -> ChunkRows:
+    """A stored chunk as the stripe planner sees it: rows of its first dimension."""
+    itemsize = to_torch_dtype(info.dtype).itemsize
+    if not info.shape:
+        return ChunkRows(info.file, info.offset, 1, info.length, itemsize)
+    return ChunkRows(
+        info.file, info.offset, info.shape[0], math.prod(info.shape[1:]) * itemsize, itemsize
+    )
+
+
+def plan_exchange(
+    plans: list[LoadPlan],
+    strategy: Strategy,
+    storage: Callable[[ReadItem], StorageInfo],
+    *,
+    round_bytes: int,
+    batch_bytes: int,
+) -> list[LoadPlan]:
+    """Every rank's plan with its part of ``strategy``'s schedule in ``storage_data``.
+
+    ``"off"`` clears the readiness marks ``prepare_local_plan`` left.
+    """
+    if strategy == "off" or len(plans) < 2:
+        return [
+            dataclasses.replace(plan, storage_data=None)
+            if isinstance(plan.storage_data, BroadcastReady)
+            else plan
+            for plan in plans
+        ]
+    schedules: Sequence[object]
+    if strategy == "striped":
+        schedules, _ = plan_stripes(
+            plans, lambda item: chunk_rows(storage(item)), round_bytes=round_bytes
+        )
+    else:
+
+        def locate(item: ReadItem) -> tuple[int, str, int]:
+            info = storage(item)
+            size = math.prod(item.lengths) * to_torch_dtype(info.dtype).itemsize
+            return size, info.file, info.offset
+
+        schedules = plan_broadcast(plans, locate, round_bytes=round_bytes, batch_bytes=batch_bytes)
+    return [
+        dataclasses.replace(plan, storage_data=schedule)
+        for plan, schedule in zip(plans, schedules, strict=True)
+    ]

@@ -1,0 +1,131 @@
+"""The ``exchange`` and ``header_reads`` options, the cost model's pick, the layout's encoding."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import sample_tensor, write_hf_checkpoint
+from torch.distributed.checkpoint.metadata import MetadataIndex
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
+
+import hyperckpt
+from hyperckpt import CostModel, HuggingFaceStorageReader, TorchShardedSafetensorsReader
+from hyperckpt._broadcast.costs import choose_exchange, compare, pick
+from hyperckpt._broadcast.headers import dcp_group, decode_layout, encode_layout
+from hyperckpt._read.engine import StorageInfo
+from hyperckpt.testing import shard_file
+
+
+def test_exchange_accepts_its_four_values_and_refuses_others(tmp_path: Path) -> None:
+    for value in ("auto", "off", "replicated", "striped"):
+        assert HuggingFaceStorageReader(tmp_path, exchange=value).exchange == value  # type: ignore[arg-type]
+    assert HuggingFaceStorageReader(tmp_path).exchange == "auto"
+    with pytest.raises(ValueError, match="exchange must be one of auto, off, replicated, striped"):
+        HuggingFaceStorageReader(tmp_path, exchange="sideways")  # type: ignore[arg-type]
+
+
+def test_broadcast_replicated_is_a_deprecated_alias_of_exchange(tmp_path: Path) -> None:
+    for value, expected in ((True, "replicated"), (False, "off")):
+        with pytest.warns(DeprecationWarning, match="exchange='replicated'"):
+            reader = TorchShardedSafetensorsReader(tmp_path, broadcast_replicated=value)
+        assert reader.exchange == expected
+    with pytest.raises(ValueError, match="give exchange= only"):
+        HuggingFaceStorageReader(tmp_path, exchange="off", broadcast_replicated=True)
+
+
+def test_header_reads_refuses_unknown_values(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="header_reads must be one of auto, once"):
+        HuggingFaceStorageReader(tmp_path, header_reads="twice")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="header_reads must be one of"):
+        hyperckpt.describe(tmp_path, header_reads="twice")  # type: ignore[arg-type]
+
+
+def test_outside_dcp_load_the_reader_is_not_inside_a_distributed_load() -> None:
+    assert dcp_group() == (None, None)
+
+
+def test_a_layout_survives_encoding_and_pickling_under_another_root(tmp_path: Path) -> None:
+    tensors = {f"t{i}": sample_tensor((3, i + 1), torch.bfloat16, seed=i) for i in range(5)}
+    write_hf_checkpoint(tmp_path / "hf", tensors, files=2)
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    (sharded / "shard-00001-model-00001-of-00001.safetensors").write_bytes(
+        shard_file({"w": ("F32", (2, 3), (0, 0))})
+    )
+    (sharded / "shard-00002-model-00001-of-00001.safetensors").write_bytes(
+        shard_file({"w": ("F32", (2, 3), (2, 0))})
+    )
+    for root in (tmp_path / "hf", sharded):
+        layout = hyperckpt.describe(root)
+        decoded = decode_layout(pickle.loads(pickle.dumps(encode_layout(layout))), str(root))
+        assert decoded == layout
+        moved = decode_layout(encode_layout(layout), "/elsewhere")
+        assert moved.root == "/elsewhere"
+        assert all(h.path.startswith("/elsewhere/") for h in moved.files.values())
+        assert dict(moved.tensors) == dict(layout.tensors)
+
+
+def _item(name: str, rows: tuple[int, int]) -> ReadItem:
+    return ReadItem(
+        type=LoadItemType.TENSOR,
+        dest_index=MetadataIndex(name, torch.Size([rows[0], 0])),
+        dest_offsets=torch.Size([0, 0]),
+        storage_index=MetadataIndex(name, torch.Size([0, 0])),
+        storage_offsets=torch.Size([rows[0], 0]),
+        lengths=torch.Size([rows[1] - rows[0], 1024]),
+    )
+
+
+def _storage(item: ReadItem) -> StorageInfo:
+    index = int(item.storage_index.fqn[1:])
+    return StorageInfo("f", 8 + index * 2**20, 2**20, "U8", (1024, 1024))
+
+
+def _replicated_plans(world: int) -> list[LoadPlan]:
+    return [LoadPlan([_item(f"t{i}", (0, 1024)) for i in range(16)]) for _ in range(world)]
+
+
+def test_auto_keeps_off_on_one_host_whatever_the_bandwidths() -> None:
+    slow = CostModel(storage_gbps=0.001, interconnect_gbps=1000.0)
+    strategy, plans = choose_exchange(
+        _replicated_plans(4), ["a"] * 4, _storage, slow, round_bytes=2**30, batch_bytes=2**22
+    )
+    assert strategy == "off"
+    assert all(plan.storage_data is None for plan in plans)
+
+
+def test_auto_follows_the_model_across_hosts() -> None:
+    plans = _replicated_plans(4)
+    hosts = ["a", "a", "b", "b"]
+    slow_storage = CostModel(storage_gbps=0.1, interconnect_gbps=100.0, read_latency_ms=0.0)
+    strategy, _ = choose_exchange(
+        plans, hosts, _storage, slow_storage, round_bytes=2**30, batch_bytes=2**22
+    )
+    assert strategy in ("replicated", "striped")
+    slow_links = CostModel(storage_gbps=100.0, interconnect_gbps=0.001)
+    strategy, _ = choose_exchange(
+        plans, hosts, _storage, slow_links, round_bytes=2**30, batch_bytes=2**22
+    )
+    assert strategy == "off"
+
+
+def test_costs_count_each_strategys_bytes() -> None:
+    plans = _replicated_plans(4)
+    hosts = ["a", "a", "b", "b"]
+    total = 16 * 2**20
+    results = compare(plans, hosts, _storage, CostModel(), round_bytes=2**30, batch_bytes=2**22)
+    off, replicated, striped = (results[s][0] for s in ("off", "replicated", "striped"))
+    assert off.read_bytes == (total,) * 4
+    assert off.host_read_bytes == (total, total)  # the page cache serves the second rank
+    assert off.exchanged_bytes == 0
+    assert sum(replicated.read_bytes) == sum(striped.read_bytes) == total
+    assert replicated.exchanged_bytes == striped.exchanged_bytes == 3 * total
+    assert striped.inter_host_bytes == 2 * total
+    assert max(striped.reads) < max(off.reads)  # a quarter of the file in long parts
+    assert pick({"off": off, "striped": striped}, hosts=1) == "off"
+    tie = dataclasses.replace(striped, seconds=off.seconds)
+    assert pick({"off": off, "striped": tie}, hosts=2) == "off"
