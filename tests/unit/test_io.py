@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from hyperckpt._read import staging as _staging
 from hyperckpt._read import sysio as _sysio
 from hyperckpt._read.boxes import Box
 from hyperckpt._read.coalesce import coalesce
+from hyperckpt._read.columns import Strategy
 from hyperckpt._read.engine import LoadStats, ReadEngine, StorageInfo
 from hyperckpt._readers import to_metadata
 from hyperckpt.errors import CheckpointError
@@ -73,7 +75,7 @@ def _load(
     tensors: dict[str, torch.Tensor],
     destinations: dict[str, torch.Tensor],
     items: list[ReadItem] | None = None,
-    **options: int,
+    **options: Any,
 ) -> tuple[LoadStats, _Planner]:
     root, storage, stamps = _checkpoint(tmp_path, tensors)
     planner = _Planner(destinations)
@@ -142,7 +144,8 @@ def test_a_column_slice_lands_in_place_with_scatter_reads(tmp_path: Path) -> Non
 def test_runs_far_apart_are_read_one_by_one_without_over_reading(tmp_path: Path) -> None:
     wide = torch.randn(4, 10_000)
     out = {"w": _poisoned(wide[:, :8])}
-    stats, _ = _load(tmp_path, {"w": wide}, out, [_item("w", (0, 0), (4, 8))], threads=1)
+    items = [_item("w", (0, 0), (4, 8))]
+    stats, _ = _load(tmp_path, {"w": wide}, out, items, threads=1, column_strategy=Strategy.RUNS)
     assert torch.equal(out["w"], wide[:, :8])
     assert stats.reads == 4
     assert stats.bytes_read == 4 * 8 * 4
