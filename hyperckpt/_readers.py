@@ -48,6 +48,7 @@ from hyperckpt._read.engine import (
     default_threads,
 )
 from hyperckpt._read.progress import log_load_summary
+from hyperckpt._read.threads import HostShare, local_ranks, ranks_per_host
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
 from hyperckpt.errors import CheckpointError
 
@@ -79,8 +80,10 @@ class _SafetensorsReader(FileSystemReader):
 
         Args:
             path: The checkpoint directory.
-            thread_count: Reads in flight per rank; by default the node's cores shared among
-                its ranks (``LOCAL_WORLD_SIZE``), at most 8.
+            thread_count: Reads in flight per rank; by default the host's cores shared among
+                its ranks, at most 8.  The ranks of a host are ``LOCAL_WORLD_SIZE`` where the
+                launcher sets it, else counted from the host names in the ranks' plans (so
+                ``torch.multiprocessing`` ranks do not oversubscribe the cores).
             staging_bytes: Memory for staging reads that cannot land in place (dtype
                 conversion, non-contiguous or non-CPU destinations), all threads together;
                 also the most bytes of replicated slices exchanged per broadcast round.
@@ -152,17 +155,21 @@ class _SafetensorsReader(FileSystemReader):
         tracker = ProgressTracker(self.progress)
         for item in plan.items:
             tracker.expect(item, self._locate(item)[0])
+        schedule = plan.storage_data
+        shared = schedule if isinstance(schedule, (HostShare, BroadcastSchedule)) else None
+        ranks = local_ranks(os.environ, from_plans=shared.local_ranks if shared else None)
+        threads = self.thread_count or default_threads(ranks)
 
         def engine() -> ReadEngine:
             return ReadEngine(
                 str(layout.root),
                 {name: header.stamp for name, header in layout.files.items()},
-                threads=self.thread_count or default_threads(),
+                threads=threads,
                 staging_bytes=self.staging_bytes,
                 progress=tracker if self.progress is not None else None,
+                local_ranks=ranks,
             )
 
-        schedule = plan.storage_data
         broadcast = isinstance(schedule, BroadcastSchedule) and schedule.rounds > 0
         if broadcast:
             assert isinstance(schedule, BroadcastSchedule)
@@ -185,8 +192,9 @@ class _SafetensorsReader(FileSystemReader):
         return future
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
-        """Mark the plan as able to take part in broadcasting replicated slices."""
-        if self.broadcast_replicated is False or plan.storage_data is not None:
+        """Mark the plan with this rank and host: for broadcasting replicated slices, and
+        so that the coordinator can tell each rank how many ranks share its host."""
+        if plan.storage_data is not None:
             return plan
         if not (dist.is_available() and dist.is_initialized()):
             return plan
@@ -202,24 +210,27 @@ class _SafetensorsReader(FileSystemReader):
         """On the coordinator: pick one reader for each slice several ranks ask for.
 
         Broadcast happens only when every rank marked its plan, in rank order, for a group
-        of ``len(plans)`` ranks, and (unless forced on) the ranks span several hosts;
-        otherwise every rank reads all its slices itself.
+        of ``len(plans)`` ranks, it is not turned off, and (unless forced on) the ranks span
+        several hosts; otherwise every rank reads all its slices itself.  Either way a
+        marked plan comes back with the number of ranks on its host.
         """
-        ready = all(
+        marked = all(
             isinstance(plan.storage_data, BroadcastReady)
             and plan.storage_data.rank == index
             and plan.storage_data.world_size == len(plans)
             for index, plan in enumerate(plans)
         )
+        hosts = [plan.storage_data.host for plan in plans] if marked else []
+        ready = marked and self.broadcast_replicated is not False
         if ready and self.broadcast_replicated is None:
-            hosts = {plan.storage_data.host for plan in plans}
-            ready = len(hosts) > 1
+            ready = len(set(hosts)) > 1
         if not ready or len(plans) < 2:
+            shares = ranks_per_host(hosts) if marked else [0] * len(plans)
             return [
-                dataclasses.replace(plan, storage_data=None)
+                dataclasses.replace(plan, storage_data=HostShare(share) if share else None)
                 if isinstance(plan.storage_data, BroadcastReady)
                 else plan
-                for plan in plans
+                for plan, share in zip(plans, shares, strict=True)
             ]
         schedules = plan_broadcast(
             plans,
@@ -228,8 +239,8 @@ class _SafetensorsReader(FileSystemReader):
             batch_bytes=BATCH_BYTES,
         )
         return [
-            dataclasses.replace(plan, storage_data=schedule)
-            for plan, schedule in zip(plans, schedules, strict=True)
+            dataclasses.replace(plan, storage_data=dataclasses.replace(schedule, local_ranks=share))
+            for plan, schedule, share in zip(plans, schedules, ranks_per_host(hosts), strict=True)
         ]
 
     def _locate(self, item: ReadItem) -> tuple[int, str, int]:

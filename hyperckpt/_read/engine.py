@@ -47,6 +47,7 @@ from hyperckpt._read.coalesce import coalesce
 from hyperckpt._read.columns import Runs, Strategy, choose
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.staging import PinnedRing, Staging
+from hyperckpt._read.threads import local_ranks, threads_per_rank, usable_cores
 from hyperckpt._read.tracker import ProgressTracker
 from hyperckpt.errors import CheckpointChangedError, CheckpointError
 
@@ -109,6 +110,7 @@ class LoadStats:
         seconds: Wall time of the reads, in seconds.
         bytes_received: Bytes received from other ranks instead of read (replicated slices).
         staging_peak: Most staging memory held at once, in bytes.
+        threads: Read threads the engine was given.
     """
 
     tensors: int = 0
@@ -118,15 +120,18 @@ class LoadStats:
     seconds: float = 0.0
     bytes_received: int = 0
     staging_peak: int = 0
+    threads: int = 0
 
 
-def default_threads() -> int:
-    """Read threads for one rank: the cores shared among the ranks of this node, at most 8."""
-    cores = (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    )
-    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    return max(1, min(8, cores // max(1, local_ranks)))
+def default_threads(ranks_on_host: int | None = None) -> int:
+    """Read threads for one rank: the host's cores shared among its ranks, at most 8.
+
+    Args:
+        ranks_on_host: Ranks on this host as the load's plans found them; ``LOCAL_WORLD_SIZE``
+            takes precedence when set (see :mod:`hyperckpt._read.threads`).
+    """
+    ranks = local_ranks(os.environ, from_plans=ranks_on_host)
+    return threads_per_rank(usable_cores(), ranks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +236,7 @@ class ReadEngine:
             files=len(self._fds),
             seconds=time.perf_counter() - begin,
             staging_peak=self._staging.peak,
+            threads=self._threads,
         )
 
     def _resolve(self, item: ReadItem, info: StorageInfo, planner: LoadPlanner) -> _Request:
