@@ -270,23 +270,20 @@ class ReadEngine:
         staged: list[_Request] = []
         strided: list[_Request] = []
         device: list[_Request] = []
+        cuda = torch.cuda.is_available()
         for request in requests:
             target, box = request.target, request.box
             if box.nbytes == 0:
                 continue
-            if _is_cuda(target):
+            kind = target.device.type
+            if kind == "cuda" and cuda:
                 device.append(request)
-            elif not (
-                target.device.type == "cpu"
-                and target.dtype == request.dtype
-                and target.is_contiguous()
-            ):
+            elif not (kind == "cpu" and target.dtype == request.dtype and target.is_contiguous()):
                 staged.append(request)
-            elif box.is_one_run():
-                offset, length = box.run()
-                direct.setdefault(request.name, []).append((offset, length, target.data_ptr()))
+            elif (extent := box.one_run()) is not None:
+                direct.setdefault(request.name, []).append((*extent, target.data_ptr()))
                 owners.setdefault(request.name, []).append(
-                    (target.data_ptr(), length, request.item)
+                    (target.data_ptr(), extent[1], request.item)
                 )
             else:
                 strided.append(request)
@@ -624,10 +621,6 @@ def _check_fits(length: int, buffer: torch.Tensor) -> None:
             f"staging_bytes is too small: a read of {length} bytes does not fit a "
             f"{buffer.numel()}-byte staging buffer; use a larger staging_bytes"
         )
-
-
-def _is_cuda(tensor: torch.Tensor) -> bool:
-    return tensor.device.type == "cuda" and torch.cuda.is_available()
 
 
 #: Elements below which torch copies on the calling thread (ATen's ``GRAIN_SIZE``).
