@@ -41,6 +41,7 @@ import torch
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlanner, ReadItem
 
 from hyperckpt._format.header import FileStamp
+from hyperckpt._read import pagecache
 from hyperckpt._read import sysio as _sysio
 from hyperckpt._read.boxes import Box, narrow
 from hyperckpt._read.coalesce import coalesce
@@ -53,6 +54,9 @@ from hyperckpt.errors import CheckpointChangedError, CheckpointError
 
 __all__ = [
     "CHUNK_BYTES",
+    "COLD_CHUNK_BYTES",
+    "COLD_THRESHOLD",
+    "COLD_WINDOW",
     "DEFAULT_STAGING_BYTES",
     "MAX_GAP",
     "STAGE_BLOCK",
@@ -74,6 +78,12 @@ MAX_GAP = 16 * 2**10
 #: staging: small enough that the copy out of it finds the rows still in the core's cache.
 STAGE_BLOCK = 2**20
 _MAX_SLOT = 16 * 2**20
+#: Cold detection and read-ahead hints work on windows of this many bytes of a file.
+COLD_WINDOW = 64 * 2**20
+#: A window is cold when at least this fraction of its pages is not in the page cache.
+COLD_THRESHOLD = 0.5
+#: Largest single read of a file that is mostly cold, split at multiples of itself.
+COLD_CHUNK_BYTES = 32 * 2**20
 
 _Job = Callable[[], None]
 
@@ -111,6 +121,8 @@ class LoadStats:
         bytes_received: Bytes received from other ranks instead of read (replicated slices).
         staging_peak: Most staging memory held at once, in bytes.
         threads: Read threads the engine was given.
+        cold_bytes: Bytes of the files' requested spans found not in the page cache when
+            the load began (read with read-ahead hints and larger requests).
     """
 
     tensors: int = 0
@@ -121,6 +133,7 @@ class LoadStats:
     bytes_received: int = 0
     staging_peak: int = 0
     threads: int = 0
+    cold_bytes: int = 0
 
 
 def default_threads(ranks_on_host: int | None = None) -> int:
@@ -162,6 +175,10 @@ class ReadEngine:
             when a column slice's strategy is chosen).
         column_strategy: Read every column slice with this strategy where it is feasible
             (benchmarks and tests); ``None`` lets the cost rule choose per request.
+        page_cache_aware: Find the windows of each file that are not in the page cache
+            before reading, hint the kernel to read them ahead as the reads reach them and
+            read mostly cold files in larger aligned requests; ``False`` reads every file
+            the same way (benchmarks).
     """
 
     def __init__(
@@ -174,6 +191,7 @@ class ReadEngine:
         progress: ProgressTracker | None = None,
         local_ranks: int = 1,
         column_strategy: Strategy | None = None,
+        page_cache_aware: bool = True,
     ) -> None:
         self._progress = progress
         self._root = root
@@ -181,6 +199,10 @@ class ReadEngine:
         self._threads = max(1, threads)
         self._local_ranks = max(1, local_ranks)
         self._column_strategy = column_strategy
+        self._page_cache_aware = page_cache_aware
+        self._cold: dict[str, set[int]] = {}  # file -> cold windows not yet hinted
+        self._mostly_cold: set[str] = set()  # files read in larger aligned requests
+        self._cold_bytes = 0
         self._staging = Staging(max(1, staging_bytes))
         self._count_lock = threading.Lock()
         self._local = threading.local()
@@ -218,6 +240,8 @@ class ReadEngine:
         try:
             for name in sorted({request.name for request in requests}):
                 self._fds[name] = self._open(name)
+            if self._page_cache_aware:
+                self._find_cold(requests)
             self._execute(self._plan(requests))
             for stream in self._streams:
                 stream.synchronize()
@@ -237,6 +261,7 @@ class ReadEngine:
             seconds=time.perf_counter() - begin,
             staging_peak=self._staging.peak,
             threads=self._threads,
+            cold_bytes=self._cold_bytes,
         )
 
     def _resolve(self, item: ReadItem, info: StorageInfo, planner: LoadPlanner) -> _Request:
@@ -321,7 +346,9 @@ class ReadEngine:
         owners: list[tuple[int, int, ReadItem]],
     ) -> list[tuple[str, int, _Job]]:
         fd = self._fds[name]
-        reads = coalesce(extents, gap=gap, scratch=scratch.data_ptr(), chunk=CHUNK_BYTES)
+        cold = name in self._mostly_cold
+        chunk = COLD_CHUNK_BYTES if cold else CHUNK_BYTES
+        reads = coalesce(extents, gap=gap, scratch=scratch.data_ptr(), chunk=chunk, aligned=cold)
         owners.sort(key=lambda owner: owner[0])
         return [
             (
@@ -400,6 +427,8 @@ class ReadEngine:
     ) -> None:
         fd = self._fds[name]
         count = starts.numel()
+        if self._cold:
+            self._hint(name, fd, int(starts[0]))
         if not together:
             calls = _sysio.read_runs(name, fd, starts, run, address)
             with self._count_lock:
@@ -449,7 +478,53 @@ class ReadEngine:
 
     # -- jobs ----------------------------------------------------------------------------
 
+    def _find_cold(self, requests: list[_Request]) -> None:
+        """Note each file's windows that are mostly not in the page cache; a file whose
+        requested bytes are mostly cold gets larger aligned reads (see :meth:`_hint`)."""
+        spans: dict[str, tuple[int, int]] = {}
+        for request in requests:
+            if request.box.nbytes:
+                offset, length = request.box.span()
+                low, high = spans.get(request.name, (offset, offset + length))
+                spans[request.name] = (min(low, offset), max(high, offset + length))
+        for name, (low, high) in spans.items():
+            cold: set[int] = set()
+            cold_bytes = 0
+            for window in range(low // COLD_WINDOW, (high - 1) // COLD_WINDOW + 1):
+                begin = max(low, window * COLD_WINDOW)
+                end = min(high, (window + 1) * COLD_WINDOW)
+                fraction = pagecache.cold_fraction(self._fds[name], begin, end - begin)
+                if fraction is None:
+                    return  # this system cannot tell: every file on the usual path
+                if fraction >= COLD_THRESHOLD:
+                    cold.add(window)
+                    cold_bytes += end - begin
+            if cold:
+                self._cold[name] = cold
+                self._cold_bytes += cold_bytes
+                if 2 * cold_bytes >= high - low:
+                    self._mostly_cold.add(name)
+        if self._cold_bytes:
+            logger.debug(
+                "%d bytes of the requested spans are not in the page cache", self._cold_bytes
+            )
+
+    def _hint(self, name: str, fd: int, offset: int) -> None:
+        """Before reading at ``offset``: ask the kernel to read ahead this cold window and
+        the next, once each, so that read-ahead stays a window or two ahead of the reads."""
+        cold = self._cold.get(name)
+        if not cold:
+            return
+        window = offset // COLD_WINDOW
+        with self._count_lock:
+            due = [w for w in (window, window + 1) if w in cold]
+            cold.difference_update(due)
+        for w in due:
+            pagecache.advise_cold(fd, w * COLD_WINDOW, COLD_WINDOW)
+
     def _read(self, name: str, fd: int, offset: int, buffers: list[tuple[int, int]]) -> None:
+        if self._cold:
+            self._hint(name, fd, offset)
         calls = _sysio.read_scatter(name, fd, offset, buffers)
         with self._count_lock:
             self._reads += calls
