@@ -15,6 +15,7 @@ from hyperckpt._layout.directory import CheckpointLayout, Piece, TensorLayout, d
 from hyperckpt._planner.load_planner import LoadPlanner
 from hyperckpt._read.dtype_policy import Conversion
 from hyperckpt._read.engine import LoadStats, StorageInfo
+from hyperckpt._read.staging import release_pinned_memory
 from hyperckpt._read.tracker import Progress
 from hyperckpt._readers import HuggingFaceStorageReader, TorchShardedSafetensorsReader
 from hyperckpt._verify import FileCheck, TensorCheck, VerifyReport, verify
@@ -44,6 +45,7 @@ __all__ = [
     "__version__",
     "describe",
     "load",
+    "release_pinned_memory",
     "verify",
     "write_sample",
 ]

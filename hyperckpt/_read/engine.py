@@ -20,7 +20,9 @@ several in flight within one file and across files:
   byte comes through ``preadv``, never a memory map: a file truncated during a load must
   raise, not kill the process with ``SIGBUS``, and the kernel's I/O counters see it all;
 * CUDA destinations receive their bytes through a small ring of pinned buffers, copied with
-  ``non_blocking=True`` while the next read proceeds, and synchronised before any commit.
+  ``non_blocking=True`` while the next read proceeds, and synchronised before any commit;
+  the ring's buffers are kept for the next load (see
+  :func:`hyperckpt.release_pinned_memory`).
 
 The staging memory of one load stays within ``staging_bytes``.  The first error stops the
 load and reaches the caller unchanged.
@@ -47,7 +49,7 @@ from hyperckpt._read.boxes import Box, narrow
 from hyperckpt._read.coalesce import coalesce
 from hyperckpt._read.columns import Runs, Strategy, choose
 from hyperckpt._read.dtypes import to_torch_dtype
-from hyperckpt._read.staging import PinnedRing, Staging
+from hyperckpt._read.staging import PINNED, SlotRing, Staging, stage_through
 from hyperckpt._read.threads import local_ranks, threads_per_rank, usable_cores
 from hyperckpt._read.tracker import ProgressTracker
 from hyperckpt.errors import CheckpointChangedError, CheckpointError
@@ -208,7 +210,7 @@ class ReadEngine:
         self._local = threading.local()
         self._streams: list[torch.cuda.Stream] = []
         self._fds: dict[str, int] = {}
-        self._ring: PinnedRing | None = None
+        self._ring: SlotRing[torch.Tensor] | None = None
         self._scratch: torch.Tensor | None = None
         self._host_block = 0
         self._bytes = 0
@@ -248,6 +250,8 @@ class ReadEngine:
             for name, fd in self._fds.items():
                 self._check_stamp(name, fd, "while it was being read")
         finally:
+            if self._ring is not None:
+                PINNED.give_back(self._ring.drain())  # kept for the next load
             self._ring = self._scratch = None
             for fd in self._fds.values():
                 os.close(fd)
@@ -464,7 +468,8 @@ class ReadEngine:
         largest = max(request.box.nbytes for request in device)
         slot_bytes = max(1, min(_MAX_SLOT, ring_bytes // slots, largest))
         slots = max(1, min(slots, ring_bytes // slot_bytes))
-        self._ring = PinnedRing(self._staging, slot_bytes=slot_bytes, slots=slots)
+        self._staging.reserve(slot_bytes * slots)
+        self._ring = SlotRing(PINNED.take(slot_bytes, slots))
         jobs: list[tuple[str, int, _Job]] = []
         for request in device:
             limit = slot_bytes if request.box.is_one_run() else min(slot_bytes, self._host_block)
@@ -563,13 +568,15 @@ class ReadEngine:
     def _device_part(self, request: _Request, part: Box, destination: torch.Tensor) -> None:
         assert self._ring is not None
         stream = self._stream(destination.device)
-        with self._ring.slot() as (buffer, done):
-            source = self._fill(request, part, buffer)
+
+        def send(source: torch.Tensor) -> torch.cuda.Event:
             with torch.cuda.stream(stream):
                 _copy(request, destination, source, non_blocking=True)
                 event = torch.cuda.Event()  # type: ignore[no-untyped-call]
                 event.record(stream)
-            done.append(event)
+            return event
+
+        stage_through(self._ring, lambda buffer: self._fill(request, part, buffer), send)
 
     def _stream(self, device: torch.device) -> torch.cuda.Stream:
         streams: dict[torch.device, torch.cuda.Stream] | None = getattr(

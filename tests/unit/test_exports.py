@@ -35,6 +35,7 @@ PUBLIC = [
     "load",
     "write_sample",
     "verify",
+    "release_pinned_memory",
 ]
 
 
