@@ -1,8 +1,9 @@
 """Cold reads: hyperckpt's page-cache-aware path against the same engine without it.
 
 One process reads the Llama-like checkpoint of ``bench_load.py`` with a cold page cache
-(every file evicted with ``posix_fadvise(DONTNEED)`` before each load, and
-``/proc/sys/vm/drop_caches`` too where it is writable), twice per repetition: with the
+(every file evicted with ``posix_fadvise(DONTNEED)`` before each load; with
+``--drop-all`` also ``/proc/sys/vm/drop_caches`` where it is writable, which a shared
+machine's other users would not thank you for), twice per repetition: with the
 cold path (read-ahead hints, large aligned requests) and without, alternating which goes
 first.  Two shapes: every tensor whole (one rank) and rank 0's ``Shard(1)`` column half of
 every 2-D tensor (two tensor-parallel ranks).  Reports the median GB/s of each and the
@@ -14,6 +15,7 @@ spread (min-max), and checks every loaded value.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import shlex
@@ -71,12 +73,11 @@ def _items(specs: list[Spec], shape: str) -> list[ReadItem]:
     return items
 
 
-def _drop_all(directory: Path) -> None:
+def _drop(directory: Path, *, everything: bool) -> None:
     drop_cache(directory)
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("1\n")
-    except OSError:
-        pass  # not root, or a container: the per-file eviction above is what counts
+    if everything:  # every process's page cache: only on a machine of one's own
+        with contextlib.suppress(OSError):  # not root, or a container
+            Path("/proc/sys/vm/drop_caches").write_text("1\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,6 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=float, default=1.0, help="checkpoint GB")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--drop-all",
+        action="store_true",
+        help="also write /proc/sys/vm/drop_caches (drops other processes' caches too)",
+    )
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/cold.json"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -108,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                 for aware in (True, False) if repeat % 2 == 0 else (False, True):
                     for tensor in state.values():
                         tensor.fill_(float("nan"))
-                    _drop_all(directory)
+                    _drop(directory, everything=args.drop_all)
                     engine = ReadEngine(
                         str(directory), stamps, threads=args.threads, page_cache_aware=aware
                     )
