@@ -357,3 +357,19 @@ def test_coalesce_never_joins_overlapping_or_far_extents_or_too_many_buffers() -
     reads = coalesce(many, gap=1, scratch=0, chunk=10**6)
     assert all(len(buffers) <= _sysio.IOV_MAX for _, buffers in reads)
     assert sum(len(b) for _, b in reads) == 2 * 2000 - len(reads)
+
+
+def test_large_staged_copies_go_in_pieces_and_stay_bit_exact(tmp_path: Path) -> None:
+    # over ATen's grain size, so the copy out of staging is split (see io._copy)
+    source = torch.randn(300, 400).to(torch.bfloat16)
+    assert source.numel() > engine_io._SERIAL_ELEMENTS
+    converted = _poisoned(source, torch.float32)
+    transposed = _poisoned(source.t().contiguous()).t()  # non-contiguous destination
+    columns = _poisoned(source[:, 100:300])
+    items = [_whole("a", source), _whole("b", source), _item("c", (0, 100), (300, 200))]
+    tensors = {"a": source, "b": source.clone(), "c": source.clone()}
+    out = {"a": converted, "b": transposed, "c": columns}
+    _load(tmp_path, tensors, out, items, column_strategy=Strategy.STAGE)
+    assert torch.equal(converted, source.float())
+    assert torch.equal(transposed, source)
+    assert torch.equal(columns, source[:, 100:300])
