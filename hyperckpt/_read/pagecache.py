@@ -26,6 +26,8 @@ PAGE = mmap.PAGESIZE
 #: Most probes :func:`cold_fraction` makes with ``RWF_NOWAIT`` for one range.
 PROBES = 64
 _RWF_NOWAIT = 0x00000008
+#: ``mincore`` reports residency in bit 0 of each byte; the other bits are reserved.
+_RESIDENT_BIT = bytes(value & 1 for value in range(256))
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 _libc.mmap.argtypes = [
@@ -80,7 +82,7 @@ def _mincore(fd: int, offset: int, length: int) -> float | None:
         vector = (ctypes.c_ubyte * pages)()
         if _libc.mincore(address, size, vector) != 0:
             return None
-        resident = sum(byte & 1 for byte in bytes(vector))
+        resident = bytes(vector).translate(_RESIDENT_BIT).count(1)
     finally:
         _libc.munmap(address, size)
     return 1.0 - resident / pages
