@@ -32,8 +32,8 @@ from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Spec, drop_cache, expected, llama_specs, machine, write_checkpoint
 
-from hyperckpt._read.engine import ReadEngine
 from hyperckpt._layout.directory import huggingface_layout
+from hyperckpt._read.engine import ReadEngine
 from hyperckpt._readers import to_metadata
 
 logger = logging.getLogger("bench_cold")
