@@ -1,4 +1,4 @@
-"""Side-by-side load benchmark: hyperckpt vs torch's reader vs safetensors vs raw ``preadv``.
+"""Side-by-side load benchmark: hyperckpt vs torch's reader, safetensors, the peers, raw ``preadv``.
 
 Generates a Llama-like bf16 checkpoint outside the checkout, then for 1 / 2 / 4 spawned gloo
 ranks and FSDP ``Shard(0)``, TP ``Shard(1)`` and ``Replicate`` DTensors loads it, alternating
@@ -22,6 +22,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -47,7 +48,35 @@ from hyperckpt._readers import HuggingFaceStorageReader
 
 logger = logging.getLogger("bench_load")
 LAYOUTS = ("fsdp", "tp", "replicate")
-READERS = ("hyperckpt", "torch", "safetensors", "limit")
+#: ``hyperckpt-auto``: hyperckpt as a new user starts it, default threads and no
+#: ``LOCAL_WORLD_SIZE`` (``torch.multiprocessing`` sets none).  The peers run where installed.
+READERS = (
+    "hyperckpt",
+    "hyperckpt-auto",
+    "torch",
+    "safetensors",
+    "runai",
+    "fastsafetensors",
+    "limit",
+)
+
+
+#: Peers measured warm only: they read every file whole on every rank, so a cold run of
+#: theirs costs minutes on a small VM and says nothing about slicing.
+WARM_ONLY = ("runai", "fastsafetensors")
+
+
+def _available(reader: str) -> bool:
+    module = {"runai": "runai_model_streamer", "fastsafetensors": "fastsafetensors"}.get(reader)
+    if module is None:
+        return True
+    try:
+        __import__(module)
+    except ImportError:
+        return False
+    return True
+
+
 _POISON = float("nan")
 
 
@@ -112,6 +141,52 @@ def _safetensors_load(
                 state[name].to_local().copy_(part)
 
 
+def _copy_slices(
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    layout: str,
+    by_name: dict[str, Spec],
+    state: dict[str, DTensor],
+    rank: int,
+    world: int,
+) -> None:
+    for name, tensor in tensors:
+        spec = by_name[name]
+        offsets, lengths = _local_box(spec, _placements(layout, spec)[0], rank, world)
+        part = tensor[tuple(slice(o, o + n) for o, n in zip(offsets, lengths, strict=True))]
+        state[name].to_local().copy_(part)
+
+
+def _runai_load(
+    path: Path, layout: str, specs: list[Spec], state: dict[str, DTensor], rank: int, world: int
+) -> None:
+    """runai-model-streamer: every rank streams its tensors whole, then keeps its slices."""
+    from runai_model_streamer import SafetensorsStreamer
+
+    by_name = {spec.name: spec for spec in specs}
+    with SafetensorsStreamer() as streamer:
+        streamer.stream_files([str(f) for f in sorted(path.glob("*.safetensors"))])
+        _copy_slices(streamer.get_tensors(), layout, by_name, state, rank, world)
+
+
+def _fastsafetensors_load(
+    path: Path, layout: str, specs: list[Spec], state: dict[str, DTensor], rank: int, world: int
+) -> None:
+    """fastsafetensors without GDS on CPU, as ``fastsafe_open`` documents it, per rank."""
+    from fastsafetensors import fastsafe_open
+
+    by_name = {spec.name: spec for spec in specs}
+    files = [str(f) for f in sorted(path.glob("*.safetensors"))]
+    with fastsafe_open(filenames=files, nogds=True, device="cpu") as handle:
+        _copy_slices(
+            ((name, handle.get_tensor(name)) for name in handle.keys()),  # noqa: SIM118
+            layout,
+            by_name,
+            state,
+            rank,
+            world,
+        )
+
+
 def _rank(
     rank: int,
     world: int,
@@ -131,7 +206,9 @@ def _rank(
         state = _state_dict(layout, specs, world)
         for cache in caches:
             for repeat in range(repeats if cache == "warm" else cold_repeats):
-                for reader in READERS:
+                for reader in [r for r in READERS if _available(r)]:
+                    if cache == "cold" and reader in WARM_ONLY:
+                        continue
                     if repeat == 0 and reader != "limit":
                         for tensor in state.values():
                             tensor.to_local().fill_(_POISON)
@@ -147,6 +224,19 @@ def _rank(
                         ours = HuggingFaceStorageReader(directory, thread_count=threads)
                         dcp.load(state, storage_reader=ours)
                         stats = ours.last_stats
+                    elif reader == "hyperckpt-auto":
+                        launcher = os.environ.pop("LOCAL_WORLD_SIZE", None)
+                        try:
+                            ours = HuggingFaceStorageReader(directory)
+                            dcp.load(state, storage_reader=ours)
+                        finally:
+                            if launcher is not None:
+                                os.environ["LOCAL_WORLD_SIZE"] = launcher
+                        stats = ours.last_stats
+                    elif reader == "runai":
+                        _runai_load(directory, layout, specs, state, rank, world)
+                    elif reader == "fastsafetensors":
+                        _fastsafetensors_load(directory, layout, specs, state, rank, world)
                     elif reader == "torch":
                         dcp.load(
                             state,
@@ -210,24 +300,38 @@ def _summary(rows: list[dict[str, object]]) -> list[dict[str, object]]:
                 "vs_torch": round(median["hyperckpt"] / median["torch"], 2),
                 "vs_safetensors": round(median["hyperckpt"] / median["safetensors"], 2),
                 "vs_limit": round(median["hyperckpt"] / median["limit"], 2),
+                "spread": {
+                    reader: [round(min(values), 3), round(max(values), 3)]  # type: ignore[type-var]
+                    for reader, values in readers.items()
+                },
             }
         )
     return summary
 
 
 def _table(summary: list[dict[str, object]]) -> str:
+    readers = [r for r in READERS if any(f"{r}_gbps" in row for row in summary)]
+    names = {"limit": "preadv limit"}
     lines = [
-        "| ranks | layout | cache | hyperckpt | torch | safetensors | preadv limit | vs torch | vs safetensors | vs limit |",
-        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| ranks | layout | cache | "
+        + " | ".join(names.get(r, r) for r in readers)
+        + " | vs torch | vs safetensors | vs limit |",
+        "|---:|---|---|" + "---:|" * (len(readers) + 3),
     ]
     for row in summary:
+        cells = " | ".join(
+            f"{float(row[f'{r}_gbps']):.2f}" if f"{r}_gbps" in row else "-"  # type: ignore[arg-type]
+            for r in readers
+        )
         lines.append(
-            f"| {row['ranks']} | {row['layout']} | {row['cache']} | {row['hyperckpt_gbps']:.2f} | {row['torch_gbps']:.2f} | "
-            f"{row['safetensors_gbps']:.2f} | {row['limit_gbps']:.2f} | {row['vs_torch']:.2f}x | {row['vs_safetensors']:.2f}x | {row['vs_limit']:.2f} |"
+            f"| {row['ranks']} | {row['layout']} | {row['cache']} | {cells} | "
+            f"{row['vs_torch']:.2f}x | {row['vs_safetensors']:.2f}x | {row['vs_limit']:.2f} |"
         )
     return (
         "\n".join(lines)
-        + "\n\nGB/s of checkpoint (its bytes / wall time of the slowest rank), median of the repeats.\n"
+        + "\n\nGB/s of checkpoint (its bytes / wall time of the slowest rank), median of the "
+        "repeats; `hyperckpt` with the benchmark's thread count, `hyperckpt-auto` with its "
+        "defaults and no LOCAL_WORLD_SIZE; min-max of every reader in the JSON (`spread`).\n"
     )
 
 
@@ -238,13 +342,13 @@ def _plot(summary: list[dict[str, object]], out: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     labels = [f"{r['ranks']}r {r['layout']}\n{r['cache']}" for r in summary]
-    width = 0.2
-    figure, axes = plt.subplots(figsize=(max(8, len(summary) * 0.9), 4.5))
-    for index, reader in enumerate(READERS):
-        values = [float(r[f"{reader}_gbps"]) for r in summary]  # type: ignore[arg-type]
-        axes.bar(
-            [i + (index - 1.5) * width for i in range(len(summary))], values, width, label=reader
-        )
+    readers = [r for r in READERS if any(f"{r}_gbps" in row for row in summary)]
+    width = 0.8 / len(readers)
+    figure, axes = plt.subplots(figsize=(max(8, len(summary) * 1.1), 4.5))
+    for index, reader in enumerate(readers):
+        values = [float(r.get(f"{reader}_gbps", 0.0)) for r in summary]  # type: ignore[arg-type]
+        offset = (index - (len(readers) - 1) / 2) * width
+        axes.bar([i + offset for i in range(len(summary))], values, width, label=reader)
     axes.set_xticks(range(len(summary)), labels, fontsize=7)
     axes.set_ylabel("GB/s of checkpoint")
     axes.set_title(title, fontsize=9)

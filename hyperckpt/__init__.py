@@ -32,6 +32,7 @@ from hyperckpt._layout.mapping import (
 from hyperckpt._planner.load_planner import LoadPlanner
 from hyperckpt._read.dtype_policy import Conversion
 from hyperckpt._read.engine import LoadStats, StorageInfo
+from hyperckpt._read.staging import release_pinned_memory
 from hyperckpt._read.tracker import Progress
 from hyperckpt._readers import HuggingFaceStorageReader, TorchShardedSafetensorsReader
 from hyperckpt._verify import FileCheck, TensorCheck, VerifyReport, verify
@@ -71,6 +72,7 @@ __all__ = [
     "consolidate",
     "describe",
     "load",
+    "release_pinned_memory",
     "verify",
     "write_sample",
 ]

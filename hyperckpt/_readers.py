@@ -60,6 +60,7 @@ from hyperckpt._read.engine import (
     default_threads,
 )
 from hyperckpt._read.progress import log_load_summary
+from hyperckpt._read.threads import HostShare, local_ranks, ranks_per_host
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
 from hyperckpt.errors import CheckpointError
 
@@ -137,8 +138,10 @@ class _SafetensorsReader(FileSystemReader):
 
         Args:
             path: The checkpoint directory.
-            thread_count: Reads in flight per rank; by default the node's cores shared among
-                its ranks (``LOCAL_WORLD_SIZE``), at most 8.
+            thread_count: Reads in flight per rank; by default the host's cores shared among
+                its ranks, at most 8.  The ranks of a host are ``LOCAL_WORLD_SIZE`` where the
+                launcher sets it, else counted from the host names in the ranks' plans (so
+                ``torch.multiprocessing`` ranks do not oversubscribe the cores).
             staging_bytes: Memory for staging reads that cannot land in place (dtype
                 conversion, non-contiguous or non-CPU destinations), all threads together;
                 also the most bytes of replicated slices exchanged per broadcast round.
@@ -263,14 +266,22 @@ class _SafetensorsReader(FileSystemReader):
         tracker = ProgressTracker(self.progress)
         for item in plan.items:
             tracker.expect(item, self._nbytes(item))
+        shared = (
+            schedule
+            if isinstance(schedule, (HostShare, BroadcastSchedule, StripeSchedule))
+            else None
+        )
+        ranks = local_ranks(os.environ, from_plans=shared.local_ranks if shared else None)
+        threads = self.thread_count or default_threads(ranks)
 
         def engine() -> ReadEngine:
             return ReadEngine(
                 str(layout.root),
                 {name: header.stamp for name, header in layout.files.items()},
-                threads=self.thread_count or default_threads(),
+                threads=threads,
                 staging_bytes=self.staging_bytes,
                 progress=tracker if self.progress is not None else None,
+                local_ranks=ranks,
             )
 
         striped = isinstance(schedule, StripeSchedule) and exchanging
@@ -306,8 +317,9 @@ class _SafetensorsReader(FileSystemReader):
         return future
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
-        """Mark the plan as able to take part in an exchange between ranks."""
-        if self.exchange == "off" or plan.storage_data is not None:
+        """Mark the plan with this rank and host: for an exchange between ranks, and so
+        that the coordinator can tell each rank how many ranks share its host."""
+        if plan.storage_data is not None:
             return plan
         if not (dist.is_available() and dist.is_initialized()):
             return plan
@@ -324,14 +336,15 @@ class _SafetensorsReader(FileSystemReader):
 
         An exchange happens only when every rank marked its plan, in rank order, for a
         group of ``len(plans)`` ranks; otherwise every rank reads all its requests itself.
+        Either way a marked plan comes back with the number of ranks on its host.
         """
-        ready = all(
+        marked = all(
             isinstance(plan.storage_data, BroadcastReady)
             and plan.storage_data.rank == index
             and plan.storage_data.world_size == len(plans)
             for index, plan in enumerate(plans)
         )
-        if not ready:
+        if not marked:
             return plan_exchange(plans, "off", self._info, round_bytes=1, batch_bytes=1)
         hosts = [cast(BroadcastReady, plan.storage_data).host for plan in plans]
         if self.exchange == "auto":
@@ -344,14 +357,23 @@ class _SafetensorsReader(FileSystemReader):
                 batch_bytes=BATCH_BYTES,
             )
             logger.info("hyperckpt: exchange='auto' chose %r for %d ranks", strategy, len(plans))
-            return planned
-        return plan_exchange(
-            plans,
-            self.exchange,
-            self._info,
-            round_bytes=self.staging_bytes,
-            batch_bytes=BATCH_BYTES,
-        )
+        else:
+            planned = plan_exchange(
+                plans,
+                self.exchange,
+                self._info,
+                round_bytes=self.staging_bytes,
+                batch_bytes=BATCH_BYTES,
+            )
+        return [
+            dataclasses.replace(
+                plan,
+                storage_data=HostShare(share)
+                if plan.storage_data is None
+                else dataclasses.replace(plan.storage_data, local_ranks=share),
+            )
+            for plan, share in zip(planned, ranks_per_host(hosts), strict=True)
+        ]
 
     def _info(self, item: ReadItem) -> StorageInfo:
         info: StorageInfo = self.storage_data[item.storage_index]

@@ -326,7 +326,8 @@ def _sum(reads: Sequence[LoadStats]) -> LoadStats:
     totals = {}
     for field in dataclasses.fields(LoadStats):
         values = [getattr(stats, field.name) for stats in reads]
-        totals[field.name] = max(values, default=0) if field.name.endswith("_peak") else sum(values)
+        peak = field.name.endswith("_peak") or field.name == "threads"
+        totals[field.name] = max(values, default=0) if peak else sum(values)
     return LoadStats(**totals)
 
 

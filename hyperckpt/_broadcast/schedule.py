@@ -110,12 +110,14 @@ class BroadcastSchedule:
         rounds: Rounds in the whole load (the same on every rank; each costs one small
             all-gather of a status flag).
         transfers: The messages this rank sends or receives, in the order every rank uses.
+        local_ranks: Ranks of the group on this rank's host (they share its cores).
     """
 
     rank: int
     world_size: int
     rounds: int
     transfers: tuple[Transfer, ...]
+    local_ranks: int = 1
 
 
 def plan_broadcast(

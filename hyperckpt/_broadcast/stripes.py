@@ -124,6 +124,7 @@ class StripeSchedule:
             all-gather of a status flag).
         parts: The stripe parts this rank reads, by round.
         messages: The messages this rank sends or receives (or copies locally), by round.
+        local_ranks: Ranks of the group on this rank's host (they share its cores).
     """
 
     rank: int
@@ -131,6 +132,7 @@ class StripeSchedule:
     rounds: int
     parts: tuple[StripePart, ...]
     messages: tuple[StripeMessage, ...]
+    local_ranks: int = 1
 
 
 @dataclass(frozen=True, slots=True)

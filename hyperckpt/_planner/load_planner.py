@@ -18,7 +18,11 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    MetadataIndex,
+    TensorStorageMetadata,
+)
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 from torch.distributed.tensor import DTensor, Partial
@@ -29,6 +33,9 @@ from hyperckpt._planner.shapes import shape_mismatch
 from hyperckpt.errors import CheckpointError
 
 __all__ = ["LoadPlanner", "StridedLayout", "strided_regions"]
+
+#: Exact types that DCP's lookup returns as they are when asked at the origin.
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 #: How to read ``_StridedShard`` placements; see :class:`LoadPlanner`.
 StridedLayout = Literal["auto", "dtensor", "fsdp"]
@@ -79,6 +86,19 @@ class LoadPlanner(DefaultLoadPlanner):
                 f"strided_layout must be 'auto', 'dtensor' or 'fsdp', got {strided_layout!r}"
             )
         self.strided_layout: StridedLayout = strided_layout
+
+    def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
+        """The state dict's tensor for ``index``, as ``DefaultLoadPlanner`` finds it.
+
+        A plain tensor or parameter looked up at the origin is returned without DCP's
+        generic search, whose protocol ``isinstance`` checks cost tens of microseconds per
+        read item (measured: most of the per-item time of a 5000-tensor load).
+        """
+        value = self.state_dict.get(index.fqn)
+        if type(value) in _PLAIN and (index.offset is None or not any(index.offset)):
+            return value  # type: ignore[return-value]
+        result: torch.Tensor = super().lookup_tensor(index)
+        return result
 
     def create_local_plan(self) -> LoadPlan:
         """The default plan, with each ``_StridedShard`` DTensor planned by region.

@@ -47,14 +47,28 @@ class Box:
 
     def is_one_run(self) -> bool:
         """Whether the box is one contiguous byte range (only the first dimension narrowed)."""
-        narrowed = [d for d in range(len(self.shape)) if self.lengths[d] != self.shape[d]]
-        return not narrowed or all(n == 1 for n in self.lengths[: narrowed[-1]])
+        return self.one_run() is not None
+
+    def one_run(self) -> tuple[int, int] | None:
+        """``(absolute offset, length)`` when the box is one contiguous byte range, else
+        ``None``; one pass from the innermost dimension out (called once per read item)."""
+        first, stride, count = 0, 1, 1
+        whole = True  # every dimension inside the current one is complete
+        for dim in range(len(self.shape) - 1, -1, -1):
+            size, length, offset = self.shape[dim], self.lengths[dim], self.offsets[dim]
+            if not whole and length != 1:
+                return None
+            whole = whole and length == size
+            first += offset * stride
+            stride *= size
+            count *= length
+        return self.start + first * self.itemsize, count * self.itemsize
 
     def run(self) -> tuple[int, int]:
         """``(absolute offset, length)`` of a box for which :meth:`is_one_run` holds."""
-        strides = _strides(self.shape)
-        first = sum(o * s for o, s in zip(self.offsets, strides, strict=True))
-        return self.start + first * self.itemsize, self.nbytes
+        extent = self.one_run()
+        assert extent is not None, "run() of a strided box"
+        return extent
 
     def span(self) -> tuple[int, int]:
         """``(absolute offset, length)`` from the box's first byte to its last, inclusive."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 
 from hyperckpt._read.sysio import IOV_MAX
@@ -10,7 +11,12 @@ __all__ = ["coalesce"]
 
 
 def coalesce(
-    extents: Iterable[tuple[int, int, int]], *, gap: int, scratch: int, chunk: int
+    extents: Iterable[tuple[int, int, int]],
+    *,
+    gap: int,
+    scratch: int,
+    chunk: int,
+    aligned: bool = False,
 ) -> list[tuple[int, list[tuple[int, int]]]]:
     """Group ``(file offset, length, address)`` extents into scatter reads.
 
@@ -24,6 +30,9 @@ def coalesce(
         gap: Most bytes read and dropped between two extents of one read.
         scratch: Address of at least ``gap`` writable bytes.
         chunk: Most bytes one read spans.
+        aligned: Split long extents at multiples of ``chunk`` in the file rather than from
+            each extent's start (large reads of a cold file then start on page and chunk
+            boundaries).
 
     Returns:
         ``(file offset, [(address, length), ...])`` per read, in offset order.
@@ -36,8 +45,10 @@ def coalesce(
             if group:
                 reads.append((start, group))
                 group = []
-            for first in range(0, length, chunk):
-                reads.append((offset + first, [(address + first, min(chunk, length - first))]))
+            cuts = range(chunk - offset % chunk if aligned else chunk, length, chunk)
+            bounds = [0, *cuts, length]
+            for first, last in itertools.pairwise(bounds):
+                reads.append((offset + first, [(address + first, last - first)]))
             continue
         skip = offset - end
         fits = 0 <= skip <= gap and offset + length - start <= chunk and len(group) + 2 <= IOV_MAX

@@ -11,7 +11,7 @@ import torch
 
 from hyperckpt.errors import CheckpointChangedError, CheckpointError
 
-__all__ = ["IOV_MAX", "read_scatter", "read_table"]
+__all__ = ["IOV_MAX", "read_runs", "read_scatter", "read_table"]
 
 #: Most buffers one ``preadv`` call takes on Linux.
 IOV_MAX = 1024
@@ -42,6 +42,34 @@ def read_table(name: str, fd: int, offset: int, table: torch.Tensor) -> int:
         _raise_read_error(name, offset, want)
     rows: list[tuple[int, int]] = [(int(a), int(n)) for a, n in table.tolist()]
     return 1 + read_scatter(name, fd, offset, _skip(rows, max(0, got)), start=offset + max(0, got))
+
+
+def read_runs(name: str, fd: int, starts: torch.Tensor, run: int, address: int) -> int:
+    """Read ``run`` bytes at each file offset of ``starts`` (int64) into consecutive
+    destinations from ``address``, one ``preadv`` per run; short reads continue.
+
+    Returns:
+        The number of ``preadv`` calls made.
+
+    Raises:
+        CheckpointChangedError: The file ended early.
+        CheckpointError: The operating system reported a read error.
+    """
+    count = starts.numel()
+    table = torch.empty((count, 2), dtype=torch.int64)
+    table[:, 0] = torch.arange(count, dtype=torch.int64) * run + address
+    table[:, 1] = run
+    base, row = table.data_ptr(), table.stride(0) * table.element_size()
+    calls = 0
+    for index, offset in enumerate(starts.tolist()):
+        got = _preadv(fd, base + index * row, 1, offset)
+        calls += 1
+        if got != run:
+            if got < 0:
+                _raise_read_error(name, offset, run)
+            rest = [(address + index * run + got, run - got)]
+            calls += read_scatter(name, fd, offset, rest, start=offset + got)
+    return calls
 
 
 def read_scatter(

@@ -261,7 +261,7 @@ def _strided_ranks(rank: int, world_size: int, root: str, cases: list[Case]) -> 
     for how in ("LoadPlanner()", "plain dcp.load"):
         subset, make_planner = planners[how]
         state = {case.name: _destination(case, meshes) for case in subset}
-        reader = HuggingFaceStorageReader(hf, broadcast_replicated=True)
+        reader = HuggingFaceStorageReader(hf, exchange="replicated")
         dcp.load(state, storage_reader=reader, planner=make_planner())
         failures += _check(f"hf, {how}, broadcast forced on", subset, state, meshes)
         broadcast[how] = reader.last_broadcast is not None
@@ -545,7 +545,7 @@ def _fsdp_tp_ranks(
     # The plain call with our reader: the same rows, broadcast off and forced on.
     for broadcast in (False, True):
         plain = _poisoned_block(mesh, sizes)
-        reader = HuggingFaceStorageReader(hf, broadcast_replicated=broadcast)
+        reader = HuggingFaceStorageReader(hf, exchange="replicated" if broadcast else "off")
         dcp.load(plain.state_dict(), storage_reader=reader)
         failures += _block_differences(f"plain dcp.load, broadcast {broadcast}", plain, truth)
 

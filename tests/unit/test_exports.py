@@ -45,6 +45,7 @@ PUBLIC = [
     "load",
     "write_sample",
     "verify",
+    "release_pinned_memory",
 ]
 
 

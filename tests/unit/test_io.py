@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from hyperckpt._read import staging as _staging
 from hyperckpt._read import sysio as _sysio
 from hyperckpt._read.boxes import Box
 from hyperckpt._read.coalesce import coalesce
+from hyperckpt._read.columns import Strategy
 from hyperckpt._read.engine import LoadStats, ReadEngine, StorageInfo
 from hyperckpt._readers import to_metadata
 from hyperckpt.errors import CheckpointError
@@ -73,7 +75,7 @@ def _load(
     tensors: dict[str, torch.Tensor],
     destinations: dict[str, torch.Tensor],
     items: list[ReadItem] | None = None,
-    **options: int,
+    **options: Any,
 ) -> tuple[LoadStats, _Planner]:
     root, storage, stamps = _checkpoint(tmp_path, tensors)
     planner = _Planner(destinations)
@@ -142,7 +144,8 @@ def test_a_column_slice_lands_in_place_with_scatter_reads(tmp_path: Path) -> Non
 def test_runs_far_apart_are_read_one_by_one_without_over_reading(tmp_path: Path) -> None:
     wide = torch.randn(4, 10_000)
     out = {"w": _poisoned(wide[:, :8])}
-    stats, _ = _load(tmp_path, {"w": wide}, out, [_item("w", (0, 0), (4, 8))], threads=1)
+    items = [_item("w", (0, 0), (4, 8))]
+    stats, _ = _load(tmp_path, {"w": wide}, out, items, threads=1, column_strategy=Strategy.RUNS)
     assert torch.equal(out["w"], wide[:, :8])
     assert stats.reads == 4
     assert stats.bytes_read == 4 * 8 * 4
@@ -354,3 +357,19 @@ def test_coalesce_never_joins_overlapping_or_far_extents_or_too_many_buffers() -
     reads = coalesce(many, gap=1, scratch=0, chunk=10**6)
     assert all(len(buffers) <= _sysio.IOV_MAX for _, buffers in reads)
     assert sum(len(b) for _, b in reads) == 2 * 2000 - len(reads)
+
+
+def test_large_staged_copies_go_in_pieces_and_stay_bit_exact(tmp_path: Path) -> None:
+    # over ATen's grain size, so the copy out of staging is split (see io._copy)
+    source = torch.randn(300, 400).to(torch.bfloat16)
+    assert source.numel() > engine_io._SERIAL_ELEMENTS
+    converted = _poisoned(source, torch.float32)
+    transposed = _poisoned(source.t().contiguous()).t()  # non-contiguous destination
+    columns = _poisoned(source[:, 100:300])
+    items = [_whole("a", source), _whole("b", source), _item("c", (0, 100), (300, 200))]
+    tensors = {"a": source, "b": source.clone(), "c": source.clone()}
+    out = {"a": converted, "b": transposed, "c": columns}
+    _load(tmp_path, tensors, out, items, column_strategy=Strategy.STAGE)
+    assert torch.equal(converted, source.float())
+    assert torch.equal(transposed, source)
+    assert torch.equal(columns, source[:, 100:300])

@@ -1,0 +1,118 @@
+"""Whether byte ranges of a file are in the page cache, and hints to the kernel for cold ones.
+
+Detection touches no data: ``mincore`` on a fresh read-only mapping of the range (the
+mapping is never read, so no page is faulted in) where the kernel reports page-cache
+residency to this process, that is for files it owns (Linux 5.2 and later answer
+"not resident" for other files to close a side channel); elsewhere one-byte ``preadv2``
+probes with ``RWF_NOWAIT``, which fail with ``EAGAIN`` instead of waiting for the disk.
+Where neither works the answer is ``None`` and the caller keeps its usual path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import logging
+import mmap
+import os
+
+__all__ = ["PAGE", "advise_cold", "cold_fraction"]
+
+logger = logging.getLogger(__name__)
+
+#: The page size the kernel caches files in.
+PAGE = mmap.PAGESIZE
+#: Most probes :func:`cold_fraction` makes with ``RWF_NOWAIT`` for one range.
+PROBES = 64
+_RWF_NOWAIT = 0x00000008
+#: ``mincore`` reports residency in bit 0 of each byte; the other bits are reserved.
+_RESIDENT_BIT = bytes(value & 1 for value in range(256))
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+_libc.mmap.argtypes = [
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int64,
+]
+_libc.mmap.restype = ctypes.c_void_p
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+_preadv2 = getattr(_libc, "preadv2", None)
+if _preadv2 is not None:
+    _preadv2.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int]
+    _preadv2.restype = ctypes.c_ssize_t
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+class _Iovec(ctypes.Structure):
+    _fields_ = (("base", ctypes.c_void_p), ("length", ctypes.c_size_t))
+
+
+def cold_fraction(fd: int, offset: int, length: int) -> float | None:
+    """The fraction of the range's pages that are not in the page cache, or ``None`` when
+    this system cannot tell.
+
+    Args:
+        fd: An open descriptor of a regular file.
+        offset: First byte of the range.
+        length: Bytes in the range (0 gives 0.0).
+    """
+    if length <= 0:
+        return 0.0
+    stat = os.fstat(fd)
+    if stat.st_uid == os.geteuid() or os.geteuid() == 0:
+        found = _mincore(fd, offset, length)
+        if found is not None:
+            return found
+    return _nowait_probes(fd, offset, length)
+
+
+def _mincore(fd: int, offset: int, length: int) -> float | None:
+    first = offset - offset % PAGE
+    size = offset + length - first
+    pages = -(-size // PAGE)
+    address = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, first)
+    if address in (None, _MAP_FAILED):
+        return None
+    try:
+        vector = (ctypes.c_ubyte * pages)()
+        if _libc.mincore(address, size, vector) != 0:
+            return None
+        resident = bytes(vector).translate(_RESIDENT_BIT).count(1)
+    finally:
+        _libc.munmap(address, size)
+    return 1.0 - resident / pages
+
+
+def _nowait_probes(fd: int, offset: int, length: int) -> float | None:
+    if _preadv2 is None:
+        return None
+    byte = ctypes.c_ubyte()
+    iov = _Iovec(ctypes.addressof(byte), 1)
+    step = max(PAGE, -(-length // PROBES))
+    probes = missed = 0
+    for at in range(offset, offset + length, step):
+        got = _preadv2(fd, ctypes.byref(iov), 1, at, _RWF_NOWAIT)
+        probes += 1
+        if got < 0:
+            code = ctypes.get_errno()
+            if code != errno.EAGAIN:
+                return None  # RWF_NOWAIT unsupported here (EOPNOTSUPP, EINVAL, ENOSYS)
+            missed += 1
+    return missed / probes
+
+
+def advise_cold(fd: int, offset: int, length: int) -> None:
+    """Tell the kernel the range will be read soon and in order, so that it starts reading
+    ahead (``POSIX_FADV_SEQUENTIAL`` and ``POSIX_FADV_WILLNEED``); a kernel that does not
+    take the hint changes nothing."""
+    for advice in (os.POSIX_FADV_SEQUENTIAL, os.POSIX_FADV_WILLNEED):
+        try:
+            os.posix_fadvise(fd, offset, length, advice)
+        except OSError as err:  # advice is optional: EINVAL on some file systems
+            logger.debug("posix_fadvise(%d) refused: %s", advice, err)
+            return

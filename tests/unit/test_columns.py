@@ -1,0 +1,132 @@
+"""Column slices: the cost rule's choices, and every strategy bit-exact into poisoned memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from torch.distributed.checkpoint.metadata import MetadataIndex
+from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
+
+from hyperckpt._layout.directory import huggingface_layout
+from hyperckpt._read.columns import Costs, Runs, Strategy, choose, estimate
+from hyperckpt._read.engine import MAX_GAP, STAGE_BLOCK, ReadEngine
+from hyperckpt._readers import to_metadata
+
+
+def _rows(run: int, pitch: int, count: int) -> Runs:
+    return Runs(count=count, run=run, span=pitch * (count - 1) + run, max_gap=pitch - run)
+
+
+def _choose(runs: Runs, ranks: int = 1, **costs: float) -> Strategy:
+    return choose(
+        runs,
+        ranks=ranks,
+        scratch=MAX_GAP,
+        block=STAGE_BLOCK,
+        per_call=512,
+        costs=Costs(**costs),
+    )
+
+
+def test_narrow_runs_in_short_rows_are_staged_and_copied_once() -> None:
+    # a 64-column bf16 matrix split 2 ways: 64-byte runs 128 bytes apart
+    assert _choose(_rows(64, 128, 4096)) is Strategy.STAGE
+
+
+def test_half_rows_of_a_wide_matrix_are_scattered_in_place() -> None:
+    # Shard(1) of a 2048-column bf16 matrix over 2 ranks: 2 KiB runs 4 KiB apart
+    assert _choose(_rows(2048, 4096, 2048)) is Strategy.SCATTER
+
+
+def test_runs_farther_apart_than_the_scratch_buffer_are_read_one_by_one() -> None:
+    runs = _rows(32768, 65536, 2048)
+    assert Strategy.SCATTER not in estimate(
+        runs, ranks=1, scratch=MAX_GAP, block=STAGE_BLOCK, per_call=512
+    )
+    assert _choose(runs) is Strategy.RUNS
+
+
+def test_rows_wider_than_a_staging_block_are_never_staged() -> None:
+    runs = _rows(8, 4 * STAGE_BLOCK, 4)
+    costs = estimate(runs, ranks=1, scratch=MAX_GAP, block=STAGE_BLOCK, per_call=512)
+    assert set(costs) == {Strategy.RUNS}
+
+
+def test_more_ranks_on_the_host_make_over_read_bytes_dearer() -> None:
+    # wide runs with a small gap: scatter over-reads little, but every byte counts more
+    runs = _rows(8192, 16384, 1024)
+    assert _choose(runs, ranks=1) is Strategy.SCATTER
+    assert _choose(runs, ranks=8, rank_share=2.0) is Strategy.RUNS
+
+
+def test_expensive_calls_push_the_rule_away_from_one_call_per_run() -> None:
+    runs = _rows(32768, 65536, 16)
+    assert _choose(runs) is Strategy.RUNS
+    assert _choose(runs, call=1e9) is Strategy.STAGE
+
+
+def test_estimates_grow_with_rows_and_ties_prefer_reading_fewer_bytes() -> None:
+    small = estimate(
+        _rows(512, 4096, 10), ranks=1, scratch=MAX_GAP, block=STAGE_BLOCK, per_call=512
+    )
+    large = estimate(
+        _rows(512, 4096, 1000), ranks=1, scratch=MAX_GAP, block=STAGE_BLOCK, per_call=512
+    )
+    assert all(large[strategy] > small[strategy] for strategy in small)
+    free = {"call": 0.0, "entry": 0.0, "placed_byte": 0.0, "dropped_byte": 0.0}
+    zero = {**free, "staged_byte": 0.0, "copy_byte": 0.0, "copy_row": 0.0}
+    assert _choose(_rows(512, 4096, 10), **zero) is Strategy.RUNS
+
+
+# -- every strategy is bit-exact ---------------------------------------------------------
+
+_CASES = {
+    "bf16 half columns": (torch.bfloat16, (37, 64), (0, 32), (37, 32)),
+    "f32 middle columns, uneven": (torch.float32, (29, 45), (3, 7), (20, 13)),
+    "int8 one column": (torch.int8, (50, 9), (0, 4), (50, 1)),
+    "f64 3-D inner box": (torch.float64, (5, 6, 7), (1, 2, 3), (3, 3, 4)),
+    "bf16 wide runs far apart": (torch.bfloat16, (6, 20000), (0, 100), (6, 9000)),
+}
+
+
+@pytest.mark.parametrize("strategy", [*Strategy, None], ids=lambda s: getattr(s, "value", "rule"))
+@pytest.mark.parametrize("case", sorted(_CASES))
+def test_every_strategy_fills_a_poisoned_destination_bit_exactly(
+    tmp_path: Path, strategy: Strategy | None, case: str
+) -> None:
+    dtype, shape, offsets, lengths = _CASES[case]
+    source = (torch.randn(shape) * 50).to(dtype)
+    save_file({"other": torch.arange(7.0), "w": source}, str(tmp_path / "model.safetensors"))
+    layout = huggingface_layout(tmp_path)
+    storage = to_metadata(layout).storage_data
+    stamps = {name: header.stamp for name, header in layout.files.items()}
+    poison = torch.full((torch.Size(lengths).numel() * dtype.itemsize,), 0xA5, dtype=torch.uint8)
+    destination = poison.view(dtype).view(lengths)
+    item = ReadItem(
+        type=LoadItemType.TENSOR,
+        dest_index=MetadataIndex("w", torch.Size(offsets)),
+        dest_offsets=torch.Size((0,) * len(shape)),
+        storage_index=MetadataIndex("w", torch.Size((0,) * len(shape))),
+        storage_offsets=torch.Size(offsets),
+        lengths=torch.Size(lengths),
+    )
+
+    class Planner:
+        def resolve_tensor(self, item: ReadItem) -> torch.Tensor:
+            return destination
+
+        def commit_tensor(self, item: ReadItem, tensor: torch.Tensor) -> None:
+            assert tensor.data_ptr() == destination.data_ptr()
+
+    engine = ReadEngine(str(tmp_path), stamps, threads=2, column_strategy=strategy)
+    stats = engine.run([item], storage, Planner())  # type: ignore[arg-type]
+    expected = source[tuple(slice(o, o + n) for o, n in zip(offsets, lengths, strict=True))]
+    assert torch.equal(destination.view(torch.uint8), expected.contiguous().view(torch.uint8))
+    needed = expected.numel() * dtype.itemsize
+    if strategy is Strategy.RUNS:
+        assert stats.bytes_read == needed
+    else:
+        assert stats.bytes_read >= needed

@@ -1,0 +1,155 @@
+"""Page-cache awareness: cold ranges are detected without reading them, and loaded right."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from helpers import mismatch, poison_, sample_tensor, write_hf_checkpoint
+
+from hyperckpt import HuggingFaceStorageReader
+from hyperckpt._read import engine as engine_io
+from hyperckpt._read import pagecache
+from hyperckpt._read.coalesce import coalesce
+
+
+def _evict(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _disk_backed(path: Path) -> bool:
+    """Whether ``path`` lives on a file system whose pages ``DONTNEED`` can evict."""
+    best, kind = "", ""
+    with open("/proc/mounts") as mounts:
+        for line in mounts:
+            _, point, fstype, *_ = line.split()
+            if str(path).startswith(point) and len(point) > len(best):
+                best, kind = point, fstype
+    return kind not in ("tmpfs", "ramfs", "")
+
+
+@pytest.fixture
+def data_file(tmp_path: Path) -> Path:
+    if not _disk_backed(tmp_path):
+        pytest.skip("the test directory is in memory (tmpfs): its pages cannot be evicted")
+    path = tmp_path / "data.bin"
+    path.write_bytes(os.urandom(4 * 2**20))
+    return path
+
+
+def _fraction(path: Path, offset: int = 0, length: int | None = None) -> float | None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        return pagecache.cold_fraction(fd, offset, size - offset if length is None else length)
+    finally:
+        os.close(fd)
+
+
+def test_a_file_just_written_is_warm_and_an_evicted_one_cold(data_file: Path) -> None:
+    path = data_file
+    path.read_bytes()
+    assert _fraction(path) == 0.0
+    _evict(path)
+    assert _fraction(path) == 1.0
+
+
+def test_mincore_sees_exactly_the_pages_that_were_read_back(data_file: Path) -> None:
+    _evict(data_file)
+    fd = os.open(data_file, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no read-ahead around the read
+        os.pread(fd, 16 * pagecache.PAGE, 0)
+        head = pagecache._mincore(fd, 0, 16 * pagecache.PAGE)
+        tail = pagecache._mincore(fd, 2 * 2**20, 2**20)
+    finally:
+        os.close(fd)
+    assert head == 0.0
+    assert tail == 1.0
+
+
+def test_the_nowait_probes_tell_cold_from_warm_when_mincore_cannot(
+    data_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pagecache, "_mincore", lambda fd, offset, length: None)
+    data_file.read_bytes()
+    assert _fraction(data_file) == 0.0
+    _evict(data_file)
+    assert _fraction(data_file, 2**20, 2**20) == 1.0
+
+
+def test_without_mincore_or_nowait_the_answer_is_unknown_and_the_load_still_works(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pagecache, "_mincore", lambda fd, offset, length: None)
+    monkeypatch.setattr(pagecache, "_preadv2", None)
+    original = sample_tensor((256, 64), torch.float32, seed=5)
+    write_hf_checkpoint(tmp_path, {"w": original})
+    assert _fraction(tmp_path / "model.safetensors") is None
+    destination = poison_(torch.empty(256, 64))
+    reader = HuggingFaceStorageReader(tmp_path, thread_count=2)
+    dcp.load({"w": destination}, storage_reader=reader, no_dist=True)
+    assert mismatch(destination, original) is None
+    assert reader.last_stats is not None
+    assert reader.last_stats.cold_bytes == 0
+
+
+def test_a_cold_checkpoint_is_hinted_window_by_window_and_loads_bit_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not _disk_backed(tmp_path):
+        pytest.skip("the test directory is in memory (tmpfs): its pages cannot be evicted")
+    monkeypatch.setattr(engine_io, "COLD_WINDOW", 2**20)
+    monkeypatch.setattr(engine_io, "COLD_CHUNK_BYTES", 2**20)
+    hinted: list[tuple[int, int]] = []
+    real = pagecache.advise_cold
+    monkeypatch.setattr(
+        pagecache,
+        "advise_cold",
+        lambda fd, offset, length: (hinted.append((offset, length)), real(fd, offset, length)),
+    )
+    originals = {
+        "a": sample_tensor((1024, 1024), torch.float32, seed=1),
+        "b": sample_tensor((512, 256), torch.bfloat16, seed=2),
+    }
+    write_hf_checkpoint(tmp_path, originals)
+    file = tmp_path / "model.safetensors"
+    for cache in ("warm", "cold"):
+        if cache == "cold":
+            _evict(file)
+        else:
+            file.read_bytes()
+        hinted.clear()
+        state = {name: poison_(torch.empty_like(t)) for name, t in originals.items()}
+        reader = HuggingFaceStorageReader(tmp_path, thread_count=2)
+        dcp.load(state, storage_reader=reader, no_dist=True)
+        for name, tensor in originals.items():
+            assert mismatch(state[name], tensor) is None, (cache, name)
+        assert reader.last_stats is not None
+        if cache == "warm":
+            assert reader.last_stats.cold_bytes == 0
+            assert hinted == []
+        else:
+            size = file.stat().st_size
+            assert reader.last_stats.cold_bytes >= size - 2**20  # all but the header window
+            assert sorted(hinted) == sorted(set(hinted))  # each window once
+            assert {offset // 2**20 for offset, _ in hinted} == set(range(-(-size // 2**20)))
+
+
+def test_cold_files_are_split_at_chunk_multiples_of_the_file() -> None:
+    reads = coalesce([(1000, 5000, 0)], gap=0, scratch=0, chunk=2048, aligned=True)
+    assert [(offset, [n for _, n in buffers]) for offset, buffers in reads] == [
+        (1000, [1048]),
+        (2048, [2048]),
+        (4096, [1904]),
+    ]
+    plain = coalesce([(1000, 5000, 0)], gap=0, scratch=0, chunk=2048)
+    assert [offset for offset, _ in plain] == [1000, 3048, 5096]
