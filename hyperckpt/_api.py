@@ -291,7 +291,11 @@ def _validate(
     for name, value in wanted.items():
         if tuple(value.shape) != tensor_shapes[name]:
             raise shape_mismatch(
-                name, tensor_shapes[name], tuple(value.shape), file=_file_of(layout, name)
+                name,
+                tensor_shapes[name],
+                tuple(value.shape),
+                file=_file_of(layout, name),
+                origin=_made_of(mapped, name),
             )
     return described, mapped, wanted, skipped
 

@@ -260,8 +260,12 @@ class _SafetensorsReader(FileSystemReader):
         )
         schedule = plan.storage_data
         exchange = None
-        if isinstance(schedule, (BroadcastSchedule, StripeSchedule)):  # the whole group is here
+        # A schedule or a host share comes only from a coordinator that saw every rank of the
+        # group mark its plan: then every rank is here to agree on re-planned reads.
+        if isinstance(schedule, (BroadcastSchedule, StripeSchedule)):
             exchange = (self._group(), schedule.world_size)
+        elif isinstance(schedule, HostShare) and dist.is_available() and dist.is_initialized():
+            exchange = (self._group(), dist.get_world_size(self._group()))
         plan, exchanging = plan_to_read(plan, planner, self.metadata, exchange=exchange)
         tracker = ProgressTracker(self.progress)
         for item in plan.items:

@@ -15,7 +15,12 @@ __all__ = ["shape_mismatch"]
 
 
 def shape_mismatch(
-    fqn: str, stored: Sequence[int], wanted: Sequence[int], *, file: str | None = None
+    fqn: str,
+    stored: Sequence[int],
+    wanted: Sequence[int],
+    *,
+    file: str | None = None,
+    origin: str = "",
 ) -> CheckpointError:
     """The error for tensor ``fqn`` stored as ``stored`` but wanted as ``wanted``.
 
@@ -24,6 +29,8 @@ def shape_mismatch(
         stored: Its shape in the checkpoint (in the destination's units).
         wanted: The destination's (global) shape.
         file: A file holding a piece of it, as messages name it, if known.
+        origin: Where the stored tensor came from when not straight from the checkpoint,
+            as a clause that follows "in the state dict" (a mapping's sources).
     """
     where = f"{file}: " if file else ""
     larger = [d for d, (have, want) in enumerate(zip(stored, wanted, strict=False)) if want > have]
@@ -39,7 +46,7 @@ def shape_mismatch(
         cause = "the checkpoint belongs to another model configuration"
     return CheckpointError(
         f"{where}tensor {fqn!r} has shape {list(stored)} in the checkpoint but "
-        f"{list(wanted)} in the state dict; {cause}",
+        f"{list(wanted)} in the state dict{origin}; {cause}",
         path=file,
         tensor=fqn,
     )
