@@ -30,12 +30,23 @@ class CheckpointError(ValueError):
     Attributes:
         path: The file or directory at fault, as on disk (not escaped), or ``None``.
         tensor: The tensor at fault (not escaped), or ``None``.
+        rule: The stable id of the rule broken (``"offsets.span"``, ``"tiling.gap"``; the
+            ids of ``docs/rules.md``), for tools and tests to match instead of the text;
+            ``None`` where no catalogued rule applies.
     """
 
-    def __init__(self, message: str, *, path: str | None = None, tensor: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        tensor: str | None = None,
+        rule: str | None = None,
+    ) -> None:
         super().__init__(printable(message))
         self.path = path
         self.tensor = tensor
+        self.rule = rule
 
 
 class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
