@@ -94,6 +94,7 @@ def tile(name: str, pieces: Sequence[P]) -> tuple[tuple[int, ...], tuple[P, ...]
                 f"{_STRIDED_HINT}",
                 path=first.file,
                 tensor=name,
+                rule="tiling.gap",
             )
         return extent, (first,)
     ndim = len(full[0].shape)
@@ -107,6 +108,7 @@ def tile(name: str, pieces: Sequence[P]) -> tuple[tuple[int, ...], tuple[P, ...]
                 f"tensor must be stored once (a duplicate or stray shard file?).{_STRIDED_HINT}",
                 path=b.file,
                 tensor=name,
+                rule="tiling.duplicate",
             )
     if _is_exact_tiling(name, shape, ordered):
         return shape, tuple(ordered)
@@ -121,6 +123,7 @@ def tile(name: str, pieces: Sequence[P]) -> tuple[tuple[int, ...], tuple[P, ...]
         f"a shard file is probably missing.{_STRIDED_HINT}",
         path=ordered[0].file,
         tensor=name,
+        rule="tiling.gap",
     )
 
 
@@ -146,6 +149,7 @@ def _is_exact_tiling(name: str, shape: tuple[int, ...], pieces: Sequence[Box]) -
             f"damaged or hostile",
             path=pieces[0].file,
             tensor=name,
+            rule="tiling.too_complex",
         )
     if sum(math.prod(p.shape) for p in pieces) != math.prod(shape):
         return False
@@ -211,6 +215,7 @@ def _check_disjoint(name: str, pieces: Sequence[Box], ndim: int, *, surely: bool
                     f"overlap in [{box}]; each element must be stored once.{_STRIDED_HINT}",
                     path=piece.file,
                     tensor=name,
+                    rule="tiling.overlap",
                 )
         active[index] = piece
         heapq.heappush(ends, (start + piece.shape[axis], index))
@@ -225,6 +230,7 @@ def _check_disjoint(name: str, pieces: Sequence[Box], ndim: int, *, surely: bool
             f"once.{_STRIDED_HINT}",
             path=pieces[0].file,
             tensor=name,
+            rule="tiling.overlap",
         )
 
 
