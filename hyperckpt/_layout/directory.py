@@ -5,17 +5,22 @@ the files ``model.safetensors.index.json`` names) and a torch sharded directory 
 per-rank files ``HuggingFaceStorageWriter(save_distributed=True)`` writes, each carrying
 ``DCP_SHARDING_INFO``).  Everything is decided from the headers; the set of files is
 checked as a whole.  No torch import here.
+
+Every rule is checked once, here: the builders hand each problem to a ``report`` callback.
+The default raises it, so :func:`describe` stops at the first problem; ``hyperckpt
+validate`` passes one that collects (see :mod:`hyperckpt._layout.problems`) and the
+builders go on, leaving out each file or tensor at fault.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Final, Literal
+from typing import Final, Literal, NoReturn
 
 from hyperckpt._format.header import FileHeader, decode_strict_json, is_unicode, read_header
 from hyperckpt._format.opener import read_regular
@@ -32,10 +37,12 @@ __all__ = [
     "CheckpointLayout",
     "Kind",
     "Piece",
+    "Report",
     "TensorLayout",
     "describe",
     "detect_kind",
     "huggingface_layout",
+    "raise_problem",
     "torch_sharded_layout",
 ]
 
@@ -51,6 +58,28 @@ _SHARDED_SUBDIR: Final = "sharded"
 _MAX_INDEX_BYTES: Final = 100_000_000
 _SUFFIX: Final = ".safetensors"
 _MAX_TORCH_SIZE: Final = 2**63  # torch sizes are int64
+
+Report = Callable[[CheckpointError], None]
+"""What a builder does with each problem it finds: raise it, or note it and let it go on."""
+
+
+def raise_problem(problem: CheckpointError) -> NoReturn:
+    """The default report: stop at the first problem by raising it."""
+    raise problem
+
+
+class _Counted:
+    """A report that passes each problem on and counts them (to skip what depends on them)."""
+
+    __slots__ = ("count", "report")
+
+    def __init__(self, report: Report) -> None:
+        self.report = report
+        self.count = 0
+
+    def __call__(self, problem: CheckpointError) -> None:
+        self.count += 1
+        self.report(problem)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,10 +191,12 @@ def detect_kind(path: str | os.PathLike[str]) -> Kind:
         return HUGGINGFACE
     names = _safetensors_names(root)
     if not names:
+        pickled = _pickled_hint(root)
         raise CheckpointNotFoundError(
             f"{root}: no {INDEX_NAME}, {SINGLE_FILE_NAME} or *.safetensors files; "
-            f"{_pickled_hint(root) or 'this is not a checkpoint directory'}{_sharded_hint(root)}",
+            f"{pickled or 'this is not a checkpoint directory'}{_sharded_hint(root)}",
             path=str(root),
+            rule="dir.pickled" if pickled else "dir.empty",
         )
     first = read_header(root / names[0], name=names[0])
     if first.metadata is not None and SHARDING_INFO_KEY in first.metadata:
@@ -175,16 +206,25 @@ def detect_kind(path: str | os.PathLike[str]) -> Kind:
         f"no {SINGLE_FILE_NAME}, and {names[0]} has no {SHARDING_INFO_KEY}, so which files "
         f"form the checkpoint is unknown; pass the path of a single file, or add the index",
         path=str(root),
+        rule="dir.unknown_kind",
     )
 
 
 @collector_paused()
-def huggingface_layout(path: str | os.PathLike[str]) -> CheckpointLayout:
+def huggingface_layout(
+    path: str | os.PathLike[str], *, report: Report = raise_problem
+) -> CheckpointLayout:
     """Describe a Hugging Face checkpoint: the index's files, or ``model.safetensors``.
 
     With ``model.safetensors.index.json`` exactly the files its ``weight_map`` names are
     read, nothing else in the directory.  Without it, ``model.safetensors`` alone.  A path
     to a single ``.safetensors`` file describes that file.
+
+    Args:
+        path: The checkpoint directory, or a single ``.safetensors`` file.
+        report: Called with each problem.  The default raises it.  One that returns lets
+            the description go on without the file or tensor at fault; the layout returned
+            is then partial, valid only if nothing was reported.
 
     Raises:
         CheckpointNotFoundError: The directory, the index's files or ``model.safetensors``
@@ -193,41 +233,52 @@ def huggingface_layout(path: str | os.PathLike[str]) -> CheckpointLayout:
             in two files, or a header breaks a rule.
     """
     root = Path(path)
+    problems = _Counted(report)
+    weight_map: dict[str, str | None] | None = None
     if root.is_file():
         names: list[str] = [root.name]
-        weight_map: dict[str, str] | None = None
         root = root.parent
+    elif not _require_directory(root, problems):
+        return _nothing(HUGGINGFACE, root)
+    elif (root / INDEX_NAME).exists():
+        index = _read_index(root, problems)
+        if index is None:
+            return _nothing(HUGGINGFACE, root)
+        weight_map, names = index
+    elif (root / SINGLE_FILE_NAME).exists():
+        names = [SINGLE_FILE_NAME]
     else:
-        _require_directory(root)
-        if (root / INDEX_NAME).exists():
-            weight_map = _read_index(root)
-            names = sorted(set(weight_map.values()))
-        elif (root / SINGLE_FILE_NAME).exists():
-            weight_map = None
-            names = [SINGLE_FILE_NAME]
-        else:
-            raise CheckpointNotFoundError(
+        problems(
+            CheckpointNotFoundError(
                 f"{root}: neither {INDEX_NAME} nor {SINGLE_FILE_NAME} is there"
                 f"{_other_kind_hint(root)}",
                 path=str(root),
+                rule="hf.no_checkpoint",
             )
-    headers = _read_headers(root, names)
+        )
+        return _nothing(HUGGINGFACE, root)
+    headers = _read_headers(root, names, problems)
     owner: dict[str, str] = {}
     for header in headers.values():
         for tensor in header.tensors:
-            if tensor in owner:
-                raise CheckpointError(
+            if tensor not in owner:
+                owner[tensor] = header.name
+                continue
+            problems(
+                CheckpointError(
                     f"tensor {tensor!r} is in two files, {owner[tensor]} and {header.name}; "
                     f"a Hugging Face checkpoint holds each tensor once (a stray or duplicate "
                     f"file?)",
                     path=header.name,
                     tensor=tensor,
+                    rule="hf.tensor_in_two_files",
                 )
-            owner[tensor] = header.name
-        _check_whole_tensors(header)
+            )
+        _check_whole_tensors(header, problems)
     if weight_map is not None:
-        _check_index_agreement(weight_map, owner)
-        _check_single_file_beside_index(root, headers, owner)
+        _check_index_agreement(weight_map, owner, headers, problems)
+        if not problems.count:  # it compares with every indexed tensor
+            _check_single_file_beside_index(root, headers, owner, problems)
     tensors = {
         name: _whole(headers[owner[name]].tensors[name].dtype, headers[owner[name]], name)
         for name in sorted(owner)
@@ -238,8 +289,17 @@ def huggingface_layout(path: str | os.PathLike[str]) -> CheckpointLayout:
 
 
 @collector_paused()
-def torch_sharded_layout(path: str | os.PathLike[str]) -> CheckpointLayout:
+def torch_sharded_layout(
+    path: str | os.PathLike[str], *, report: Report = raise_problem
+) -> CheckpointLayout:
     """Describe a torch sharded directory: every ``*.safetensors`` in it, pieces tiled.
+
+    Args:
+        path: The checkpoint directory.
+        report: Called with each problem.  The default raises it.  One that returns lets
+            the description go on without the file or tensor at fault (with a file at
+            fault, no tensor is tiled: each it held would show a gap); the layout returned
+            is then partial, valid only if nothing was reported.
 
     Raises:
         CheckpointNotFoundError: No ``*.safetensors`` file is there.
@@ -248,47 +308,87 @@ def torch_sharded_layout(path: str | os.PathLike[str]) -> CheckpointLayout:
             repeat, overlap or leave a gap.
     """
     root = Path(path)
-    _require_directory(root)
+    problems = _Counted(report)
+    if not _require_directory(root, problems):
+        return _nothing(TORCH_SHARDED, root)
     if (root / INDEX_NAME).exists():
-        raise CheckpointError(
-            f"{root}: holds {INDEX_NAME}, so it is a Hugging Face checkpoint, not a torch "
-            f"sharded directory; use HuggingFaceStorageReader",
-            path=str(root),
+        problems(
+            CheckpointError(
+                f"{root}: holds {INDEX_NAME}, so it is a Hugging Face checkpoint, not a torch "
+                f"sharded directory; use HuggingFaceStorageReader",
+                path=str(root),
+                rule="sharded.index_present",
+            )
         )
-    names = _safetensors_names(root)
+        return _nothing(TORCH_SHARDED, root)
+    try:
+        names = _safetensors_names(root)
+    except CheckpointError as err:
+        problems(err)
+        return _nothing(TORCH_SHARDED, root)
     if not names:
-        raise CheckpointNotFoundError(
-            f"{root}: no *.safetensors files, so no torch sharded checkpoint is here"
-            f"{_sharded_hint(root)}",
-            path=str(root),
+        problems(
+            CheckpointNotFoundError(
+                f"{root}: no *.safetensors files, so no torch sharded checkpoint is here"
+                f"{_sharded_hint(root)}",
+                path=str(root),
+                rule="sharded.no_files",
+            )
         )
-    headers = _read_headers(root, names)
+        return _nothing(TORCH_SHARDED, root)
+    headers = _read_headers(root, names, problems)
     found: dict[str, list[tuple[str, Piece]]] = {}
     for header in headers.values():
-        offsets = _sharding_info(header, required=True)
+        offsets = _sharding_info(header, required=True, report=problems)
+        if offsets is None:
+            continue
         for tensor, entry in header.tensors.items():
             piece = Piece(header.name, offsets[tensor], entry.shape, entry.start, entry.stop)
             found.setdefault(tensor, []).append((entry.dtype, piece))
-    tensors = {name: _tile(name, found[name]) for name in sorted(found)}
+    tensors: dict[str, TensorLayout] = {}
+    if not problems.count:  # with a file left out, each tensor it held would show a gap
+        for name in sorted(found):
+            tiled = _tile(name, found[name], problems)
+            if tiled is not None:
+                tensors[name] = tiled
     return CheckpointLayout(
         TORCH_SHARDED, str(root), MappingProxyType(headers), MappingProxyType(tensors)
     )
 
 
-def _require_directory(root: Path) -> None:
+def _nothing(kind: Kind, root: Path) -> CheckpointLayout:
+    """The layout of a checkpoint nothing of which could be described (a problem was reported)."""
+    return CheckpointLayout(kind, str(root), MappingProxyType({}), MappingProxyType({}))
+
+
+def _require_directory(root: Path, report: Report = raise_problem) -> bool:
+    """Whether ``root`` is a directory; a problem is reported when it is not."""
     if not root.exists():
-        raise CheckpointNotFoundError(f"{root}: no such file or directory", path=str(root))
-    if root.is_file():
-        raise CheckpointError(
-            f"{root}: a single file, but a torch sharded checkpoint is a directory of per-rank "
-            f"files: pass the directory (HuggingFaceStorageReader reads a single file)",
-            path=str(root),
+        report(
+            CheckpointNotFoundError(
+                f"{root}: no such file or directory", path=str(root), rule="dir.not_found"
+            )
         )
-    if not root.is_dir():
-        raise CheckpointError(
-            f"{root}: not a directory or a regular file; a checkpoint directory is expected",
-            path=str(root),
+    elif root.is_file():
+        report(
+            CheckpointError(
+                f"{root}: a single file, but a torch sharded checkpoint is a directory of "
+                f"per-rank files: pass the directory (HuggingFaceStorageReader reads a single "
+                f"file)",
+                path=str(root),
+            )
         )
+    elif not root.is_dir():
+        report(
+            CheckpointError(
+                f"{root}: not a directory or a regular file; a checkpoint directory is expected",
+                path=str(root),
+                rule="dir.not_directory",
+            )
+        )
+    else:
+        return True
+    return False
 
 
 def _safetensors_names(root: Path) -> list[str]:
@@ -301,8 +401,15 @@ def _safetensors_names(root: Path) -> list[str]:
     return [name for name in entries if name.endswith(_SUFFIX)]
 
 
-def _read_headers(root: Path, names: Iterable[str]) -> dict[str, FileHeader]:
-    return {name: read_header(root / name, name=name) for name in names}
+def _read_headers(root: Path, names: Iterable[str], report: Report) -> dict[str, FileHeader]:
+    """Each file's header, keyed by name; a file whose header breaks a rule is left out."""
+    headers = {}
+    for name in names:
+        try:
+            headers[name] = read_header(root / name, name=name)
+        except CheckpointError as err:
+            report(err)
+    return headers
 
 
 def read_index_text(root: Path) -> str:
@@ -324,51 +431,89 @@ def read_index_text(root: Path) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as err:
         raise CheckpointError(
-            f"{INDEX_NAME}: not valid UTF-8 (byte {err.start})", path=INDEX_NAME
+            f"{INDEX_NAME}: not valid UTF-8 (byte {err.start})",
+            path=INDEX_NAME,
+            rule="index.not_utf8",
         ) from err
 
 
-def _read_index(root: Path) -> dict[str, str]:
-    text = read_index_text(root)
-    document = decode_strict_json(text, INDEX_NAME, "index")
+def _read_index(root: Path, report: Report) -> tuple[dict[str, str | None], list[str]] | None:
+    """The index's weight map and the files it names that are there, in name order.
+
+    An entry whose file is not a string maps to ``None``; a file that is not a plain name
+    or is missing is left out of the names.  Each is reported (non-strings first, then the
+    files in name order); ``None`` when the index itself is unusable.
+    """
+    try:
+        document = decode_strict_json(read_index_text(root), INDEX_NAME, "index")
+    except CheckpointError as err:
+        report(err)
+        return None
     if not isinstance(document, dict) or "weight_map" not in document:
-        raise CheckpointError(
-            f'{INDEX_NAME}: must be a JSON object with a "weight_map" of tensor name to file name',
-            path=INDEX_NAME,
+        report(
+            CheckpointError(
+                f'{INDEX_NAME}: must be a JSON object with a "weight_map" of tensor name to '
+                f"file name",
+                path=INDEX_NAME,
+                rule="index.no_weight_map",
+            )
         )
-    weight_map = document["weight_map"]
-    if not isinstance(weight_map, dict) or not weight_map:
-        raise CheckpointError(
-            f'{INDEX_NAME}: "weight_map" must be a non-empty object of tensor name to file name',
-            path=INDEX_NAME,
+        return None
+    entries = document["weight_map"]
+    if not isinstance(entries, dict) or not entries:
+        report(
+            CheckpointError(
+                f'{INDEX_NAME}: "weight_map" must be a non-empty object of tensor name to file '
+                f"name",
+                path=INDEX_NAME,
+                rule="index.weight_map_not_object",
+            )
         )
-    checked: set[str] = set()  # each file is checked once, not once per tensor
-    for tensor, file in weight_map.items():
-        if isinstance(file, str) and file in checked:
+        return None
+    weight_map: dict[str, str | None] = {}
+    named: dict[str, tuple[str, int]] = {}  # file: its first tensor, how many it holds
+    for tensor, file in entries.items():
+        if isinstance(file, str):
+            weight_map[tensor] = file
+            first, count = named.get(file, (tensor, 0))
+            named[file] = (first, count + 1)
             continue
-        if not isinstance(file, str):
-            raise CheckpointError(
+        weight_map[tensor] = None
+        report(
+            CheckpointError(
                 f"{INDEX_NAME}: weight_map[{tensor!r}] must be a file name string, not "
                 f"{file!r:.60}",
                 path=INDEX_NAME,
                 tensor=tensor,
+                rule="index.file_not_string",
             )
-        _check_plain_name(file, tensor)
-        checked.add(file)
+        )
+    names = []
+    for file in sorted(named):  # each file is checked once, not once per tensor
+        tensor, count = named[file]
+        if not _check_plain_name(file, tensor, report):
+            continue
         # Only existence here (a stat, nothing opened): what is there is checked by the
         # guarded opener when its header is read, so a FIFO or a directory is file.not_regular.
         if not os.path.exists(root / file):
-            raise CheckpointNotFoundError(
-                f"{file}: named by {INDEX_NAME} for tensor {tensor!r} but missing (or a "
-                f"broken symlink); a shard file of the checkpoint is missing or the download "
-                f"is incomplete",
-                path=file,
-                tensor=tensor,
+            more = f" (and {count - 1} more)" if count > 1 else ""
+            report(
+                CheckpointNotFoundError(
+                    f"{file}: named by {INDEX_NAME} for tensor {tensor!r}{more} but missing (or "
+                    f"a broken symlink); a shard file of the checkpoint is missing or the "
+                    f"download is incomplete",
+                    path=file,
+                    tensor=tensor,
+                    rule="index.file_missing",
+                )
             )
-    return weight_map
+            continue
+        names.append(file)
+    return weight_map, names
 
 
-def _check_plain_name(file: str, tensor: str) -> None:
+def _check_plain_name(file: str, tensor: str, report: Report = raise_problem) -> bool:
+    """Whether ``file`` is a plain name inside the directory; a problem is reported if not."""
     plain = (
         file not in ("", ".", "..")
         and "/" not in file
@@ -378,83 +523,137 @@ def _check_plain_name(file: str, tensor: str) -> None:
         and is_unicode(file)
     )
     if not plain:
-        raise CheckpointError(
-            f"{INDEX_NAME}: weight_map[{tensor!r}] names {file!r}, which is not a plain file name "
-            f"inside the checkpoint directory (no separators, '..', absolute paths, NUL or "
-            f"lone surrogate escapes)",
-            path=INDEX_NAME,
-            tensor=tensor,
+        report(
+            CheckpointError(
+                f"{INDEX_NAME}: weight_map[{tensor!r}] names {file!r}, which is not a plain "
+                f"file name inside the checkpoint directory (no separators, '..', absolute "
+                f"paths, NUL or lone surrogate escapes)",
+                path=INDEX_NAME,
+                tensor=tensor,
+                rule="index.not_plain_name",
+            )
         )
+    return plain
 
 
-def _check_index_agreement(weight_map: Mapping[str, str], owner: Mapping[str, str]) -> None:
+def _check_index_agreement(
+    weight_map: Mapping[str, str | None],
+    owner: Mapping[str, str],
+    read: Container[str],
+    report: Report,
+) -> None:
+    """The index places each tensor in the file that holds it, and lists every tensor.
+
+    Only entries naming a file in ``read`` are compared: the others were reported already.
+    """
     for tensor, file in weight_map.items():
+        if file is None or file not in read:
+            continue
         if owner.get(tensor) != file:
             where = f"it is in {owner[tensor]}" if tensor in owner else "no file holds it"
-            raise CheckpointError(
-                f"{INDEX_NAME} places tensor {tensor!r} in {file}, but {file} lacks it ({where}); "
-                f"the index and the files disagree",
-                path=file,
-                tensor=tensor,
+            report(
+                CheckpointError(
+                    f"{INDEX_NAME} places tensor {tensor!r} in {file}, but {file} lacks it "
+                    f"({where}); the index and the files disagree",
+                    path=file,
+                    tensor=tensor,
+                    rule="index.tensor_not_in_file",
+                )
             )
     for tensor, file in owner.items():
         if tensor not in weight_map:
-            raise CheckpointError(
-                f"{file} holds tensor {tensor!r}, which {INDEX_NAME} omits; the index and the "
-                f"files disagree (a stale index?)",
-                path=file,
-                tensor=tensor,
+            report(
+                CheckpointError(
+                    f"{file} holds tensor {tensor!r}, which {INDEX_NAME} omits; the index and "
+                    f"the files disagree (a stale index?)",
+                    path=file,
+                    tensor=tensor,
+                    rule="index.omits_tensor",
+                )
             )
 
 
-def _check_whole_tensors(header: FileHeader) -> None:
-    offsets = _sharding_info(header, required=False)
-    for tensor, start in offsets.items():
+def _check_whole_tensors(header: FileHeader, report: Report) -> None:
+    """A Hugging Face file holds whole tensors: its sharding information, if any, is all zero."""
+    offsets = _sharding_info(header, required=False, report=report)
+    for tensor, start in (offsets or {}).items():
         if any(start):
-            raise CheckpointError(
-                f"{header.name}: tensor {tensor!r} is a piece at offsets {list(start)} "
-                f"({SHARDING_INFO_KEY}), not a whole tensor; this is a torch sharded directory: "
-                f"use TorchShardedSafetensorsReader",
-                path=header.name,
-                tensor=tensor,
+            report(
+                CheckpointError(
+                    f"{header.name}: tensor {tensor!r} is a piece at offsets {list(start)} "
+                    f"({SHARDING_INFO_KEY}), not a whole tensor; this is a torch sharded "
+                    f"directory: use TorchShardedSafetensorsReader",
+                    path=header.name,
+                    tensor=tensor,
+                    rule="hf.sharded_piece",
+                )
             )
+            return
 
 
-def _sharding_info(header: FileHeader, *, required: bool) -> dict[str, tuple[int, ...]]:
+def _sharding_info(
+    header: FileHeader, *, required: bool, report: Report
+) -> dict[str, tuple[int, ...]] | None:
+    """Each tensor's offsets in the whole tensor, from ``DCP_SHARDING_INFO``.
+
+    ``{}`` when the file carries none and ``required`` is false; ``None`` after reporting
+    the first problem (the file's sharding information is then unusable).
+    """
     name = header.name
     raw = None if header.metadata is None else header.metadata.get(SHARDING_INFO_KEY)
     if raw is None:
-        if required:
-            raise CheckpointError(
-                f"{name}: no {SHARDING_INFO_KEY} in __metadata__, so where its tensors belong is "
-                f"unknown; every file of a torch sharded directory carries it (a stray file, or "
-                f"a Hugging Face checkpoint: use HuggingFaceStorageReader)",
+        if not required:
+            return {}
+        report(
+            CheckpointError(
+                f"{name}: no {SHARDING_INFO_KEY} in __metadata__, so where its tensors belong "
+                f"is unknown; every file of a torch sharded directory carries it (a stray file, "
+                f"or a Hugging Face checkpoint: use HuggingFaceStorageReader)",
                 path=name,
+                rule="sharded.no_info",
             )
-        return {}
-    info = decode_strict_json(raw, name, SHARDING_INFO_KEY)
+        )
+        return None
+    try:
+        info = decode_strict_json(raw, name, SHARDING_INFO_KEY)
+    except CheckpointError as err:
+        report(err)
+        return None
     if not isinstance(info, dict):
-        raise CheckpointError(
-            f"{name}: {SHARDING_INFO_KEY} must be a JSON object of tensor name to "
-            f'{{"saved_offsets": [...]}}',
-            path=name,
+        report(
+            CheckpointError(
+                f"{name}: {SHARDING_INFO_KEY} must be a JSON object of tensor name to "
+                f'{{"saved_offsets": [...]}}',
+                path=name,
+                rule="sharded.info_not_object",
+            )
         )
+        return None
     for tensor in header.tensors.keys() - info.keys():
-        raise CheckpointError(
-            f"{name}: tensor {tensor!r} has no entry in {SHARDING_INFO_KEY}; the sharding "
-            f"information must describe exactly the file's tensors",
-            path=name,
-            tensor=tensor,
+        report(
+            CheckpointError(
+                f"{name}: tensor {tensor!r} has no entry in {SHARDING_INFO_KEY}; the sharding "
+                f"information must describe exactly the file's tensors",
+                path=name,
+                tensor=tensor,
+                rule="sharded.info_missing_tensor",
+            )
         )
+        return None
     result: dict[str, tuple[int, ...]] = {}
     for tensor, entry in info.items():
         if tensor not in header.tensors:
-            raise CheckpointError(
-                f"{name}: {SHARDING_INFO_KEY} describes tensor {tensor!r}, which the file does "
-                f"not hold; the sharding information must describe exactly the file's tensors",
-                path=name,
-                tensor=tensor,
+            report(
+                CheckpointError(
+                    f"{name}: {SHARDING_INFO_KEY} describes tensor {tensor!r}, which the file "
+                    f"does not hold; the sharding information must describe exactly the "
+                    f"file's tensors",
+                    path=name,
+                    tensor=tensor,
+                    rule="sharded.info_extra_tensor",
+                )
             )
+            return None
         ndim = len(header.tensors[tensor].shape)
         offsets = entry.get("saved_offsets") if isinstance(entry, dict) else None
         valid = (
@@ -465,12 +664,17 @@ def _sharding_info(header: FileHeader, *, required: bool) -> dict[str, tuple[int
             and all(type(x) is int and 0 <= x < 2**63 for x in offsets)
         )
         if not valid:
-            raise CheckpointError(
-                f'{name}: {SHARDING_INFO_KEY}[{tensor!r}] must be {{"saved_offsets": [...]}} '
-                f"with {ndim} non-negative integers (one per dimension), got {entry!r:.120}",
-                path=name,
-                tensor=tensor,
+            report(
+                CheckpointError(
+                    f'{name}: {SHARDING_INFO_KEY}[{tensor!r}] must be {{"saved_offsets": '
+                    f"[...]}} with {ndim} non-negative integers (one per dimension), got "
+                    f"{entry!r:.120}",
+                    path=name,
+                    tensor=tensor,
+                    rule="sharded.info_bad_offsets",
+                )
             )
+            return None
         assert isinstance(offsets, list)
         result[tensor] = tuple(offsets)
     return result
@@ -482,53 +686,75 @@ def _whole(dtype: str, header: FileHeader, name: str) -> TensorLayout:
     return TensorLayout(name, dtype, entry.shape, (piece,))
 
 
-def _tile(name: str, found: list[tuple[str, Piece]]) -> TensorLayout:
+def _tile(name: str, found: list[tuple[str, Piece]], report: Report) -> TensorLayout | None:
+    """One tensor's layout from its pieces; ``None`` after reporting its (first) problem."""
     dtype, first = found[0]
     for other_dtype, piece in found[1:]:
         if other_dtype != dtype:
-            raise CheckpointError(
-                f"tensor {name!r}: its piece in {first.file} is {dtype} but its piece in "
-                f"{piece.file} is {other_dtype}; all pieces of a tensor share one dtype",
-                path=piece.file,
-                tensor=name,
+            report(
+                CheckpointError(
+                    f"tensor {name!r}: its piece in {first.file} is {dtype} but its piece in "
+                    f"{piece.file} is {other_dtype}; all pieces of a tensor share one dtype",
+                    path=piece.file,
+                    tensor=name,
+                    rule="sharded.dtype_mismatch",
+                )
             )
+            return None
         if len(piece.shape) != len(first.shape):
-            raise CheckpointError(
-                f"tensor {name!r}: its piece in {first.file} has {len(first.shape)} dimensions "
-                f"but its piece in {piece.file} has {len(piece.shape)}; all pieces of a tensor "
-                f"share one rank",
-                path=piece.file,
-                tensor=name,
+            report(
+                CheckpointError(
+                    f"tensor {name!r}: its piece in {first.file} has {len(first.shape)} "
+                    f"dimensions but its piece in {piece.file} has {len(piece.shape)}; all "
+                    f"pieces of a tensor share one rank",
+                    path=piece.file,
+                    tensor=name,
+                    rule="sharded.ndim_mismatch",
+                )
             )
-    pieces = [piece for _, piece in found]
-    shape, kept = tiling.tile(name, pieces)
-    if dtype == "F4":
-        _check_f4_pieces(name, kept)
+            return None
+    try:
+        shape, kept = tiling.tile(name, [piece for _, piece in found])
+    except CheckpointError as err:  # tiling finds one problem per tensor at most
+        report(err)
+        return None
+    if dtype == "F4" and not _check_f4_pieces(name, kept, report):
+        return None
     if any(size >= _MAX_TORCH_SIZE for size in shape):
-        raise CheckpointError(
-            f"tensor {name!r}: its pieces reach {list(shape)}, a dimension of 2**63 or more, "
-            f"beyond torch's signed 64-bit sizes ({SHARDING_INFO_KEY} of {kept[0].file} is "
-            f"damaged)",
-            path=kept[0].file,
-            tensor=name,
+        report(
+            CheckpointError(
+                f"tensor {name!r}: its pieces reach {list(shape)}, a dimension of 2**63 or "
+                f"more, beyond torch's signed 64-bit sizes ({SHARDING_INFO_KEY} of "
+                f"{kept[0].file} is damaged)",
+                path=kept[0].file,
+                tensor=name,
+                rule="sharded.torch_dimension",
+            )
         )
+        return None
     return TensorLayout(name, dtype, shape, kept)
 
 
-def _check_f4_pieces(name: str, pieces: Iterable[Piece]) -> None:
+def _check_f4_pieces(name: str, pieces: Iterable[Piece], report: Report) -> bool:
     """torch packs ``F4`` two elements a byte: a piece must start at an even column.
 
     Only an empty tensor can have such a piece (even widths tiled from 0 start at even
-    columns), but the reader would still refuse it, so ``describe`` does too.
+    columns), but the reader would still refuse it, so ``describe`` does too.  Returns
+    whether every piece does; the first that does not is reported.
     """
     for piece in pieces:
         if piece.offsets and piece.offsets[-1] % 2:
-            raise CheckpointError(
-                f"{piece.file}: tensor {name!r}: F4 piece at offsets {list(piece.offsets)} "
-                f"starts mid-byte; torch packs F4 two elements a byte",
-                path=piece.file,
-                tensor=name,
+            report(
+                CheckpointError(
+                    f"{piece.file}: tensor {name!r}: F4 piece at offsets {list(piece.offsets)} "
+                    f"starts mid-byte; torch packs F4 two elements a byte",
+                    path=piece.file,
+                    tensor=name,
+                    rule="reader.f4_mid_byte",
+                )
             )
+            return False
+    return True
 
 
 def _preview(names: list[str]) -> str:
@@ -553,7 +779,7 @@ def _pickled_hint(root: Path) -> str:
 
 
 def _check_single_file_beside_index(
-    root: Path, headers: Mapping[str, FileHeader], owner: Mapping[str, str]
+    root: Path, headers: Mapping[str, FileHeader], owner: Mapping[str, str], report: Report
 ) -> None:
     """``model.safetensors`` beside an index that does not name it: a second checkpoint.
 
@@ -598,13 +824,16 @@ def _check_single_file_beside_index(
         f"{file}: " + (f"{entry.dtype} {list(entry.shape)}" if entry else "absent")
         for file, entry in where.items()
     )
-    raise CheckpointError(
-        f"{SINGLE_FILE_NAME} and {INDEX_NAME} are both here, the index does not name "
-        f"{SINGLE_FILE_NAME}, and they disagree on {len(differ)} tensor(s), first {name!r} "
-        f"({seen}); transformers reads {SINGLE_FILE_NAME}, this reader the index's files: "
-        f"remove the stale one, or pass the path of {SINGLE_FILE_NAME} to read it alone",
-        path=SINGLE_FILE_NAME,
-        tensor=name,
+    report(
+        CheckpointError(
+            f"{SINGLE_FILE_NAME} and {INDEX_NAME} are both here, the index does not name "
+            f"{SINGLE_FILE_NAME}, and they disagree on {len(differ)} tensor(s), first {name!r} "
+            f"({seen}); transformers reads {SINGLE_FILE_NAME}, this reader the index's files: "
+            f"remove the stale one, or pass the path of {SINGLE_FILE_NAME} to read it alone",
+            path=SINGLE_FILE_NAME,
+            tensor=name,
+            rule="hf.single_beside_index",
+        )
     )
 
 
