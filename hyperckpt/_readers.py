@@ -126,41 +126,28 @@ class _SafetensorsReader(FileSystemReader):
     ) -> None:
         """Point the reader at a checkpoint; nothing is read until DCP asks.
 
+        The options are the fields of :class:`~hyperckpt.ReadOptions`, where each is
+        described in full; given as keywords or as one ``options`` object.
+
         Args:
             path: The checkpoint directory.
             thread_count: Reads in flight per rank; by default the host's cores shared among
-                its ranks, at most 8.  The ranks of a host are ``LOCAL_WORLD_SIZE`` where the
-                launcher sets it, else counted from the host names in the ranks' plans (so
-                ``torch.multiprocessing`` ranks do not oversubscribe the cores).
-            staging_bytes: Memory for staging reads that cannot land in place (dtype
-                conversion, non-contiguous or non-CPU destinations), all threads together;
-                also the most bytes of replicated slices exchanged per broadcast round.
-            exchange: How ranks share the reading (see :doc:`broadcast`): ``"off"``, every
-                rank reads its own requests; ``"replicated"``, a slice several ranks need
-                (``Replicate``, HSDP replicas) is read by one of them and sent to the others;
-                ``"striped"``, the needed bytes are read once, in long stripes spread over
-                the ranks, and every box is sent where it is needed; ``"auto"`` (the
-                default) lets the cost model choose (on one host: ``"off"``).  Takes effect
-                only when torch.distributed is initialized and the group has several ranks.
-            process_group: The group ``dcp.load`` was given (DCP does not tell the reader);
-                ``None`` means the default group.
-            dtype_policy: Which dtype conversions the load may make, checked for every
-                read item before any byte is read: ``"convert"`` (any, the default),
-                ``"exact"`` (none) or ``"no-narrowing"`` (only conversions that keep every
-                value; see :mod:`hyperckpt._read.dtype_policy`).
-            progress: Called with a :class:`~hyperckpt.Progress` of this rank's read at
-                most ten times a second and once at the end, one call at a time.
-            mapping: From checkpoint names to the state dict's: renames, prefixes, fused
-                tensors (a :class:`~hyperckpt.Mapping`, a rule, a dict, a function or a
-                preset's name such as ``"qwen3-moe"``); applied to the metadata, so each
-                rank still reads only its own bytes.
-            header_reads: Who reads the headers (see :mod:`hyperckpt._broadcast.headers`):
-                ``"auto"`` (the default) reads them on one rank inside a distributed
-                ``dcp.load`` and sends the layout to the others, which only ``stat`` their
-                files; ``"once"`` does so also outside ``dcp.load``; ``"per-host"`` reads
-                them on the lowest rank of each host; ``"every-rank"`` on every rank.
-            cost_model: Bandwidths and latencies ``exchange="auto"`` assumes (see
-                :class:`hyperckpt.CostModel`); the defaults describe a network file system.
+                its ranks, at most 8.
+            staging_bytes: Staging memory in bytes, all read threads together; also the most
+                bytes exchanged per round.
+            exchange: How ranks share the reading: ``"auto"`` (the default, the cost
+                model's choice), ``"off"``, ``"replicated"`` or ``"striped"`` (see
+                :doc:`broadcast`).
+            process_group: The group ``dcp.load`` was given; ``None``: the default group.
+            dtype_policy: Which dtype conversions a load may make: ``"convert"`` (the
+                default), ``"exact"`` or ``"no-narrowing"``.
+            progress: Called with a :class:`~hyperckpt.Progress` of this rank's read.
+            mapping: From checkpoint names to the state dict's (a
+                :class:`~hyperckpt.Mapping`, a rule, a dict, a function or a preset's name
+                such as ``"qwen3-moe"``).
+            header_reads: Who reads the headers: ``"auto"`` (the default), ``"once"``,
+                ``"per-host"`` or ``"every-rank"``.
+            cost_model: What ``exchange="auto"`` assumes (a :class:`hyperckpt.CostModel`).
             broadcast_replicated: Deprecated alias of ``exchange``: ``True`` is
                 ``"replicated"``, ``False`` is ``"off"``.
             options: All of the above as one :class:`~hyperckpt.ReadOptions`, instead of
