@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Spec, drop_cache, expected, llama_specs, machine, write_checkpoint
 
+from hyperckpt import ReadOptions
 from hyperckpt._layout.directory import huggingface_layout
 from hyperckpt._read.engine import ReadEngine
 from hyperckpt._readers import to_metadata
@@ -116,7 +117,10 @@ def main(argv: list[str] | None = None) -> int:
                         tensor.fill_(float("nan"))
                     _drop(directory, everything=args.drop_all)
                     engine = ReadEngine(
-                        str(directory), stamps, threads=args.threads, page_cache_aware=aware
+                        str(directory),
+                        stamps,
+                        ReadOptions(thread_count=args.threads),
+                        page_cache_aware=aware,
                     )
                     begin = time.perf_counter()
                     stats = engine.run(items, storage, _Planner(state))  # type: ignore[arg-type]

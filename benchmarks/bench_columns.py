@@ -34,6 +34,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine
 
+from hyperckpt import ReadOptions
 from hyperckpt._layout.directory import huggingface_layout
 from hyperckpt._read.columns import Strategy
 from hyperckpt._read.engine import ReadEngine
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                         engine = ReadEngine(
                             str(root),
                             stamps,
-                            threads=1,
+                            ReadOptions(thread_count=1),
                             local_ranks=ranks,
                             column_strategy=variant,
                         )

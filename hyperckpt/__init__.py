@@ -29,6 +29,7 @@ from hyperckpt._layout.mapping import (
     Replace,
     StripPrefix,
 )
+from hyperckpt._options import ReadOptions
 from hyperckpt._planner.load_planner import LoadPlanner
 from hyperckpt._read.dtype_policy import Conversion
 from hyperckpt._read.engine import LoadStats, StorageInfo
@@ -59,6 +60,7 @@ __all__ = [
     "Mapping",
     "Piece",
     "Progress",
+    "ReadOptions",
     "Rename",
     "Replace",
     "StorageInfo",

@@ -22,6 +22,7 @@ from hyperckpt._broadcast.strategy import Exchange
 from hyperckpt._layout.directory import TORCH_SHARDED, CheckpointLayout, Kind
 from hyperckpt._layout.mapping import MappedLayout, MappingLike, as_mapping
 from hyperckpt._layout.mapping import Mapping as _Mapping
+from hyperckpt._options import read_options
 from hyperckpt._planner.load_planner import LoadPlanner, strided_regions
 from hyperckpt._planner.shapes import shape_mismatch
 from hyperckpt._read.dtype_policy import Conversion, DtypePolicy, check_policy, enforce
@@ -182,7 +183,7 @@ def load(
     reader_type = (
         TorchShardedSafetensorsReader if layout.kind == TORCH_SHARDED else HuggingFaceStorageReader
     )
-    reader = reader_type(path, **options)
+    reader = reader_type(path, options=read_options(**options))
     reader.described = described  # validated above: read_metadata reads no header again
     with warnings.catch_warnings():
         # One process without a process group is a supported use here, not a mistake.

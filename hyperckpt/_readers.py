@@ -30,35 +30,24 @@ from torch.futures import Future
 
 from hyperckpt._broadcast.costs import CostModel, choose_exchange
 from hyperckpt._broadcast.exchange import BroadcastStats, load_with_broadcast
-from hyperckpt._broadcast.headers import (
-    HeaderReads,
-    check_header_reads,
-    host_name,
-    reader_layout,
-)
+from hyperckpt._broadcast.headers import HeaderReads, host_name, reader_layout
 from hyperckpt._broadcast.schedule import BroadcastReady, BroadcastSchedule
-from hyperckpt._broadcast.strategy import Exchange, exchange_option, plan_exchange
+from hyperckpt._broadcast.strategy import Exchange, plan_exchange
 from hyperckpt._broadcast.striped import load_striped
 from hyperckpt._broadcast.stripes import StripeSchedule
 from hyperckpt._layout.directory import CheckpointLayout, huggingface_layout, torch_sharded_layout
 from hyperckpt._layout.gcpause import collector_paused
-from hyperckpt._layout.mapping import MappingLike, as_mapping
+from hyperckpt._layout.mapping import Mapping, MappingLike
+from hyperckpt._options import ReadOptions, options_given, read_options
 from hyperckpt._planner.plain_call import plan_to_read
 from hyperckpt._read.dtype_policy import (
     Conversion,
     DtypePolicy,
-    check_policy,
     log_conversions,
     plan_conversions,
 )
 from hyperckpt._read.dtypes import to_torch_dtype, to_torch_shape
-from hyperckpt._read.engine import (
-    DEFAULT_STAGING_BYTES,
-    LoadStats,
-    ReadEngine,
-    StorageInfo,
-    default_threads,
-)
+from hyperckpt._read.engine import DEFAULT_STAGING_BYTES, LoadStats, ReadEngine, StorageInfo
 from hyperckpt._read.progress import log_load_summary
 from hyperckpt._read.threads import HostShare, local_ranks, ranks_per_host
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
@@ -133,63 +122,62 @@ class _SafetensorsReader(FileSystemReader):
         header_reads: HeaderReads = "auto",
         cost_model: CostModel | None = None,
         broadcast_replicated: bool | None = None,
+        options: ReadOptions | None = None,
     ) -> None:
         """Point the reader at a checkpoint; nothing is read until DCP asks.
+
+        The options are the fields of :class:`~hyperckpt.ReadOptions`, where each is
+        described in full; given as keywords or as one ``options`` object.
 
         Args:
             path: The checkpoint directory.
             thread_count: Reads in flight per rank; by default the host's cores shared among
-                its ranks, at most 8.  The ranks of a host are ``LOCAL_WORLD_SIZE`` where the
-                launcher sets it, else counted from the host names in the ranks' plans (so
-                ``torch.multiprocessing`` ranks do not oversubscribe the cores).
-            staging_bytes: Memory for staging reads that cannot land in place (dtype
-                conversion, non-contiguous or non-CPU destinations), all threads together;
-                also the most bytes of replicated slices exchanged per broadcast round.
-            exchange: How ranks share the reading (see :doc:`broadcast`): ``"off"``, every
-                rank reads its own requests; ``"replicated"``, a slice several ranks need
-                (``Replicate``, HSDP replicas) is read by one of them and sent to the others;
-                ``"striped"``, the needed bytes are read once, in long stripes spread over
-                the ranks, and every box is sent where it is needed; ``"auto"`` (the
-                default) lets the cost model choose (on one host: ``"off"``).  Takes effect
-                only when torch.distributed is initialized and the group has several ranks.
-            process_group: The group ``dcp.load`` was given (DCP does not tell the reader);
-                ``None`` means the default group.
-            dtype_policy: Which dtype conversions the load may make, checked for every
-                read item before any byte is read: ``"convert"`` (any, the default),
-                ``"exact"`` (none) or ``"no-narrowing"`` (only conversions that keep every
-                value; see :mod:`hyperckpt._read.dtype_policy`).
-            progress: Called with a :class:`~hyperckpt.Progress` of this rank's read at
-                most ten times a second and once at the end, one call at a time.
-            mapping: From checkpoint names to the state dict's: renames, prefixes, fused
-                tensors (a :class:`~hyperckpt.Mapping`, a rule, a dict, a function or a
-                preset's name such as ``"qwen3-moe"``); applied to the metadata, so each
-                rank still reads only its own bytes.
-            header_reads: Who reads the headers (see :mod:`hyperckpt._broadcast.headers`):
-                ``"auto"`` (the default) reads them on one rank inside a distributed
-                ``dcp.load`` and sends the layout to the others, which only ``stat`` their
-                files; ``"once"`` does so also outside ``dcp.load``; ``"per-host"`` reads
-                them on the lowest rank of each host; ``"every-rank"`` on every rank.
-            cost_model: Bandwidths and latencies ``exchange="auto"`` assumes (see
-                :class:`hyperckpt.CostModel`); the defaults describe a network file system.
+                its ranks, at most 8.
+            staging_bytes: Staging memory in bytes, all read threads together; also the most
+                bytes exchanged per round.
+            exchange: How ranks share the reading: ``"auto"`` (the default, the cost
+                model's choice), ``"off"``, ``"replicated"`` or ``"striped"`` (see
+                :doc:`broadcast`).
+            process_group: The group ``dcp.load`` was given; ``None``: the default group.
+            dtype_policy: Which dtype conversions a load may make: ``"convert"`` (the
+                default), ``"exact"`` or ``"no-narrowing"``.
+            progress: Called with a :class:`~hyperckpt.Progress` of this rank's read.
+            mapping: From checkpoint names to the state dict's (a
+                :class:`~hyperckpt.Mapping`, a rule, a dict, a function or a preset's name
+                such as ``"qwen3-moe"``).
+            header_reads: Who reads the headers: ``"auto"`` (the default), ``"once"``,
+                ``"per-host"`` or ``"every-rank"``.
+            cost_model: What ``exchange="auto"`` assumes (a :class:`hyperckpt.CostModel`).
             broadcast_replicated: Deprecated alias of ``exchange``: ``True`` is
                 ``"replicated"``, ``False`` is ``"off"``.
+            options: All of the above as one :class:`~hyperckpt.ReadOptions`, instead of
+                the keywords (which must then stay at their defaults).
+
+        Raises:
+            ValueError: An option's value is refused (see :class:`~hyperckpt.ReadOptions`),
+                or ``options`` is given together with other keyword options.
         """
         super().__init__(path)
-        if thread_count is not None and thread_count < 1:
-            raise ValueError(f"thread_count must be at least 1, got {thread_count}")
-        if staging_bytes < 1:
-            raise ValueError(f"staging_bytes must be positive, got {staging_bytes}")
-        self.thread_count = thread_count
-        self.staging_bytes = staging_bytes
-        self.exchange: Exchange = exchange_option(exchange, broadcast_replicated)
-        self.process_group = process_group
-        self.dtype_policy = check_policy(dtype_policy)
-        self.progress = progress
+        keywords = read_options(
+            thread_count=thread_count,
+            staging_bytes=staging_bytes,
+            exchange=exchange,
+            process_group=process_group,
+            dtype_policy=dtype_policy,
+            progress=progress,
+            mapping=mapping,
+            header_reads=header_reads,
+            cost_model=cost_model,
+            broadcast_replicated=broadcast_replicated,
+        )
+        if options is not None and (both := options_given(keywords)):
+            raise ValueError(
+                f"give options= or keyword options, not both: {', '.join(both)} given as well "
+                f"as options=; use dataclasses.replace(options, ...) to change a field"
+            )
+        #: Every option of this reader's loads, validated (the engine reads it too).
+        self.options: ReadOptions = keywords if options is None else options
         self.last_conversions: tuple[Conversion, ...] = ()
-        self.mapping = None if mapping is None else as_mapping(mapping)
-        self.cost_model = cost_model
-        check_header_reads(header_reads)
-        self.header_reads: HeaderReads = header_reads
         #: A layout already validated for this load (``hyperckpt.load`` sets it), used
         #: by the next ``read_metadata`` instead of reading the headers again.
         self.described = None
@@ -199,6 +187,44 @@ class _SafetensorsReader(FileSystemReader):
         self.last_stats: LoadStats | None = None
         self.last_broadcast: BroadcastStats | None = None
         self._per_thread = threading.local()  # from here on, a load's state is per thread
+
+    # The options as they were known before ``options`` held them all (read-only).
+
+    @property
+    def thread_count(self) -> int | None:
+        return self.options.thread_count
+
+    @property
+    def staging_bytes(self) -> int:
+        return self.options.staging_bytes
+
+    @property
+    def exchange(self) -> Exchange:
+        return self.options.exchange
+
+    @property
+    def header_reads(self) -> HeaderReads:
+        return self.options.header_reads
+
+    @property
+    def cost_model(self) -> CostModel | None:
+        return self.options.cost_model
+
+    @property
+    def dtype_policy(self) -> DtypePolicy:
+        return self.options.dtype_policy
+
+    @property
+    def progress(self) -> ProgressCallback | None:
+        return self.options.progress
+
+    @property
+    def mapping(self) -> Mapping | None:
+        return self.options.mapping
+
+    @property
+    def process_group(self) -> dist.ProcessGroup | None:
+        return self.options.process_group
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         """Forget the previous load; point at ``checkpoint_id`` when one is given."""
@@ -223,10 +249,13 @@ class _SafetensorsReader(FileSystemReader):
         self.described = None
         if layout is None:
             layout = reader_layout(
-                self.path, self._describe, header_reads=self.header_reads, group=self.process_group
+                self.path,
+                self._describe,
+                header_reads=self.options.header_reads,
+                group=self.options.process_group,
             )
-        if self.mapping is not None:
-            self.mapped = self.mapping.apply(layout)
+        if self.options.mapping is not None:
+            self.mapped = self.options.mapping.apply(layout)
             layout = self.mapped.layout
         self.layout = layout  # this thread's load
         metadata = to_metadata(layout)
@@ -256,7 +285,11 @@ class _SafetensorsReader(FileSystemReader):
             )
         # The policy looks at dtypes per tensor only, so it can refuse before any collective.
         self.last_conversions = plan_conversions(
-            plan.items, self.storage_data, planner, self.dtype_policy, where=str(layout.root)
+            plan.items,
+            self.storage_data,
+            planner,
+            self.options.dtype_policy,
+            where=str(layout.root),
         )
         schedule = plan.storage_data
         exchange = None
@@ -267,7 +300,7 @@ class _SafetensorsReader(FileSystemReader):
         elif isinstance(schedule, HostShare) and dist.is_available() and dist.is_initialized():
             exchange = (self._group(), dist.get_world_size(self._group()))
         plan, exchanging = plan_to_read(plan, planner, self.metadata, exchange=exchange)
-        tracker = ProgressTracker(self.progress)
+        tracker = ProgressTracker(self.options.progress)
         for item in plan.items:
             tracker.expect(item, self._nbytes(item))
         shared = (
@@ -275,18 +308,14 @@ class _SafetensorsReader(FileSystemReader):
             if isinstance(schedule, (HostShare, BroadcastSchedule, StripeSchedule))
             else None
         )
-        ranks = local_ranks(os.environ, from_plans=shared.local_ranks if shared else None)
-        threads = self.thread_count or default_threads(ranks)
-
-        def engine() -> ReadEngine:
-            return ReadEngine(
-                str(layout.root),
-                {name: header.stamp for name, header in layout.files.items()},
-                threads=threads,
-                staging_bytes=self.staging_bytes,
-                progress=tracker if self.progress is not None else None,
-                local_ranks=ranks,
-            )
+        # One engine for the whole load: the exchanges run each round's reads through it.
+        engine = ReadEngine(
+            str(layout.root),
+            {name: header.stamp for name, header in layout.files.items()},
+            self.options,
+            progress=tracker if self.options.progress is not None else None,
+            local_ranks=local_ranks(os.environ, from_plans=shared.local_ranks if shared else None),
+        )
 
         striped = isinstance(schedule, StripeSchedule) and exchanging
         broadcast = isinstance(schedule, BroadcastSchedule) and schedule.rounds > 0 and exchanging
@@ -311,7 +340,7 @@ class _SafetensorsReader(FileSystemReader):
                 group=self._group(),
             )
         else:
-            self.last_stats = engine().run(plan.items, self.storage_data, planner)
+            self.last_stats = engine.run(plan.items, self.storage_data, planner)
         # Slices received from other ranks are counted as they complete the load.
         tracker.finish(complete=striped or broadcast)
         log_load_summary(self.last_stats)
@@ -351,22 +380,23 @@ class _SafetensorsReader(FileSystemReader):
         if not marked:
             return plan_exchange(plans, "off", self._info, round_bytes=1, batch_bytes=1)
         hosts = [cast(BroadcastReady, plan.storage_data).host for plan in plans]
-        if self.exchange == "auto":
+        options = self.options
+        if options.exchange == "auto":
             strategy, planned = choose_exchange(
                 plans,
                 hosts,
                 self._info,
-                self.cost_model or CostModel(),
-                round_bytes=self.staging_bytes,
+                options.cost_model or CostModel(),
+                round_bytes=options.staging_bytes,
                 batch_bytes=BATCH_BYTES,
             )
             logger.info("hyperckpt: exchange='auto' chose %r for %d ranks", strategy, len(plans))
         else:
             planned = plan_exchange(
                 plans,
-                self.exchange,
+                options.exchange,
                 self._info,
-                round_bytes=self.staging_bytes,
+                round_bytes=options.staging_bytes,
                 batch_bytes=BATCH_BYTES,
             )
         return [
@@ -390,7 +420,8 @@ class _SafetensorsReader(FileSystemReader):
         return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
     def _group(self) -> dist.ProcessGroup:
-        group = self.process_group if self.process_group is not None else dist.group.WORLD
+        group = self.options.process_group
+        group = group if group is not None else dist.group.WORLD
         assert group is not None, "torch.distributed is initialized"
         return group
 

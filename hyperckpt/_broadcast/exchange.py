@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -85,7 +85,7 @@ def load_with_broadcast(
     planner: LoadPlanner,
     schedule: BroadcastSchedule,
     *,
-    engine: Callable[[], ReadEngine],
+    engine: ReadEngine,
     storage: Mapping[object, StorageInfo],
     group: dist.ProcessGroup,
 ) -> tuple[LoadStats, BroadcastStats]:
@@ -97,7 +97,7 @@ def load_with_broadcast(
         plan: This rank's final plan.
         planner: DCP's load planner (destinations are resolved and committed through it).
         schedule: This rank's part of the coordinator's plan.
-        engine: Makes a fresh read engine for each round's reads.
+        engine: Reads this rank's part of every round (one engine, one ``run`` a round).
         storage: The checkpoint's storage info by ``MetadataIndex``.
         group: The process group the schedule's ranks belong to.
 
@@ -119,7 +119,7 @@ class _Exchange:
         plan: LoadPlan,
         planner: LoadPlanner,
         schedule: BroadcastSchedule,
-        engine: Callable[[], ReadEngine],
+        engine: ReadEngine,
         storage: Mapping[object, StorageInfo],
         group: dist.ProcessGroup,
     ) -> None:
@@ -229,7 +229,7 @@ class _Exchange:
             if transfer.source == self.rank:
                 targets.update(views)
                 items.extend(self.items[slot.key][0] for slot in transfer.slots)
-        return self.engine().run(items, self.storage, _Redirect(self.planner, targets))
+        return self.engine.run(items, self.storage, _Redirect(self.planner, targets))
 
     def _agree(self, error: Exception | None) -> None:
         status = None

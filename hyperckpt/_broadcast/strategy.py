@@ -51,7 +51,7 @@ def exchange_option(exchange: Exchange | None, broadcast_replicated: bool | None
             "broadcast_replicated= is deprecated: use exchange='replicated' (True) or "
             "exchange='off' (False)",
             DeprecationWarning,
-            stacklevel=3,
+            stacklevel=4,  # the caller of the reader or of load, through read_options
         )
         return "replicated" if broadcast_replicated else "off"
     exchange = "auto" if exchange is None else exchange

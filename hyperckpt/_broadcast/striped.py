@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -62,7 +62,7 @@ def load_striped(
     planner: LoadPlanner,
     schedule: StripeSchedule,
     *,
-    engine: Callable[[], ReadEngine],
+    engine: ReadEngine,
     storage: Mapping[object, StorageInfo],
     group: dist.ProcessGroup,
 ) -> tuple[LoadStats, BroadcastStats]:
@@ -72,7 +72,7 @@ def load_striped(
         plan: This rank's final plan.
         planner: DCP's load planner (destinations are resolved and committed through it).
         schedule: This rank's part of the coordinator's striped plan.
-        engine: Makes a fresh read engine for each round's reads.
+        engine: Reads this rank's part of every round (one engine, one ``run`` a round).
         storage: The checkpoint's storage info by ``MetadataIndex``.
         group: The process group the schedule's ranks belong to.
 
@@ -94,7 +94,7 @@ class _Striped:
         plan: LoadPlan,
         planner: LoadPlanner,
         schedule: StripeSchedule,
-        engine: Callable[[], ReadEngine],
+        engine: ReadEngine,
         storage: Mapping[object, StorageInfo],
         group: dist.ProcessGroup,
     ) -> None:
@@ -179,7 +179,7 @@ class _Striped:
 
     def _read_plain_only(self, reads: list[LoadStats]) -> Exception | None:
         try:
-            reads.append(self.engine().run(self.plain, self.storage, self.planner))
+            reads.append(self.engine.run(self.plain, self.storage, self.planner))
         except CheckpointError as err:
             return err
         return None
@@ -200,7 +200,7 @@ class _Striped:
                 tuple(item.lengths), dtype=dtype
             )
             items.append(item)
-        return self.engine().run(items, self.storage, _Buffers(self.planner, targets))
+        return self.engine.run(items, self.storage, _Buffers(self.planner, targets))
 
     def _cut(self, slot: StripeSlot, part: StripePart, data: torch.Tensor) -> torch.Tensor:
         """The slot's box as a view of its part's buffer."""

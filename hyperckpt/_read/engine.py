@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlanner, ReadItem
@@ -63,6 +64,7 @@ __all__ = [
     "DEFAULT_STAGING_BYTES",
     "MAX_GAP",
     "STAGE_BLOCK",
+    "EngineOptions",
     "LoadStats",
     "ReadEngine",
     "StorageInfo",
@@ -166,19 +168,37 @@ class _Request:
     item: ReadItem
 
 
+class EngineOptions(Protocol):
+    """What the engine reads of a load's options (:class:`hyperckpt.ReadOptions` has it)."""
+
+    @property
+    def thread_count(self) -> int | None:
+        """Reads in flight at once; ``None``: :func:`default_threads` for the host's ranks."""
+
+    @property
+    def staging_bytes(self) -> int:
+        """Staging memory of one :meth:`ReadEngine.run`, all threads together, in bytes."""
+
+
 class ReadEngine:
-    """Reads the sub-boxes of a plan from one checkpoint directory.
+    """Reads the sub-boxes of plans from one checkpoint directory, one plan per :meth:`run`.
+
+    The engine holds only what its loads share: the directory, the files' stamps and the
+    options.  Each :meth:`run` keeps its own state (open files, counters, staging, the
+    pinned ring, cold windows) in a ``_Load`` of its own, so one engine serves a load's
+    broadcast or stripe rounds one after another, or several loads at once.
 
     Args:
         root: The checkpoint directory.
         stamps: Each file's identity when its header was read; a file that differs when
             opened or after its reads is refused.
-        threads: Reads in flight at once.
-        staging_bytes: Staging memory for the whole load, all threads together.
+        options: ``thread_count`` (reads in flight at once) and ``staging_bytes`` (staging
+            memory of each run, all threads together).
         progress: Told each read item's bytes as they arrive (keyed by the ``ReadItem``);
             the caller registers the items and makes the final call.
-        local_ranks: Ranks of this host loading at the same time (weighs over-read bytes
-            when a column slice's strategy is chosen).
+        local_ranks: Ranks of this host loading at the same time (the default thread count
+            shares the cores among them; weighs over-read bytes when a column slice's
+            strategy is chosen).
         column_strategy: Read every column slice with this strategy where it is feasible
             (benchmarks and tests); ``None`` lets the cost rule choose per request.
         page_cache_aware: Find the windows of each file that are not in the page cache
@@ -191,25 +211,60 @@ class ReadEngine:
         self,
         root: str,
         stamps: Mapping[str, FileStamp],
+        options: EngineOptions,
         *,
-        threads: int,
-        staging_bytes: int = DEFAULT_STAGING_BYTES,
         progress: ProgressTracker | None = None,
         local_ranks: int = 1,
         column_strategy: Strategy | None = None,
         page_cache_aware: bool = True,
     ) -> None:
-        self._progress = progress
-        self._root = root
-        self._stamps = stamps
-        self._threads = max(1, threads)
-        self._local_ranks = max(1, local_ranks)
-        self._column_strategy = column_strategy
-        self._page_cache_aware = page_cache_aware
+        self.root = root
+        self.stamps = stamps
+        self.options = options
+        self.local_ranks = max(1, local_ranks)
+        #: Reads in flight at once, the thread pool's size.
+        self.threads = max(1, options.thread_count or default_threads(self.local_ranks))
+        self.progress = progress
+        self.column_strategy = column_strategy
+        self.page_cache_aware = page_cache_aware
+
+    def run(
+        self,
+        items: Sequence[ReadItem],
+        storage: Mapping[object, StorageInfo],
+        planner: LoadPlanner,
+    ) -> LoadStats:
+        """Read every item into the destination ``planner.resolve_tensor`` gives, then commit.
+
+        Destinations are resolved up front (in plan order), filled by the thread pool, and
+        committed in plan order once every byte has arrived (device copies included).
+
+        Returns:
+            What this call did, counted apart from the engine's other calls.
+
+        Raises:
+            CheckpointError: A request does not fit its checkpoint, a read failed, or a
+                value cannot be converted to its destination's dtype.
+            CheckpointChangedError: A file changed since its header was read.
+        """
+        return _Load(self).run(items, storage, planner)
+
+
+class _Load:
+    """One :meth:`ReadEngine.run`: its open files, counters, staging and pinned ring."""
+
+    def __init__(self, engine: ReadEngine) -> None:
+        self._progress = engine.progress
+        self._root = engine.root
+        self._stamps = engine.stamps
+        self._threads = engine.threads
+        self._local_ranks = engine.local_ranks
+        self._column_strategy = engine.column_strategy
+        self._page_cache_aware = engine.page_cache_aware
         self._cold: dict[str, set[int]] = {}  # file -> cold windows not yet hinted
         self._mostly_cold: set[str] = set()  # files read in larger aligned requests
         self._cold_bytes = 0
-        self._staging = Staging(max(1, staging_bytes))
+        self._staging = Staging(max(1, engine.options.staging_bytes))
         self._count_lock = threading.Lock()
         self._local = threading.local()
         self._streams: list[torch.cuda.Stream] = []
@@ -226,16 +281,7 @@ class ReadEngine:
         storage: Mapping[object, StorageInfo],
         planner: LoadPlanner,
     ) -> LoadStats:
-        """Read every item into the destination ``planner.resolve_tensor`` gives, then commit.
-
-        Destinations are resolved up front (in plan order), filled by the thread pool, and
-        committed in plan order once every byte has arrived (device copies included).
-
-        Raises:
-            CheckpointError: A request does not fit its checkpoint, a read failed, or a
-                value cannot be converted to its destination's dtype.
-            CheckpointChangedError: A file changed since its header was read.
-        """
+        """See :meth:`ReadEngine.run`; call once."""
         begin = time.perf_counter()
         requests: list[_Request] = []
         resolved: list[tuple[ReadItem, torch.Tensor]] = []
@@ -330,7 +376,7 @@ class ReadEngine:
         self._host_block = max(1, (share - ring_bytes) // self._threads)
         jobs: list[tuple[str, int, _Job]] = []
         if direct or strided:
-            # Kept on the engine: jobs hold its address only.
+            # Kept on the load: jobs hold its address only.
             self._scratch = scratch = self._staging.allocate(max(1, scratch_bytes))
             for name, extents in direct.items():
                 jobs.extend(self._direct_jobs(name, extents, scratch, scratch_bytes, owners[name]))

@@ -35,6 +35,7 @@ from hyperckpt import (
     Fuse,
     HuggingFaceStorageReader,
     Mapping,
+    ReadOptions,
     TorchShardedSafetensorsReader,
     describe,
 )
@@ -180,7 +181,7 @@ def test_every_coordinate_reads_exactly_its_regions_of_a_random_fusion(
             local = poison_(torch.empty_like(want))
             items = _read_items("fused", md, regions)  # type: ignore[arg-type]
             assert sum(math.prod(item.lengths) for item in items) == want.numel()
-            engine = ReadEngine(str(root), stamps, threads=2, staging_bytes=4096)
+            engine = ReadEngine(str(root), stamps, ReadOptions(thread_count=2, staging_bytes=4096))
             engine.run(items, metadata.storage_data, _Into(local))  # type: ignore[arg-type]
             problem = mismatch(local, want)
             assert problem is None, f"{fusion.rule} {placements} at {coord}: {problem}"

@@ -10,6 +10,7 @@ from safetensors.torch import save_file
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
+from hyperckpt import ReadOptions
 from hyperckpt._layout.directory import huggingface_layout
 from hyperckpt._read.columns import Costs, Runs, Strategy, choose, estimate
 from hyperckpt._read.engine import MAX_GAP, STAGE_BLOCK, ReadEngine
@@ -121,7 +122,9 @@ def test_every_strategy_fills_a_poisoned_destination_bit_exactly(
         def commit_tensor(self, item: ReadItem, tensor: torch.Tensor) -> None:
             assert tensor.data_ptr() == destination.data_ptr()
 
-    engine = ReadEngine(str(tmp_path), stamps, threads=2, column_strategy=strategy)
+    engine = ReadEngine(
+        str(tmp_path), stamps, ReadOptions(thread_count=2), column_strategy=strategy
+    )
     stats = engine.run([item], storage, Planner())  # type: ignore[arg-type]
     expected = source[tuple(slice(o, o + n) for o, n in zip(offsets, lengths, strict=True))]
     assert torch.equal(destination.view(torch.uint8), expected.contiguous().view(torch.uint8))

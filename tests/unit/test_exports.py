@@ -33,6 +33,7 @@ PUBLIC = [
     "LoadStats",
     "Piece",
     "Progress",
+    "ReadOptions",
     "StorageInfo",
     "TensorEntry",
     "TensorCheck",

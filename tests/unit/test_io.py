@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
+from hyperckpt import ReadOptions
 from hyperckpt._layout.directory import huggingface_layout
 from hyperckpt._read import engine as engine_io
 from hyperckpt._read import staging as _staging
@@ -19,7 +20,7 @@ from hyperckpt._read import sysio as _sysio
 from hyperckpt._read.boxes import Box
 from hyperckpt._read.coalesce import coalesce
 from hyperckpt._read.columns import Strategy
-from hyperckpt._read.engine import LoadStats, ReadEngine, StorageInfo
+from hyperckpt._read.engine import DEFAULT_STAGING_BYTES, LoadStats, ReadEngine, StorageInfo
 from hyperckpt._readers import to_metadata
 from hyperckpt.errors import CheckpointError
 
@@ -80,7 +81,11 @@ def _load(
     root, storage, stamps = _checkpoint(tmp_path, tensors)
     planner = _Planner(destinations)
     items = items if items is not None else [_whole(n, t) for n, t in tensors.items()]
-    engine = ReadEngine(root, stamps, threads=options.pop("threads", 4), **options)
+    read = ReadOptions(
+        thread_count=options.pop("threads", 4),
+        staging_bytes=options.pop("staging_bytes", DEFAULT_STAGING_BYTES),
+    )
+    engine = ReadEngine(root, stamps, read, **options)
     stats = engine.run(items, storage, planner)  # type: ignore[arg-type]
     return stats, planner
 
@@ -235,8 +240,9 @@ def test_a_read_error_in_one_thread_reaches_the_caller_unchanged(
     monkeypatch.setattr(_sysio, "_preadv", flaky)
     root, storage, stamps = _checkpoint(tmp_path, tensors)
     planner = _Planner(out)
+    engine = ReadEngine(root, stamps, ReadOptions(thread_count=4))
     with pytest.raises(OSError, match="injected failure") as caught:
-        ReadEngine(root, stamps, threads=4).run([_whole("a", tensors["a"])], storage, planner)  # type: ignore[arg-type]
+        engine.run([_whole("a", tensors["a"])], storage, planner)  # type: ignore[arg-type]
     assert caught.value is failure
     assert planner.committed == []
 

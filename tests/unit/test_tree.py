@@ -17,6 +17,7 @@ STAGES = [
     "hyperckpt._planner",
     "hyperckpt._read",
     "hyperckpt._broadcast",
+    "hyperckpt._options",
     "hyperckpt._readers",
     "hyperckpt._api",
     "hyperckpt._verify",
