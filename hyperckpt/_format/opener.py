@@ -43,7 +43,7 @@ def _kind(mode: int) -> str:
 
 
 def open_regular(
-    path: str, *, shown: str, expected: str, not_regular_rule: str = "file.not_regular"
+    path: str, *, shown: str, expected: str, not_regular_rule: str | None = "file.not_regular"
 ) -> tuple[int, os.stat_result]:
     """Open ``path`` for reading if it is a regular file; nothing is read.
 
@@ -96,7 +96,7 @@ def read_regular(
     expected: str,
     limit: int,
     over_limit: str,
-    not_regular_rule: str = "file.not_regular",
+    not_regular_rule: str | None = None,
     over_limit_rule: str | None = None,
 ) -> tuple[bytes, os.stat_result]:
     """The whole content of the regular file at ``path``, refused from its size first.
@@ -107,9 +107,11 @@ def read_regular(
         expected: What belongs there, for messages.
         limit: The most bytes accepted; a larger file is refused before any read.
         over_limit: The end of the message for a file over ``limit``.
-        not_regular_rule: The rule id of the refusal when it is not a regular file.
+        not_regular_rule: The rule id of the refusal when it is not a regular file
+            (``"index.not_regular"`` for the index); ``None`` when no catalogued rule
+            covers what is read.
         over_limit_rule: The rule id of the refusal of a file over ``limit``
-            (``"index.too_big"`` for the index).
+            (``"index.too_big"`` for the index), or ``None``.
 
     Raises:
         CheckpointNotFoundError: Nothing is there, or a broken symlink.
