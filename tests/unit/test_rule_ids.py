@@ -6,8 +6,10 @@ import ast
 import tempfile
 import traceback
 from pathlib import Path
+from typing import cast
 
 import pytest
+import torch.distributed as dist
 
 import hyperckpt
 from hyperckpt.errors import CheckpointError
@@ -165,3 +167,53 @@ def test_rule_matches_by_id_when_the_error_carries_one() -> None:
     # The type still counts.
     missing = next(rule for rule in RULES if rule.id == "file.missing")
     assert not missing.matches(CheckpointError(str(provoke(missing)), rule="file.missing"))
+
+
+_SPAN = CheckpointError("ckpt: tensor 'w' spans too much", tensor="w", rule="offsets.span")
+
+
+def _as_two_ranks(monkeypatch: pytest.MonkeyPatch, heard: object) -> list[object]:
+    """Pose as rank 0 of 2 whose ``all_gather_object`` hears ``heard`` from rank 1; returns
+    the list that collects what this rank sends."""
+    sent: list[object] = []
+
+    def all_gather_object(gathered: list[object], mine: object, group: object = None) -> None:
+        sent.append(mine)
+        gathered[0], gathered[1] = mine, heard
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(dist, "all_gather_object", all_gather_object)
+    return sent
+
+
+def test_a_refusal_heard_from_another_rank_before_the_load_keeps_its_id(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hyperckpt._api import _agree
+
+    sent = _as_two_ranks(monkeypatch, None)
+    with pytest.raises(CheckpointError):
+        _agree(_SPAN, None)  # the refusing rank: what does it send?
+    _as_two_ranks(monkeypatch, sent[0])
+    with pytest.raises(CheckpointError, match="rank 1 of the load refused it") as caught:
+        _agree(None, None)
+    assert caught.value.rule == "offsets.span"
+
+
+def test_a_refusal_heard_from_another_rank_while_planning_keeps_its_id(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from torch.distributed.checkpoint.planner import LoadPlan
+
+    from hyperckpt._planner.plain_call import Replanned, agree
+
+    group = cast(dist.ProcessGroup, None)
+    sent = _as_two_ranks(monkeypatch, None)
+    with pytest.raises(CheckpointError):
+        agree(_SPAN, group, 2)
+    _as_two_ranks(monkeypatch, sent[0])
+    with pytest.raises(CheckpointError, match="rank 1 refused the load") as caught:
+        agree(Replanned(LoadPlan([]), ()), group, 2)
+    assert caught.value.rule == "offsets.span"
+    assert caught.value.tensor == "w"
