@@ -307,13 +307,15 @@ def _agree(failure: CheckpointError | None, group: dist.ProcessGroup | None) -> 
         if failure is not None:
             raise failure
         return
-    messages: list[object] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(messages, None if failure is None else str(failure), group=group)
+    refusals: list[object] = [None] * dist.get_world_size(group)
+    own = None if failure is None else (str(failure), failure.rule)
+    dist.all_gather_object(refusals, own, group=group)
     if failure is not None:
         raise failure
-    for rank, message in enumerate(messages):
-        if message is not None:
-            raise CheckpointError(f"rank {rank} of the load refused it: {message}")
+    for rank, refusal in enumerate(refusals):
+        if refusal is not None:
+            message, rule = cast(tuple[str, str | None], refusal)
+            raise CheckpointError(f"rank {rank} of the load refused it: {message}", rule=rule)
 
 
 def _gather(
@@ -336,7 +338,7 @@ def _translate(err: CheckpointException, group: dist.ProcessGroup | None) -> Che
     cause = failures[source][0] if source in failures else err
     text = str(cause) if source == rank else f"rank {source} of the load failed: {cause}"
     if isinstance(cause, CheckpointError):
-        return type(cause)(text, path=cause.path, tensor=cause.tensor)
+        return type(cause)(text, path=cause.path, tensor=cause.tensor, rule=cause.rule)
     return CheckpointError(f"dcp.load failed: {type(cause).__name__}: {text}")
 
 

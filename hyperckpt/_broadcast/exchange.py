@@ -70,6 +70,7 @@ class _Failure:
     rank: int
     message: str
     path: str | None
+    rule: str | None
 
 
 def transfer_device(group: dist.ProcessGroup) -> torch.device:
@@ -234,7 +235,9 @@ class _Exchange:
     def _agree(self, error: Exception | None) -> None:
         status = None
         if error is not None:
-            status = _Failure(self.rank, str(error), getattr(error, "path", None))
+            status = _Failure(
+                self.rank, str(error), getattr(error, "path", None), getattr(error, "rule", None)
+            )
         gathered: list[object] = [None] * self.schedule.world_size
         dist.all_gather_object(gathered, status, group=self.group)
         failures = [f for f in gathered if isinstance(f, _Failure)]
@@ -247,6 +250,7 @@ class _Exchange:
             f"rank {first.rank} failed to read its share of the replicated slices, so every "
             f"rank stops: {first.message}",
             path=first.path,
+            rule=first.rule,
         )
 
     def _exchange(self, transfers: Sequence[Transfer], buffers: dict[int, torch.Tensor]) -> None:

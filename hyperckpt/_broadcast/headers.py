@@ -81,6 +81,7 @@ class _Refusal:
     message: str
     path: str | None
     tensor: str | None
+    rule: str | None
 
 
 # The encoded layout: plain tuples, dicts and strings (picklable, compact, versionless).
@@ -353,6 +354,7 @@ def _with_own_stamps(layout: CheckpointLayout, rank: int) -> CheckpointLayout:
                 f"read the headers found it; every rank must see the same checkpoint (same "
                 f"directory contents on every host)",
                 path=name,
+                rule="file.missing",
             ) from err
         except OSError as err:
             raise CheckpointChangedError(
@@ -393,6 +395,7 @@ def _refusal(rank: int, err: BaseException) -> _Refusal:
         str(err),
         getattr(err, "path", None),
         getattr(err, "tensor", None),
+        getattr(err, "rule", None),
     )
 
 
@@ -410,4 +413,4 @@ def _rebuild(refusal: _Refusal) -> CheckpointError:
             f"({refusal.kind}): {refusal.message}",
             path=refusal.path,
         )
-    return kind(refusal.message, path=refusal.path, tensor=refusal.tensor)
+    return kind(refusal.message, path=refusal.path, tensor=refusal.tensor, rule=refusal.rule)

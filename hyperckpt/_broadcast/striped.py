@@ -55,6 +55,7 @@ class _Failure:
     rank: int
     message: str
     path: str | None
+    rule: str | None
 
 
 def load_striped(
@@ -236,7 +237,9 @@ class _Striped:
     def _agree(self, error: Exception | None) -> None:
         status = None
         if error is not None:
-            status = _Failure(self.rank, str(error), getattr(error, "path", None))
+            status = _Failure(
+                self.rank, str(error), getattr(error, "path", None), getattr(error, "rule", None)
+            )
         gathered: list[object] = [None] * self.schedule.world_size
         dist.all_gather_object(gathered, status, group=self.group)
         failures = [f for f in gathered if isinstance(f, _Failure)]
@@ -249,6 +252,7 @@ class _Striped:
             f"rank {first.rank} failed to read or deliver its stripes of the checkpoint, so "
             f"every rank stops: {first.message}",
             path=first.path,
+            rule=first.rule,
         )
 
     def _exchange(

@@ -418,6 +418,7 @@ def _validate(args: argparse.Namespace) -> int:
             "problems": [
                 {
                     "type": type(problem).__name__,
+                    "rule": problem.rule,
                     "file": problem.path,
                     "tensor": problem.tensor,
                     "message": str(problem),

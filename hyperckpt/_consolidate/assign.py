@@ -243,10 +243,12 @@ def read_like(path: str | os.PathLike[str]) -> tuple[dict[str, str], bool]:
         document = decode_strict_json(text, str(index), "index")
         weight_map = document.get("weight_map") if isinstance(document, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:
+            has_map = isinstance(document, dict) and "weight_map" in document
             raise CheckpointError(
                 f'{index}: must be a JSON object with a non-empty "weight_map" of tensor name '
                 f"to file name",
                 path=str(index),
+                rule="index.weight_map_not_object" if has_map else "index.no_weight_map",
             )
         for tensor, file in weight_map.items():
             if not isinstance(file, str) or not file.endswith(".safetensors"):
@@ -266,6 +268,7 @@ def read_like(path: str | os.PathLike[str]) -> tuple[dict[str, str], bool]:
         f"{root}: neither {INDEX_NAME} nor {SINGLE_FILE_NAME} is there, so there is no file "
         f"assignment to reproduce; pass a Hugging Face checkpoint directory or its index",
         path=str(root),
+        rule="hf.no_checkpoint",
     )
 
 

@@ -291,7 +291,11 @@ def _agree(failure: BaseException | None, group: dist.ProcessGroup | None) -> No
         if failure is not None:
             raise failure
         return
-    own = None if failure is None else (type(failure).__name__, str(failure))
+    own = (
+        None
+        if failure is None
+        else (type(failure).__name__, str(failure), getattr(failure, "rule", None))
+    )
     found: list[object] = [None] * dist.get_world_size(group)
     dist.all_gather_object(found, own, group=group)
     if failure is not None:
@@ -299,14 +303,14 @@ def _agree(failure: BaseException | None, group: dist.ProcessGroup | None) -> No
     for rank, item in enumerate(found):
         if item is None:
             continue
-        kind, message = cast(tuple[str, str], item)
+        kind, message, rule = cast(tuple[str, str, str | None], item)
         text = f"rank {rank} of the consolidation failed ({kind}): {message}"
         if kind == CheckpointChangedError.__name__:
-            raise CheckpointChangedError(text)
+            raise CheckpointChangedError(text, rule=rule)
         if kind == CheckpointNotFoundError.__name__:
-            raise CheckpointNotFoundError(text)
+            raise CheckpointNotFoundError(text, rule=rule)
         if kind == CheckpointError.__name__:
-            raise CheckpointError(text)
+            raise CheckpointError(text, rule=rule)
         if kind == "ValueError":
             raise ValueError(text)
         if kind == "RuntimeError":

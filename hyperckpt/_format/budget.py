@@ -69,13 +69,14 @@ def count_tokens(text: str) -> TokenCounts:
     return TokenCounts((quotes + 1) // 2, containers)
 
 
-def check_budget(text: str, name: str, what: str) -> None:
+def check_budget(text: str, name: str, what: str, *, rule: str | None = None) -> None:
     """Refuse a large JSON text with more tokens than a real ``what`` of its size holds.
 
     Args:
         text: The JSON text.
         name: The file, as messages name it.
         what: What the text is, e.g. ``"header"``, ``"index"`` or ``"DCP_SHARDING_INFO"``.
+        rule: The id of the rule a refusal breaks (``"header.too_many_tokens"``, ...).
 
     Raises:
         CheckpointError: Too many strings, or too many arrays and objects.
@@ -90,6 +91,7 @@ def check_budget(text: str, name: str, what: str) -> None:
             f"more strings than a real {what} can hold (one per {CHARS_PER_STRING} characters "
             f"at most); the file is damaged or hostile",
             path=name,
+            rule=rule,
         )
     if counts.containers * CHARS_PER_CONTAINER > allowed:
         raise CheckpointError(
@@ -97,4 +99,5 @@ def check_budget(text: str, name: str, what: str) -> None:
             f"and objects, far more containers than a real {what} can hold (one per "
             f"{CHARS_PER_CONTAINER} characters at most); the file is damaged or hostile",
             path=name,
+            rule=rule,
         )

@@ -265,6 +265,7 @@ def _check_prefix(prefix: bytes, file_size: int, name: str) -> int:
             f"{name}: {file_size} bytes is too small for a safetensors file (at least the "
             f"{_LENGTH_PREFIX}-byte header length is needed); the file is empty or truncated",
             path=name,
+            rule="file.too_small",
         )
     length = int.from_bytes(prefix[:_LENGTH_PREFIX], "little")
     if length > MAX_HEADER_LENGTH:
@@ -272,12 +273,14 @@ def _check_prefix(prefix: bytes, file_size: int, name: str) -> int:
             f"{name}: header length {length} exceeds the format's limit of {MAX_HEADER_LENGTH} "
             f"bytes; this is not a safetensors file, or its first 8 bytes are damaged",
             path=name,
+            rule="header.too_long",
         )
     if _LENGTH_PREFIX + length > file_size:
         raise CheckpointError(
             f"{name}: header length {length} runs past the end of the {file_size}-byte file; "
             f"the file is truncated or not a safetensors file",
             path=name,
+            rule="header.past_end",
         )
     return length
 
@@ -336,14 +339,45 @@ def _decode_json(raw: bytes, name: str) -> dict[str, object]:
             f"{name}: header is not valid UTF-8 (byte {err.start}); the file is damaged or "
             f"not a safetensors file",
             path=name,
+            rule="header.not_utf8",
         ) from err
     document = decode_strict_json(text, name, "header")
     if not isinstance(document, dict):
         raise CheckpointError(
             f"{name}: header is a JSON {_json_type(document)}, not an object of tensors",
             path=name,
+            rule="header.not_object",
         )
     return document
+
+
+class _JsonRules(NamedTuple):
+    """The ids of the rules a JSON text of one kind breaks (see ``docs/rules.md``)."""
+
+    not_json: str | None
+    duplicate_key: str | None
+    too_deep: str | None
+    too_many_tokens: str | None
+
+
+# The index and DCP_SHARDING_INFO have one rule for all their JSON faults; a header has one each.
+_JSON_RULES: Mapping[str, _JsonRules] = MappingProxyType(
+    {
+        "header": _JsonRules(
+            "header.not_json", "json.duplicate_key", "json.too_deep", "header.too_many_tokens"
+        ),
+        "index": _JsonRules(
+            "index.not_json", "index.not_json", "index.not_json", "index.too_many_tokens"
+        ),
+        "DCP_SHARDING_INFO": _JsonRules(
+            "sharded.info_not_json",
+            "sharded.info_not_json",
+            "sharded.info_not_json",
+            "sharded.info_too_many_tokens",
+        ),
+    }
+)
+_UNCATALOGUED = _JsonRules(None, None, None, None)
 
 
 def decode_strict_json(text: str, name: str, what: str) -> object:
@@ -356,9 +390,11 @@ def decode_strict_json(text: str, name: str, what: str) -> object:
     Args:
         text: The JSON text.
         name: The file, as messages name it.
-        what: What the text is, e.g. ``"header"`` or ``"DCP_SHARDING_INFO"``.
+        what: What the text is: ``"header"``, ``"index"`` or ``"DCP_SHARDING_INFO"``, which
+            also chooses the rule ids its errors carry.
     """
-    check_budget(text, name, what)
+    rules = _JSON_RULES.get(what, _UNCATALOGUED)
+    check_budget(text, name, what, rule=rules.too_many_tokens)
     try:
         return strict_json(text)
     except DuplicateKeyError as err:
@@ -378,13 +414,18 @@ def decode_strict_json(text: str, name: str, what: str) -> object:
             f"allowed (readers disagree on which one wins)",
             path=name,
             tensor=tensor,
+            rule=rules.duplicate_key,
         ) from err
     except RecursionError as err:
         raise CheckpointError(
-            f"{name}: {what} JSON is nested too deeply to be what it claims", path=name
+            f"{name}: {what} JSON is nested too deeply to be what it claims",
+            path=name,
+            rule=rules.too_deep,
         ) from err
     except ValueError as err:
-        raise CheckpointError(f"{name}: {what} is not valid JSON: {err}", path=name) from err
+        raise CheckpointError(
+            f"{name}: {what} is not valid JSON: {err}", path=name, rule=rules.not_json
+        ) from err
 
 
 class _Pairs(list[tuple[str, object]]):
@@ -425,24 +466,28 @@ def _check_metadata(value: object, name: str) -> dict[str, str] | None:
             f"{name}: {METADATA_KEY} must be an object of strings or null, not a JSON "
             f"{_json_type(value)}; note that {METADATA_KEY} is reserved and never a tensor name",
             path=name,
+            rule="metadata.not_object",
         )
     if value.keys() & _ENTRY_KEYS and not all(isinstance(v, str) for v in value.values()):
         raise CheckpointError(
             f"{name}: {METADATA_KEY} looks like a tensor entry ({', '.join(sorted(value))}), but "
             f"{METADATA_KEY} is reserved: never a tensor name, only an object of strings or null",
             path=name,
+            rule="metadata.not_object",
         )
     for key, item in value.items():
         if not isinstance(item, str):
             raise CheckpointError(
                 f"{name}: {METADATA_KEY}[{key!r}] must be a string, not a JSON {_json_type(item)}",
                 path=name,
+                rule="metadata.not_string",
             )
         if not is_unicode(key) or not is_unicode(item):
             raise CheckpointError(
                 f"{name}: {METADATA_KEY}[{key!r}] holds a lone surrogate escape (\\ud800 to "
                 f"\\udfff), which is not Unicode; the reference implementation refuses it too",
                 path=name,
+                rule="metadata.lone_surrogate",
             )
     return value
 
@@ -505,6 +550,7 @@ def _check_entry(key: str, value: object, name: str) -> tuple[str, str, tuple[in
             f"{_json_type(value)}",
             path=name,
             tensor=key,
+            rule="entry.not_object",
         )
     if value.keys() != _ENTRY_KEYS:
         missing = sorted(_ENTRY_KEYS - value.keys())
@@ -515,6 +561,7 @@ def _check_entry(key: str, value: object, name: str) -> tuple[str, str, tuple[in
             + (f"; unexpected {', '.join(repr(k) for k in extra)}" if extra else ""),
             path=name,
             tensor=key,
+            rule="entry.keys",
         )
     dtype = value["dtype"]
     if not isinstance(dtype, str) or dtype not in DTYPES:
@@ -523,6 +570,7 @@ def _check_entry(key: str, value: object, name: str) -> tuple[str, str, tuple[in
             f"{', '.join(DTYPES)}",
             path=name,
             tensor=key,
+            rule="dtype.unknown",
         )
     info = DTYPES[dtype]
     if info.torch_name is None:
@@ -531,6 +579,7 @@ def _check_entry(key: str, value: object, name: str) -> tuple[str, str, tuple[in
             f"cannot be loaded into a tensor; convert the checkpoint or drop this tensor",
             path=name,
             tensor=key,
+            rule="dtype.no_torch",
         )
     shape = _int_list(value["shape"], where, "shape", name, key)
     offsets = _int_list(value["data_offsets"], where, "data_offsets", name, key)
@@ -539,6 +588,7 @@ def _check_entry(key: str, value: object, name: str) -> tuple[str, str, tuple[in
             f"{where}: data_offsets must be [begin, end], got {len(offsets)} numbers",
             path=name,
             tensor=key,
+            rule="offsets.not_pair",
         )
     elements = 1
     for size in shape:
@@ -549,6 +599,7 @@ def _check_entry(key: str, value: object, name: str) -> tuple[str, str, tuple[in
             f"{where}: shape {list(shape)} of {dtype} overflows 64-bit size arithmetic",
             path=name,
             tensor=key,
+            rule="size.overflow",
         )
     if any(size >= _MAX_TORCH_SIZE for size in shape):
         raise CheckpointError(
@@ -557,12 +608,14 @@ def _check_entry(key: str, value: object, name: str) -> tuple[str, str, tuple[in
             f"damaged",
             path=name,
             tensor=key,
+            rule="size.torch_dimension",
         )
     if bits % 8:
         raise CheckpointError(
             f"{where}: shape {list(shape)} of {dtype} is {bits} bits, not a whole number of bytes",
             path=name,
             tensor=key,
+            rule="size.partial_byte",
         )
     if dtype == "F4" and (not shape or shape[-1] % 2):
         raise CheckpointError(
@@ -570,6 +623,7 @@ def _check_entry(key: str, value: object, name: str) -> tuple[str, str, tuple[in
             f"float4_e2m1fn_x2 (two elements a byte)",
             path=name,
             tensor=key,
+            rule="f4.odd_last_dim",
         )
     begin, end = offsets
     if end - begin != bits // 8:
@@ -578,16 +632,22 @@ def _check_entry(key: str, value: object, name: str) -> tuple[str, str, tuple[in
             f"{list(shape)} of {dtype} needs {bits // 8}",
             path=name,
             tensor=key,
+            rule="offsets.span",
         )
     return key, dtype, shape, begin, end
 
 
 def _check_tensor_name(key: str, name: str) -> None:
     if not key:
-        raise CheckpointError(f"{name}: a tensor has an empty name", path=name, tensor=key)
+        raise CheckpointError(
+            f"{name}: a tensor has an empty name", path=name, tensor=key, rule="entry.name"
+        )
     if "\x00" in key:
         raise CheckpointError(
-            f"{name}: tensor name {key!r} contains a NUL character", path=name, tensor=key
+            f"{name}: tensor name {key!r} contains a NUL character",
+            path=name,
+            tensor=key,
+            rule="entry.name",
         )
     try:
         key.encode("utf-8")
@@ -596,6 +656,7 @@ def _check_tensor_name(key: str, name: str) -> None:
             f"{name}: tensor name {key!r} is not valid Unicode (a lone surrogate escape)",
             path=name,
             tensor=key,
+            rule="entry.name",
         ) from err
 
 
@@ -606,6 +667,7 @@ def _int_list(value: object, where: str, field: str, name: str, key: str) -> tup
             f"{_json_type(value)}",
             path=name,
             tensor=key,
+            rule="entry.not_ints",
         )
     for item in value:
         # bool is a subclass of int: refuse it explicitly, like floats and negatives.
@@ -615,6 +677,7 @@ def _int_list(value: object, where: str, field: str, name: str, key: str) -> tup
                 f"{json.dumps(item)[:40]} in {json.dumps(value)[:80]}",
                 path=name,
                 tensor=key,
+                rule="entry.not_ints",
             )
     return tuple(value)
 
@@ -641,6 +704,7 @@ def _check_offsets(
                 f"contiguously from 0",
                 path=name,
                 tensor=key,
+                rule="offsets.not_contiguous",
             )
         position = end
         previous = key
@@ -651,6 +715,7 @@ def _check_offsets(
             f"{name}: header and tensors describe {expected} bytes but the file has "
             f"{file_size} ({how}); the file is damaged or was not completely written",
             path=name,
+            rule="file.size_mismatch",
         )
     return {
         key: TensorEntry(key, dtype, shape, data_start + begin, data_start + end)

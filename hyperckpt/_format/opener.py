@@ -42,13 +42,17 @@ def _kind(mode: int) -> str:
     return "something else"
 
 
-def open_regular(path: str, *, shown: str, expected: str) -> tuple[int, os.stat_result]:
+def open_regular(
+    path: str, *, shown: str, expected: str, not_regular_rule: str | None = "file.not_regular"
+) -> tuple[int, os.stat_result]:
     """Open ``path`` for reading if it is a regular file; nothing is read.
 
     Args:
         path: The path on disk (symlinks are followed).
         shown: How messages name it (relative to the checkpoint).
         expected: What belongs there, for messages, e.g. ``"a safetensors file"``.
+        not_regular_rule: The rule id of the refusal when it is not a regular file
+            (``"index.not_regular"`` for the index).
 
     Returns:
         The open descriptor (the caller closes it) and its ``fstat``.
@@ -64,6 +68,7 @@ def open_regular(path: str, *, shown: str, expected: str) -> tuple[int, os.stat_
         raise CheckpointNotFoundError(
             f"{shown}: no such file (or a broken symlink); a file of the checkpoint is missing",
             path=shown,
+            rule="file.missing",
         ) from err
     except OSError as err:
         reason = "a symlink loop" if err.errno == errno.ELOOP else (err.strerror or str(err))
@@ -75,6 +80,7 @@ def open_regular(path: str, *, shown: str, expected: str) -> tuple[int, os.stat_
             raise CheckpointError(
                 f"{shown}: {_kind(st.st_mode)}, not a regular file; {expected} is expected here",
                 path=shown,
+                rule=not_regular_rule,
             )
         opened = True
     finally:
@@ -84,7 +90,14 @@ def open_regular(path: str, *, shown: str, expected: str) -> tuple[int, os.stat_
 
 
 def read_regular(
-    path: str, *, shown: str, expected: str, limit: int, over_limit: str
+    path: str,
+    *,
+    shown: str,
+    expected: str,
+    limit: int,
+    over_limit: str,
+    not_regular_rule: str | None = None,
+    over_limit_rule: str | None = None,
 ) -> tuple[bytes, os.stat_result]:
     """The whole content of the regular file at ``path``, refused from its size first.
 
@@ -94,16 +107,23 @@ def read_regular(
         expected: What belongs there, for messages.
         limit: The most bytes accepted; a larger file is refused before any read.
         over_limit: The end of the message for a file over ``limit``.
+        not_regular_rule: The rule id of the refusal when it is not a regular file
+            (``"index.not_regular"`` for the index); ``None`` when no catalogued rule
+            covers what is read.
+        over_limit_rule: The rule id of the refusal of a file over ``limit``
+            (``"index.too_big"`` for the index), or ``None``.
 
     Raises:
         CheckpointNotFoundError: Nothing is there, or a broken symlink.
         CheckpointError: Not a regular file, unreadable, larger than ``limit``, or it
             changed size while read.
     """
-    fd, st = open_regular(path, shown=shown, expected=expected)
+    fd, st = open_regular(path, shown=shown, expected=expected, not_regular_rule=not_regular_rule)
     try:
         if st.st_size > limit:
-            raise CheckpointError(f"{shown}: {st.st_size} bytes; {over_limit}", path=shown)
+            raise CheckpointError(
+                f"{shown}: {st.st_size} bytes; {over_limit}", path=shown, rule=over_limit_rule
+            )
         data = _pread_all(fd, st.st_size, shown)
     finally:
         os.close(fd)

@@ -383,6 +383,7 @@ class Fuse:
                         f"is not in the checkpoint; the sources of a fused tensor come together "
                         f"(a missing tensor, or the mapping belongs to another model)",
                         path=tensors[name].layout.pieces[0].file,
+                        rule="mapping.partner",
                         tensor=name,
                     )
         if not groups:
@@ -420,6 +421,7 @@ class Fuse:
                 f"{expected!r} in the checkpoint; stacked sources must be numbered 0..K-1 "
                 f"without a gap (a missing expert?)",
                 tensor=name,
+                rule="mapping.stack_gap",
             )
         grid: list[list[tuple[str, _Tensor]]] = []
         for index in range(count):
@@ -437,6 +439,7 @@ class Fuse:
                         f"model, or the checkpoint is incomplete",
                         path=file,
                         tensor=name,
+                        rule="mapping.source",
                     )
                 row.append((source, tensors[source]))
                 used.add(source)
@@ -466,7 +469,9 @@ class Fuse:
                 layout = tensor.layout
                 like_name, like = grid[0][position]
                 problem = None
+                rule_id = "mapping.shape"
                 if layout.dtype != dtype:
+                    rule_id = "mapping.dtype"
                     problem = (
                         f"is {layout.dtype} but {first_name!r} is {dtype}; a fused tensor has "
                         f"one dtype"
@@ -490,6 +495,7 @@ class Fuse:
                         f"{source!r} (in {layout.pieces[0].file}) {problem}",
                         path=layout.pieces[0].file,
                         tensor=name,
+                        rule=rule_id,
                     )
         pieces: list[Piece] = []
         sources: list[str] = []
@@ -609,6 +615,7 @@ class Mapping:
                     f"{layout.root}: {err}{self._context()}",
                     path=err.path or layout.root,
                     tensor=err.tensor,
+                    rule=err.rule,
                 ) from err
             notes.extend(unmatched)
         for note in notes:
@@ -678,6 +685,7 @@ def _collision(rule: str, name: str, first: _Tensor, second: _Tensor) -> Checkpo
         f"each destination must come from one place (a rename too broad, or a prefix twice?)",
         path=second.layout.pieces[0].file,
         tensor=name,
+        rule="mapping.collision",
     )
 
 

@@ -176,8 +176,8 @@ def agree(outcome: Replanned | CheckpointError, group: dist.ProcessGroup, world_
     Raises:
         CheckpointError: Some rank refused: this rank's own error, else the first one's.
     """
-    status: tuple[str, str | None] | bool = (
-        (str(outcome), outcome.tensor)
+    status: tuple[str, str | None, str | None] | bool = (
+        (str(outcome), outcome.tensor, outcome.rule)
         if isinstance(outcome, CheckpointError)
         else bool(outcome.tensors)
     )
@@ -187,10 +187,11 @@ def agree(outcome: Replanned | CheckpointError, group: dist.ProcessGroup, world_
         raise outcome
     for rank, other in enumerate(gathered):
         if isinstance(other, tuple):
-            message, tensor = other
+            message, tensor, rule = other
             raise CheckpointError(
                 f"rank {rank} refused the load before any rank read a byte: {message}",
                 tensor=tensor,
+                rule=rule,
             )
     return any(other is True for other in gathered)
 

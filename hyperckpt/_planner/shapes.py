@@ -49,4 +49,5 @@ def shape_mismatch(
         f"{list(wanted)} in the state dict{origin}; {cause}",
         path=file,
         tensor=fqn,
+        rule="load.shape_mismatch",
     )

@@ -372,6 +372,7 @@ def _open_guarded(job: _FileJob) -> tuple[int, FileStamp]:
             f"{job.name}: no such file (or a broken symlink); it was there when the "
             f"checkpoint was described, so it was deleted since",
             path=job.name,
+            rule="file.missing",
         ) from err
     except OSError as err:
         raise CheckpointError(
@@ -381,7 +382,9 @@ def _open_guarded(job: _FileJob) -> tuple[int, FileStamp]:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise CheckpointError(
-                f"{job.name}: not a regular file; only regular files are hashed", path=job.name
+                f"{job.name}: not a regular file; only regular files are hashed",
+                path=job.name,
+                rule="file.not_regular",
             )
         now = FileStamp.of(st)
         if job.stamp is not None and now != job.stamp:

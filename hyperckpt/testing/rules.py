@@ -32,7 +32,8 @@ class Rule:
         id: Stable id, e.g. ``"offsets.span"``; mutations name the rule they break by it.
         summary: The rule in a sentence.
         error: The error type raised when it is broken.
-        pattern: A regular expression every message for this rule matches.
+        pattern: A regular expression every message for this rule matches (the text is
+            for people; tools and tests match ``id``, which the error carries as ``rule``).
         trigger: Writes a checkpoint breaking the rule into a fresh directory and loads it.
     """
 
@@ -43,8 +44,16 @@ class Rule:
     trigger: Callable[[Path], object]
 
     def matches(self, err: BaseException) -> bool:
-        """Whether ``err`` is this rule's error with a message of this rule."""
-        return isinstance(err, self.error) and re.search(self.pattern, str(err)) is not None
+        """Whether ``err`` is this rule's error: of its type and carrying its id.
+
+        An error that carries no id (``rule`` is ``None``) is matched by its message
+        instead, against :attr:`pattern`.
+        """
+        if not isinstance(err, self.error):
+            return False
+        if err.rule is not None:
+            return err.rule == self.id
+        return re.search(self.pattern, str(err)) is not None
 
 
 _ENTRY = {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}
@@ -428,8 +437,7 @@ def provoke(rule: Rule) -> CheckpointError:
             prefix = tmp + os.sep
             text = str(err).replace(prefix, "")
             path = None if err.path is None else err.path.replace(prefix, "")
-            copy = type(err)(text, path=path, tensor=err.tensor)
-            return copy
+            return type(err)(text, path=path, tensor=err.tensor, rule=err.rule)
     raise AssertionError(f"{rule.id}: the trigger raised no CheckpointError")
 
 
@@ -441,6 +449,11 @@ before any tensor data is read; `describe(path)` runs them all and raises the ty
 while inside `dcp.load` torch keeps only the message text, so each message stands alone.
 `CheckpointNotFoundError` is a `CheckpointError` and a `FileNotFoundError`.  The error's
 `path` attribute names the file (relative to the checkpoint) and `tensor` the tensor.
+
+The id in the first column is on the error as `err.rule` (and in each problem of `hyperckpt
+validate --json` as `rule`): tools and tests match the id, which stays the same when a
+message is reworded; the message is for people.  An error one rank raises and the other
+ranks re-raise keeps its id on every rank.
 
 The faults `hyperckpt.testing` builds (`file_faults`, `huggingface_faults`,
 `sharded_faults`) name the id of the rule they break, so a property test can check that the

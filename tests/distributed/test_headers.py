@@ -94,14 +94,15 @@ def _measure(counter: _Counter, action: Callable[[], object]) -> dict[str, Any]:
     before, rchar = counter.bytes, _rchar()
     try:
         action()
-        error, message = None, ""
+        error, message, rule = None, "", None
     except (Exception, CheckpointException) as err:  # the outcome is the test's subject
-        error, message = type(err).__name__, str(err)
+        error, message, rule = type(err).__name__, str(err), getattr(err, "rule", None)
     return {
         "header_bytes": counter.bytes - before,
         "rchar": _rchar() - rchar,
         "error": error,
         "message": message,
+        "rule": rule,
     }
 
 
@@ -239,6 +240,8 @@ def test_a_broken_header_makes_every_rank_raise_the_same_message(
     described = [out["describe bad"] for out in ranks]
     assert {d["error"] for d in described} == {"CheckpointError"}
     assert len({d["message"] for d in described}) == 1
+    # The rank that read the header sends the rule's id along with the text.
+    assert [d["rule"] for d in described] == ["header.not_json"] * WORLD
     assert "model-00002-of-00003.safetensors" in described[0]["message"]
     assert [d["header_bytes"] for d in described][1:] == [0, 0, 0]
     for out in ranks:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 
@@ -69,6 +70,8 @@ def test_every_single_fault_is_refused_with_the_rule_it_breaks(data: st.DataObje
         parse_header(fault.data, len(fault.data), name=NAME)
     err = info.value
     assert RULE[fault.rule].matches(err), f"{fault.rule} ({fault.description}): {err}"
+    assert err.rule == fault.rule, f"{fault.rule} ({fault.description}): rule={err.rule!r}"
+    assert re.search(RULE[fault.rule].pattern, str(err)), f"{fault.rule}: {err}"
     assert err.path == NAME
     assert NAME in str(err)
     if err.tensor:

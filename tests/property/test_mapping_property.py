@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -234,3 +235,6 @@ def test_one_broken_source_of_a_random_fusion_is_refused_by_its_rule(
             Mapping((fusion.rule,)).apply(layout)
     matched = {rule.id for rule in RULES if rule.id in expected and rule.matches(caught.value)}
     assert matched, f"{kind} of {victim} (dim {dim}): expected {expected}, got: {caught.value}"
+    assert caught.value.rule in expected, f"{kind} of {victim}: rule={caught.value.rule!r}"
+    texts = {r.id for r in RULES if r.id in expected and re.search(r.pattern, str(caught.value))}
+    assert texts, f"{kind} of {victim} (dim {dim}): expected {expected}, got: {caught.value}"

@@ -146,6 +146,8 @@ def test_validate_reports_every_problem_each_naming_its_file_and_tensor(
     assert "missing" in missing["message"]
     trailing = next(p for p in report["problems"] if p["file"] == SECOND)
     assert SECOND in trailing["message"]
+    assert trailing["rule"] == "file.size_mismatch"
+    assert all(set(p) == {"type", "rule", "file", "tensor", "message"} for p in report["problems"])
     status, out, _ = run(capsys, "validate", broken)
     assert status == 1
     assert "3 problems" in out
