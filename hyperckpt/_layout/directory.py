@@ -426,6 +426,8 @@ def read_index_text(root: Path) -> str:
         limit=_MAX_INDEX_BYTES,
         over_limit=f"more than any real index ({_MAX_INDEX_BYTES} at most); the file is "
         f"not a checkpoint index",
+        not_regular_rule="index.not_regular",
+        over_limit_rule="index.too_big",
     )
     try:
         return raw.decode("utf-8")

@@ -105,9 +105,7 @@ def test_a_removed_shifted_or_duplicated_piece_is_refused(data: st.DataObject) -
     err = info.value
     assert RULE[fault.rule].matches(err), f"{fault.rule} ({fault.description}): {err}"
     assert re.search(RULE[fault.rule].pattern, str(err)), f"{fault.rule}: {err}"
-    # None only until the layout branch tags directory.py and tiling.py (the merge removes
-    # LAYOUT_RULES_PENDING in tests/unit/test_rule_ids.py; make this `err.rule == fault.rule`).
-    assert err.rule in (fault.rule, None), f"{fault.rule}: rule={err.rule!r}"
+    assert err.rule == fault.rule, f"{fault.rule}: rule={err.rule!r}"
     assert err.path is not None
     assert err.path in str(err)
     assert err.tensor is not None
@@ -127,9 +125,7 @@ def test_a_hugging_face_directory_fault_is_refused_with_the_rule_it_breaks(
     err = info.value
     assert RULE[fault.rule].matches(err), f"{fault.rule} ({fault.description}): {err}"
     assert re.search(RULE[fault.rule].pattern, str(err)), f"{fault.rule}: {err}"
-    # None only until the layout branch tags directory.py and tiling.py (the merge removes
-    # LAYOUT_RULES_PENDING in tests/unit/test_rule_ids.py; make this `err.rule == fault.rule`).
-    assert err.rule in (fault.rule, None), f"{fault.rule}: rule={err.rule!r}"
+    assert err.rule == fault.rule, f"{fault.rule}: rule={err.rule!r}"
     assert err.path is not None
     assert err.path in str(err)
     if err.tensor is not None:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import ast
-import tempfile
-import traceback
 from pathlib import Path
 from typing import cast
 
@@ -18,82 +16,13 @@ from hyperckpt.testing.rules import RULES, Rule, provoke
 PACKAGE = Path(hyperckpt.__file__).parent
 IDS = {rule.id for rule in RULES}
 
-# Rules raised from hyperckpt/_layout/directory.py and tiling.py, whose ids are added on the
-# layout branch.  The merge of that branch removes this list (every rule then carries its id).
-# index.too_big and index.not_regular are refused by _format/opener.py, with no id until
-# directory.py's read_index_text passes read_regular not_regular_rule= and over_limit_rule=.
-LAYOUT_RULES_PENDING = frozenset(
-    {
-        "dir.not_found",
-        "dir.not_directory",
-        "dir.empty",
-        "dir.pickled",
-        "dir.unknown_kind",
-        "hf.no_checkpoint",
-        "hf.single_beside_index",
-        "index.too_big",
-        "index.not_regular",
-        "index.not_utf8",
-        "index.no_weight_map",
-        "index.weight_map_not_object",
-        "index.file_not_string",
-        "index.not_plain_name",
-        "index.file_missing",
-        "index.tensor_not_in_file",
-        "index.omits_tensor",
-        "hf.tensor_in_two_files",
-        "hf.sharded_piece",
-        "sharded.index_present",
-        "sharded.no_files",
-        "sharded.no_info",
-        "sharded.info_not_object",
-        "sharded.info_missing_tensor",
-        "sharded.info_extra_tensor",
-        "sharded.info_bad_offsets",
-        "sharded.dtype_mismatch",
-        "sharded.ndim_mismatch",
-        "sharded.torch_dimension",
-        "tiling.duplicate",
-        "tiling.overlap",
-        "tiling.gap",
-        "tiling.too_complex",
-        "reader.f4_mid_byte",
-    }
-)
-_LAYOUT_MODULES = ("_layout/directory.py", "_layout/tiling.py")
 
 
-def _by_id(ids: frozenset[str]) -> list[Rule]:
-    return [rule for rule in RULES if rule.id in ids]
-
-
-@pytest.mark.parametrize(
-    "rule", [r for r in RULES if r.id not in LAYOUT_RULES_PENDING], ids=lambda r: r.id
-)
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.id)
 def test_the_error_of_each_rule_carries_its_id(rule: Rule) -> None:
     err = provoke(rule)
     assert err.rule == rule.id, f"{rule.id}: got rule={err.rule!r} for: {err}"
     assert rule.matches(err)
-
-
-def test_the_pending_rules_are_catalogued() -> None:
-    assert LAYOUT_RULES_PENDING <= IDS
-
-
-@pytest.mark.parametrize("rule", _by_id(LAYOUT_RULES_PENDING), ids=lambda r: r.id)
-def test_each_pending_rule_is_refused_by_the_layout_modules(rule: Rule) -> None:
-    """The list holds only what the layout branch tags: refusals raised in directory.py or
-    tiling.py, or in the opener with the ids directory.py hands it."""
-    with tempfile.TemporaryDirectory() as tmp, pytest.raises(CheckpointError) as caught:
-        rule.trigger(Path(tmp) / "ckpt")
-    files = [
-        frame.f_code.co_filename.replace("\\", "/")
-        for frame, _ in traceback.walk_tb(caught.value.__traceback__)
-    ]
-    raiser = files[-1]
-    if raiser.endswith("_format/opener.py"):
-        raiser = next(f for f in reversed(files) if not f.endswith("_format/opener.py"))
-    assert raiser.endswith(_LAYOUT_MODULES), f"{rule.id} is raised in {raiser}"
 
 
 def _constants(node: ast.AST | None) -> list[str]:
