@@ -22,6 +22,7 @@ from hyperckpt._broadcast.strategy import Exchange
 from hyperckpt._layout.directory import TORCH_SHARDED, CheckpointLayout, Kind
 from hyperckpt._layout.mapping import MappedLayout, MappingLike, as_mapping
 from hyperckpt._layout.mapping import Mapping as _Mapping
+from hyperckpt._planner.agreement import Failure, agree, distributed
 from hyperckpt._planner.load_planner import LoadPlanner, strided_regions
 from hyperckpt._planner.shapes import shape_mismatch
 from hyperckpt._read.dtype_policy import Conversion, DtypePolicy, check_policy, enforce
@@ -158,7 +159,7 @@ def load(
         failure = None
     except CheckpointError as err:
         failure = err
-    _agree(failure, process_group)
+    agree(failure, process_group, _refused)
     if planner is None:
         planner = LoadPlanner()
     if isinstance(planner, LoadPlanner):
@@ -168,7 +169,7 @@ def load(
             strided_regions(wanted, strided_layout=planner.strided_layout)
         except CheckpointError as err:
             failure = err
-        _agree(failure, process_group)
+        agree(failure, process_group, _refused)
     options: dict[str, Any] = dict(reader_options or {})
     options.setdefault("thread_count", thread_count)
     options.setdefault("dtype_policy", policy)
@@ -202,21 +203,21 @@ def load(
         untied = []
     stats = reader.last_stats
     own = _untied_error(layout, untied)
-    counts = _gather(
-        (
-            (stats.bytes_read, stats.bytes_needed, stats.bytes_received, stats.seconds)
-            if stats
-            else (0, 0, 0, 0.0)
+    refusal = None if own is None else CheckpointError(own, path=layout.root, tensor=untied[0])
+    counts = cast(
+        list[tuple[int, int, int, float]],
+        agree(
+            refusal,
+            process_group,
+            _refused,
+            value=(
+                (stats.bytes_read, stats.bytes_needed, stats.bytes_received, stats.seconds)
+                if stats
+                else (0, 0, 0, 0.0)
+            ),
         ),
-        own,
-        process_group,
     )
-    if own is not None:
-        raise CheckpointError(own, path=layout.root, tensor=untied[0])
-    for rank, (*_, message) in enumerate(counts):
-        if message is not None:
-            raise CheckpointError(f"rank {rank} of the load refused it: {message}")
-    seconds = tuple(float(spent) for *_, spent, _ in counts)
+    seconds = tuple(float(spent) for *_, spent in counts)
     slowest = max(range(len(seconds)), key=lambda rank: (seconds[rank], -rank))
     if len(seconds) > 1 and dist.get_rank(process_group) == 0:
         logger.info(
@@ -231,7 +232,7 @@ def load(
         tensors=len(wanted),
         bytes_read=tuple(read for read, *_ in counts),
         bytes_needed=tuple(needed for _, needed, *_ in counts),
-        bytes_received=tuple(received for _, _, received, *_ in counts),
+        bytes_received=tuple(received for _, _, received, _ in counts),
         seconds=time.perf_counter() - begin,
         skipped=tuple(skipped),
         unused=mapped.unused(state_dict),
@@ -258,10 +259,9 @@ def _validate(
     header_reads = cast(HeaderReads, reader_options.get("header_reads", "once"))
     if header_reads == "auto":
         header_reads = "once"
-    distributed = dist.is_available() and dist.is_initialized()
     described = describe(
         path,
-        process_group=(group or dist.group.WORLD) if distributed else None,
+        process_group=(group or dist.group.WORLD) if distributed() else None,
         header_reads=header_reads,
     )
     mapped = (mapping or _Mapping(())).apply(described)
@@ -300,42 +300,20 @@ def _validate(
     return described, mapped, wanted, skipped
 
 
-def _agree(failure: CheckpointError | None, group: dist.ProcessGroup | None) -> None:
-    """Raise on every rank when any rank of ``group`` failed: its own error, else the first."""
-    if not (dist.is_available() and dist.is_initialized()):
-        if failure is not None:
-            raise failure
-        return
-    messages: list[object] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(messages, None if failure is None else str(failure), group=group)
-    if failure is not None:
-        raise failure
-    for rank, message in enumerate(messages):
-        if message is not None:
-            raise CheckpointError(f"rank {rank} of the load refused it: {message}")
-
-
-def _gather(
-    counts: tuple[int, int, int, float], failure: str | None, group: dist.ProcessGroup | None
-) -> list[tuple[int, int, int, float, str | None]]:
-    """Every rank's counts (read, needed, received, seconds) and refusal, by rank."""
-    value = (*counts, failure)
-    if not (dist.is_available() and dist.is_initialized()):
-        return [value]
-    values: list[object] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(values, value, group=group)
-    return [cast(tuple[int, int, int, float, str | None], v) for v in values]
+def _refused(failure: Failure) -> CheckpointError:
+    """What the other ranks raise when ``failure.rank`` refused the load."""
+    return CheckpointError(f"rank {failure.rank} of the load refused it: {failure.message}")
 
 
 def _translate(err: CheckpointException, group: dist.ProcessGroup | None) -> CheckpointError:
     """Our error for a failed ``dcp.load``: this rank's own failure, else the first rank's."""
-    rank = dist.get_rank(group) if dist.is_available() and dist.is_initialized() else 0
+    rank = dist.get_rank(group) if distributed() else 0
     failures = err.failures
     source = rank if rank in failures else min(failures, default=rank)
     cause = failures[source][0] if source in failures else err
     text = str(cause) if source == rank else f"rank {source} of the load failed: {cause}"
     if isinstance(cause, CheckpointError):
-        return type(cause)(text, path=cause.path, tensor=cause.tensor)
+        return type(cause)(text, path=cause.path, tensor=cause.tensor, rule=cause.rule)
     return CheckpointError(f"dcp.load failed: {type(cause).__name__}: {text}")
 
 
