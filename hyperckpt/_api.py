@@ -19,6 +19,7 @@ from torch.distributed.tensor import DTensor
 
 from hyperckpt._broadcast.headers import HeaderReads, describe
 from hyperckpt._broadcast.strategy import Exchange
+from hyperckpt._format.preview import preview
 from hyperckpt._layout.directory import TORCH_SHARDED, CheckpointLayout, Kind
 from hyperckpt._layout.mapping import MappedLayout, MappingLike, as_mapping
 from hyperckpt._layout.mapping import Mapping as _Mapping
@@ -278,8 +279,8 @@ def _validate(
         unused = sorted(set(tensor_shapes) - set(state_dict))
         raise CheckpointError(
             f"{layout.root}: the checkpoint lacks {len(refused)} tensor(s) the state dict "
-            f"has: {_preview(refused)}; it holds {len(unused)} tensor(s) no state-dict key "
-            f"asks for{': ' + _preview(unused) if unused else ''}; {_key_hint(refused, unused)}"
+            f"has: {preview(refused)}; it holds {len(unused)} tensor(s) no state-dict key "
+            f"asks for{': ' + preview(unused) if unused else ''}; {_key_hint(refused, unused)}"
             f"{_mapping_hint(refused, layout)}",
             path=layout.root,
             tensor=refused[0],
@@ -345,7 +346,7 @@ def _untied_error(layout: CheckpointLayout, untied: list[str]) -> str | None:
     return (
         f"{layout.root}: {len(untied)} key(s) allowed to be missing share storage with no "
         f"loaded tensor, so they still hold whatever they held before (after to_empty(), "
-        f"uninitialised memory): {_preview(untied)}; if they are tied weights, call "
+        f"uninitialised memory): {preview(untied)}; if they are tied weights, call "
         f"model.tie_weights() after to_empty() and before taking the state dict, otherwise "
         f"the checkpoint lacks them"
     )
@@ -409,9 +410,4 @@ def _mapping_hint(refused: list[str], layout: CheckpointLayout) -> str:
 
 def _made_of(mapped: MappedLayout, name: str) -> str:
     sources = mapped.sources.get(name, (name,))
-    return "" if sources == (name,) else f" (made by the mapping from {_preview(list(sources))})"
-
-
-def _preview(names: list[str]) -> str:
-    shown = ", ".join(repr(n) for n in names[:10])
-    return shown + (f", ... ({len(names) - 10} more)" if len(names) > 10 else "")
+    return "" if sources == (name,) else f" (made by the mapping from {preview(list(sources))})"

@@ -43,6 +43,7 @@ import torch
 from torch.distributed.checkpoint.planner import LoadPlanner, ReadItem
 
 from hyperckpt._format.header import DTYPES
+from hyperckpt._format.preview import preview
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt.errors import CheckpointError
 
@@ -237,11 +238,14 @@ def enforce(
     )
     if refused:
         what = "differs from its destination's" if policy == "exact" else "would narrow to"
-        shown = "; ".join(
-            f"{(files or {}).get(name, where)}: {name!r} stored {code} -> {target}"
-            for name, code, target in refused[:10]
+        shown = preview(
+            [
+                f"{(files or {}).get(name, where)}: {name!r} stored {code} -> {target}"
+                for name, code, target in refused
+            ],
+            separator="; ",
+            quote=False,
         )
-        more = f"; ... ({len(refused) - 10} more)" if len(refused) > 10 else ""
         fix = (
             "give the destination tensors the stored dtypes"
             if policy == "exact"
@@ -251,7 +255,7 @@ def enforce(
         first = refused[0][0]
         raise CheckpointError(
             f"{where}: dtype_policy={policy!r} refuses {len(refused)} tensor(s) whose stored "
-            f"dtype {what}: {shown}{more}; {fix}, or pass dtype_policy='convert' to allow it",
+            f"dtype {what}: {shown}; {fix}, or pass dtype_policy='convert' to allow it",
             path=(files or {}).get(first),
             tensor=first,
         )
