@@ -23,6 +23,7 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 
 from hyperckpt._broadcast.schedule import ItemKey, item_key
 from hyperckpt._planner.agreement import Failure, agree
+from hyperckpt._read.dtype_policy import copy_refused, torch_name
 from hyperckpt._read.engine import LoadStats, ReadEngine, StorageInfo
 from hyperckpt.errors import CheckpointError
 
@@ -233,13 +234,14 @@ def copy_into(
     try:
         destination.copy_(source)
     except RuntimeError as err:
-        raise CheckpointError(
-            f"{info.file}: tensor {item.dest_index.fqn!r}: cannot put the stored "
-            f"{str(source.dtype).removeprefix('torch.')} {what} into the destination's "
-            f"{destination.dtype} on {destination.device}: {err}; load into a tensor of the "
-            f"stored dtype",
+        fqn = item.dest_index.fqn
+        raise copy_refused(
+            f"{info.file}: tensor {fqn!r}: cannot put the stored {torch_name(source.dtype)} "
+            f"{what} into",
+            destination,
+            err,
             path=info.file,
-            tensor=item.dest_index.fqn,
+            tensor=fqn,
         ) from err
 
 

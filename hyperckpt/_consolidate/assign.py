@@ -19,7 +19,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Final
 
-from hyperckpt._format.header import DTYPES, decode_strict_json, read_header
+from hyperckpt._format.header import DTYPES, ByteSpan, decode_strict_json, read_header
 from hyperckpt._format.preview import preview
 from hyperckpt._layout.directory import (
     INDEX_NAME,
@@ -98,7 +98,7 @@ _RANK: Final = {code: n for n, code in enumerate(_ENUM_ORDER)}
 
 
 @dataclass(frozen=True, slots=True)
-class OutputTensor:
+class OutputTensor(ByteSpan):
     """One tensor of an output file.
 
     Attributes:
@@ -114,11 +114,6 @@ class OutputTensor:
     source: TensorLayout
     start: int
     stop: int
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the tensor's data in the output."""
-        return self.stop - self.start
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,6 +58,7 @@ __all__ = [
     "check_policy",
     "conversion_lines",
     "conversions",
+    "copy_refused",
     "destination_dtype",
     "enforce",
     "is_widening",
@@ -152,6 +153,27 @@ class Conversion:
 def torch_name(dtype: torch.dtype) -> str:
     """``"float32"`` for ``torch.float32``."""
     return str(dtype).removeprefix("torch.")
+
+
+def copy_refused(
+    what: str, destination: torch.Tensor, err: RuntimeError, *, path: str, tensor: str
+) -> CheckpointError:
+    """The error for stored data torch cannot copy into its destination (dtype or device).
+
+    Args:
+        what: Where and what could not be copied, up to the destination's dtype:
+            ``"a.safetensors: tensor 'w': cannot put the stored bfloat16 rows into"``.
+        destination: The tensor the data was to go into.
+        err: torch's refusal.
+        path: The file the data comes from.
+        tensor: The tensor at fault.
+    """
+    return CheckpointError(
+        f"{what} the destination's {destination.dtype} on {destination.device}: {err}; load "
+        f"into a tensor of the stored dtype",
+        path=path,
+        tensor=tensor,
+    )
 
 
 def _same(code: str, dtype: torch.dtype) -> bool:
