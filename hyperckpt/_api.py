@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor
 from hyperckpt._broadcast.headers import HeaderReads, describe
 from hyperckpt._broadcast.strategy import Exchange
 from hyperckpt._format.preview import preview
-from hyperckpt._layout.directory import TORCH_SHARDED, CheckpointLayout, Kind
+from hyperckpt._layout.directory import CheckpointLayout, Kind
 from hyperckpt._layout.mapping import MappedLayout, MappingLike, as_mapping
 from hyperckpt._layout.mapping import Mapping as _Mapping
 from hyperckpt._planner.agreement import Failure, agree, distributed
@@ -29,7 +29,7 @@ from hyperckpt._planner.shapes import shape_mismatch
 from hyperckpt._read.dtype_policy import Conversion, DtypePolicy, check_policy, enforce
 from hyperckpt._read.dtypes import to_torch_shape
 from hyperckpt._read.tracker import ProgressCallback
-from hyperckpt._readers import HuggingFaceStorageReader, TorchShardedSafetensorsReader
+from hyperckpt._readers import reader_for
 from hyperckpt.errors import CheckpointError
 
 __all__ = ["LoadReport", "load"]
@@ -181,10 +181,7 @@ def load(
         options.setdefault("process_group", process_group)
     if mapper is not None:
         options.setdefault("mapping", mapper)
-    reader_type = (
-        TorchShardedSafetensorsReader if layout.kind == TORCH_SHARDED else HuggingFaceStorageReader
-    )
-    reader = reader_type(path, **options)
+    reader = reader_for(layout.kind)(path, **options)
     reader.described = described  # validated above: read_metadata reads no header again
     with warnings.catch_warnings():
         # One process without a process group is a supported use here, not a mistake.

@@ -40,7 +40,13 @@ from hyperckpt._broadcast.schedule import BroadcastReady, BroadcastSchedule
 from hyperckpt._broadcast.strategy import Exchange, exchange_option, plan_exchange
 from hyperckpt._broadcast.striped import load_striped
 from hyperckpt._broadcast.stripes import StripeSchedule
-from hyperckpt._layout.directory import CheckpointLayout, huggingface_layout, torch_sharded_layout
+from hyperckpt._layout.directory import (
+    TORCH_SHARDED,
+    CheckpointLayout,
+    Kind,
+    huggingface_layout,
+    torch_sharded_layout,
+)
 from hyperckpt._layout.gcpause import collector_paused
 from hyperckpt._layout.mapping import MappingLike, as_mapping
 from hyperckpt._planner.plain_call import plan_to_read
@@ -64,7 +70,12 @@ from hyperckpt._read.threads import HostShare, local_ranks, ranks_per_host
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
 from hyperckpt.errors import CheckpointError
 
-__all__ = ["HuggingFaceStorageReader", "TorchShardedSafetensorsReader", "to_metadata"]
+__all__ = [
+    "HuggingFaceStorageReader",
+    "TorchShardedSafetensorsReader",
+    "reader_for",
+    "to_metadata",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -420,6 +431,13 @@ class TorchShardedSafetensorsReader(_SafetensorsReader):
     """
 
     _describe = staticmethod(torch_sharded_layout)
+
+
+def reader_for(
+    kind: Kind | str,
+) -> type[HuggingFaceStorageReader] | type[TorchShardedSafetensorsReader]:
+    """The reader of ``kind`` of checkpoint (``"huggingface"`` or ``"torch-sharded"``)."""
+    return TorchShardedSafetensorsReader if kind == TORCH_SHARDED else HuggingFaceStorageReader
 
 
 @collector_paused()
