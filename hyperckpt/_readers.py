@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
 from hyperckpt._broadcast.costs import CostModel, choose_exchange
-from hyperckpt._broadcast.exchange import BroadcastStats, load_with_broadcast
+from hyperckpt._broadcast.exchange import BroadcastStats, load_exchanged
 from hyperckpt._broadcast.headers import (
     HeaderReads,
     check_header_reads,
@@ -38,7 +38,6 @@ from hyperckpt._broadcast.headers import (
 )
 from hyperckpt._broadcast.schedule import BroadcastReady, BroadcastSchedule
 from hyperckpt._broadcast.strategy import Exchange, exchange_option, plan_exchange
-from hyperckpt._broadcast.striped import load_striped
 from hyperckpt._broadcast.stripes import StripeSchedule
 from hyperckpt._layout.directory import (
     TORCH_SHARDED,
@@ -299,21 +298,13 @@ class _SafetensorsReader(FileSystemReader):
                 local_ranks=ranks,
             )
 
-        striped = isinstance(schedule, StripeSchedule) and exchanging
-        broadcast = isinstance(schedule, BroadcastSchedule) and schedule.rounds > 0 and exchanging
-        if striped:
-            assert isinstance(schedule, StripeSchedule)
-            self.last_stats, self.last_broadcast = load_striped(
-                plan,
-                planner,
-                schedule,
-                engine=engine,
-                storage=self.storage_data,
-                group=self._group(),
-            )
-        elif broadcast:
-            assert isinstance(schedule, BroadcastSchedule)
-            self.last_stats, self.last_broadcast = load_with_broadcast(
+        exchanged = exchanging and (
+            isinstance(schedule, StripeSchedule)
+            or (isinstance(schedule, BroadcastSchedule) and schedule.rounds > 0)
+        )
+        if exchanged:
+            assert isinstance(schedule, (BroadcastSchedule, StripeSchedule))
+            self.last_stats, self.last_broadcast = load_exchanged(
                 plan,
                 planner,
                 schedule,
@@ -324,7 +315,7 @@ class _SafetensorsReader(FileSystemReader):
         else:
             self.last_stats = engine().run(plan.items, self.storage_data, planner)
         # Slices received from other ranks are counted as they complete the load.
-        tracker.finish(complete=striped or broadcast)
+        tracker.finish(complete=exchanged)
         log_load_summary(self.last_stats)
         log_conversions(logger, self.last_conversions, rank=self._rank())
         future: Future[None] = Future()

@@ -39,12 +39,31 @@ from hyperckpt._broadcast.rounds import (
     transfer_device,
 )
 from hyperckpt._broadcast.schedule import BroadcastSchedule, ItemKey, Transfer, item_key
+from hyperckpt._broadcast.striped import load_striped
+from hyperckpt._broadcast.stripes import StripeSchedule
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.engine import LoadStats, ReadEngine, StorageInfo
 
-__all__ = ["BroadcastStats", "load_with_broadcast", "transfer_device"]
+__all__ = ["BroadcastStats", "load_exchanged", "load_with_broadcast", "transfer_device"]
 
 logger = logging.getLogger(__name__)
+
+
+def load_exchanged(
+    plan: LoadPlan,
+    planner: LoadPlanner,
+    schedule: BroadcastSchedule | StripeSchedule,
+    *,
+    engine: Callable[[], ReadEngine],
+    storage: Mapping[object, StorageInfo],
+    group: dist.ProcessGroup,
+) -> tuple[LoadStats, BroadcastStats]:
+    """Load ``plan`` through the exchange ``schedule`` is for: the striped exchange
+    (:func:`~hyperckpt._broadcast.striped.load_striped`) or the broadcast of replicated
+    slices (:func:`load_with_broadcast`); the arguments are theirs."""
+    if isinstance(schedule, StripeSchedule):
+        return load_striped(plan, planner, schedule, engine=engine, storage=storage, group=group)
+    return load_with_broadcast(plan, planner, schedule, engine=engine, storage=storage, group=group)
 
 
 def load_with_broadcast(
