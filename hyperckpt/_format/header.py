@@ -509,9 +509,21 @@ def _valid_entry(key: str, value: object) -> tuple[str, str, tuple[int, ...], in
 
 
 def _check_entry(key: str, value: object, name: str) -> tuple[str, str, tuple[int, ...], int, int]:
+    """One header entry, validated: :func:`_valid_entry`, else :func:`_checked_entry`."""
     valid = _valid_entry(key, value)
     if valid is not None:
         return valid
+    return _checked_entry(key, value, name)
+
+
+def _checked_entry(
+    key: str, value: object, name: str
+) -> tuple[str, str, tuple[int, ...], int, int]:
+    """One header entry, each rule checked in order: the entry, or the first rule it breaks.
+
+    Raises:
+        CheckpointError: Naming the file, the tensor and the rule broken.
+    """
     where = f"{name}: tensor {key!r}"
     _check_tensor_name(key, name)
     if not isinstance(value, dict):
