@@ -39,12 +39,12 @@ from hyperckpt._broadcast.rounds import (
     transfer_device,
 )
 from hyperckpt._broadcast.schedule import BroadcastSchedule, ItemKey, Transfer, item_key
-from hyperckpt._broadcast.striped import load_striped
+from hyperckpt._broadcast.striped import StripedRounds
 from hyperckpt._broadcast.stripes import StripeSchedule
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.engine import LoadStats, ReadEngine, StorageInfo
 
-__all__ = ["BroadcastStats", "load_exchanged", "load_with_broadcast", "transfer_device"]
+__all__ = ["BroadcastStats", "load_exchanged", "transfer_device"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,67 +58,40 @@ def load_exchanged(
     storage: Mapping[object, StorageInfo],
     group: dist.ProcessGroup,
 ) -> tuple[LoadStats, BroadcastStats]:
-    """Load ``plan`` through the exchange ``schedule`` is for: the striped exchange
-    (:func:`~hyperckpt._broadcast.striped.load_striped`) or the broadcast of replicated
-    slices (:func:`load_with_broadcast`); the arguments are theirs."""
-    if isinstance(schedule, StripeSchedule):
-        return load_striped(plan, planner, schedule, engine=engine, storage=storage, group=group)
-    return load_with_broadcast(plan, planner, schedule, engine=engine, storage=storage, group=group)
+    """Load ``plan`` through the exchange ``schedule`` is for: read what this rank must,
+    exchange slices, commit everything.
 
-
-def load_with_broadcast(
-    plan: LoadPlan,
-    planner: LoadPlanner,
-    schedule: BroadcastSchedule,
-    *,
-    engine: Callable[[], ReadEngine],
-    storage: Mapping[object, StorageInfo],
-    group: dist.ProcessGroup,
-) -> tuple[LoadStats, BroadcastStats]:
-    """Load ``plan``: read what this rank must, exchange shared slices, commit everything.
-
-    Every rank of ``group`` must call this at the same time with its own schedule.
-
-    Args:
-        plan: This rank's final plan.
-        planner: DCP's load planner (destinations are resolved and committed through it).
-        schedule: This rank's part of the coordinator's plan.
-        engine: Makes a fresh read engine for each round's reads.
-        storage: The checkpoint's storage info by ``MetadataIndex``.
-        group: The process group the schedule's ranks belong to.
+    Every rank of ``group`` must call this at the same time with its own schedule; the
+    arguments are :class:`~hyperckpt._broadcast.rounds.Rounds`'s.  A
+    :class:`~hyperckpt._broadcast.stripes.StripeSchedule` runs the striped exchange
+    (:mod:`hyperckpt._broadcast.striped`), a :class:`BroadcastSchedule` the broadcast of
+    replicated slices.
 
     Returns:
         The file reads (summed over rounds) and the exchange's counts.
 
     Raises:
-        CheckpointError: A rank failed to read a slice (every rank raises, the failing one
-            with its own error), or a received slice cannot go into its destination.
+        CheckpointError: A rank failed to read its share (every rank raises, the failing
+            one with its own error), or a slice cannot go into its destination.
     """
-    return _Exchange(plan, planner, schedule, engine, storage, group).run()
+    if isinstance(schedule, StripeSchedule):
+        return StripedRounds(
+            plan, planner, schedule, engine=engine, storage=storage, group=group
+        ).run()
+    return _Broadcast(plan, planner, schedule, engine=engine, storage=storage, group=group).run()
 
 
-class _Exchange(Rounds):
+class _Broadcast(Rounds[BroadcastSchedule]):
     """One rank's side of a load with broadcast."""
 
     kind = "broadcast"
     failed_to = "read its share of the replicated slices"
 
-    def __init__(
-        self,
-        plan: LoadPlan,
-        planner: LoadPlanner,
-        schedule: BroadcastSchedule,
-        engine: Callable[[], ReadEngine],
-        storage: Mapping[object, StorageInfo],
-        group: dist.ProcessGroup,
-    ) -> None:
-        super().__init__(
-            plan, planner, engine, storage, group, rank=schedule.rank, rounds=schedule.rounds
-        )
-        self.served = {slot.key for t in schedule.transfers for slot in t.slots}
-        self.plain = [item for item in plan.items if item_key(item) not in self.served]
+    def set_up(self) -> None:
+        self.served = {slot.key for t in self.schedule.transfers for slot in t.slots}
+        self.plain = [item for item in self.plan.items if item_key(item) not in self.served]
         self.by_round: dict[int, list[Transfer]] = {}
-        for transfer in schedule.transfers:
+        for transfer in self.schedule.transfers:
             self.by_round.setdefault(transfer.round, []).append(transfer)
         # Destinations resolved ahead of delivery (they double as buffers), by slice.
         self.resolved: dict[ItemKey, torch.Tensor] = {}

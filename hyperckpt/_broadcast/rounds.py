@@ -14,7 +14,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Generic, TypeVar
+from typing import ClassVar, Generic, Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -32,6 +32,19 @@ __all__ = ["BroadcastStats", "Message", "Redirect", "Rounds", "copy_into", "tran
 logger = logging.getLogger(__name__)
 
 _Key = TypeVar("_Key")
+
+
+class Schedule(Protocol):
+    """What the rounds need of a rank's schedule (broadcast or striped)."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def rounds(self) -> int: ...
+
+
+_Schedule = TypeVar("_Schedule", bound=Schedule)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,13 +91,23 @@ def transfer_device(group: dist.ProcessGroup) -> torch.device:
     return torch.device("cpu")
 
 
-class Rounds(ABC):
+class Rounds(ABC, Generic[_Schedule]):
     """One rank's side of an exchange: the same rounds, in the same order, on every rank.
 
     Each round reads (:meth:`read`, where everything that may fail before the exchange
     happens), agrees (a rank whose read failed tells every other rank before anyone waits
     for its data), sends and receives its :meth:`messages`, and delivers (:meth:`deliver`).
     A failure is raised once every round has run, since later rounds still need this rank.
+
+    Every rank of ``group`` runs its own at the same time, with its own schedule.
+
+    Args:
+        plan: This rank's final plan.
+        planner: DCP's load planner (destinations are resolved and committed through it).
+        schedule: This rank's part of the coordinator's plan.
+        engine: Makes a fresh read engine for each round's reads.
+        storage: The checkpoint's storage info by ``MetadataIndex``.
+        group: The process group the schedule's ranks belong to.
     """
 
     #: The exchange's name in messages: "broadcast", "striped".
@@ -96,20 +119,20 @@ class Rounds(ABC):
         self,
         plan: LoadPlan,
         planner: LoadPlanner,
+        schedule: _Schedule,
+        *,
         engine: Callable[[], ReadEngine],
         storage: Mapping[object, StorageInfo],
         group: dist.ProcessGroup,
-        *,
-        rank: int,
-        rounds: int,
     ) -> None:
         self.plan = plan
         self.planner = planner
+        self.schedule = schedule
         self.engine = engine
         self.storage = storage
         self.group = group
-        self.rank = rank
-        self.rounds = rounds
+        self.rank = schedule.rank
+        self.rounds = schedule.rounds
         self.device = transfer_device(group)
         self.items: dict[ItemKey, list[ReadItem]] = {}
         for item in plan.items:
@@ -117,6 +140,11 @@ class Rounds(ABC):
         #: The read requests the schedule delivers to this rank (sent or read for it).
         self.served: set[ItemKey] = set()
         self.counts = BroadcastStats()
+        self.set_up()
+
+    @abstractmethod
+    def set_up(self) -> None:
+        """Index the schedule; set :attr:`served`."""
 
     @abstractmethod
     def read(self, number: int) -> LoadStats:
@@ -135,6 +163,15 @@ class Rounds(ABC):
         return None
 
     def run(self) -> tuple[LoadStats, BroadcastStats]:
+        """Run every round.
+
+        Returns:
+            The file reads (summed over rounds) and the exchange's counts.
+
+        Raises:
+            CheckpointError: A rank failed to read (every rank raises, the failing one
+                with its own error), or a slice cannot go into its destination.
+        """
         begin = time.perf_counter()
         reads: list[LoadStats] = []
         pending: Exception | None = self._check_plan()

@@ -21,76 +21,31 @@ Buffers live on the transfer device (CUDA under NCCL, else CPU); a round holds a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-
 import torch
-import torch.distributed as dist
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import (
     LoadItemType,
-    LoadPlan,
-    LoadPlanner,
     ReadItem,
 )
 
-from hyperckpt._broadcast.rounds import BroadcastStats, Message, Redirect, Rounds, copy_into
+from hyperckpt._broadcast.rounds import Message, Redirect, Rounds, copy_into
 from hyperckpt._broadcast.schedule import ItemKey, item_key
 from hyperckpt._broadcast.stripes import StripeMessage, StripePart, StripeSchedule, StripeSlot
 from hyperckpt._read.dtypes import to_torch_dtype
-from hyperckpt._read.engine import LoadStats, ReadEngine, StorageInfo
+from hyperckpt._read.engine import LoadStats, StorageInfo
 from hyperckpt.errors import CheckpointError
 
-__all__ = ["load_striped"]
+__all__ = ["StripedRounds"]
 
 
-def load_striped(
-    plan: LoadPlan,
-    planner: LoadPlanner,
-    schedule: StripeSchedule,
-    *,
-    engine: Callable[[], ReadEngine],
-    storage: Mapping[object, StorageInfo],
-    group: dist.ProcessGroup,
-) -> tuple[LoadStats, BroadcastStats]:
-    """Load ``plan`` through the striped exchange; every rank of ``group`` calls it together.
-
-    Args:
-        plan: This rank's final plan.
-        planner: DCP's load planner (destinations are resolved and committed through it).
-        schedule: This rank's part of the coordinator's striped plan.
-        engine: Makes a fresh read engine for each round's reads.
-        storage: The checkpoint's storage info by ``MetadataIndex``.
-        group: The process group the schedule's ranks belong to.
-
-    Returns:
-        The file reads (summed over rounds) and the exchange's counts.
-
-    Raises:
-        CheckpointError: A rank failed to read its stripes (every rank raises, naming it),
-            or a box cannot go into its destination.
-    """
-    return _Striped(plan, planner, schedule, engine, storage, group).run()
-
-
-class _Striped(Rounds):
-    """One rank's side of a striped load."""
+class StripedRounds(Rounds[StripeSchedule]):
+    """One rank's side of a striped load; every rank of the group runs it together."""
 
     kind = "striped"
     failed_to = "read or deliver its stripes of the checkpoint"
 
-    def __init__(
-        self,
-        plan: LoadPlan,
-        planner: LoadPlanner,
-        schedule: StripeSchedule,
-        engine: Callable[[], ReadEngine],
-        storage: Mapping[object, StorageInfo],
-        group: dist.ProcessGroup,
-    ) -> None:
-        super().__init__(
-            plan, planner, engine, storage, group, rank=schedule.rank, rounds=schedule.rounds
-        )
-        self.schedule = schedule
+    def set_up(self) -> None:
+        schedule = self.schedule
         self.served = {
             slot.key
             for message in schedule.messages
@@ -98,7 +53,7 @@ class _Striped(Rounds):
             for slot in message.slots
         }
         # Requests of no bytes travel nowhere: the read engine resolves and commits them.
-        self.plain = [item for item in plan.items if item_key(item) not in self.served]
+        self.plain = [item for item in self.plan.items if item_key(item) not in self.served]
         self.remaining = {key: _rows(key) for key in self.served if key in self.items}
         self.resolved: dict[ItemKey, list[torch.Tensor]] = {}
         self.by_round: dict[int, list[StripeMessage]] = {}
@@ -112,10 +67,31 @@ class _Striped(Rounds):
         self.buffers: dict[int, torch.Tensor] = {}
 
     def read(self, number: int) -> LoadStats:
-        """Read the round's stripe parts and pack the message buffers other ranks need."""
+        """Read the round's stripe parts (and, in round 0, the requests of no bytes) and pack
+        the message buffers: filled for sends, empty for receipts."""
+        items = list(self.plain) if number == 0 else []
+        targets: dict[str, torch.Tensor] = {}
         self.parts, self.buffers = {}, {}
-        stats = self._read(number, self.parts)
-        self._pack(self.by_round.get(number, []), self.parts, self.buffers)
+        for index in self.parts_by_round.get(number, []):
+            part = self.schedule.parts[index]
+            info, dtype = self._chunk(*part.chunk)
+            item = _part_item(index, part, info)
+            self.parts[index] = targets[item.dest_index.fqn] = torch.empty(
+                tuple(item.lengths), dtype=dtype
+            )
+            items.append(item)
+        stats = self.engine().run(items, self.storage, Redirect(self.planner, targets, _dest_name))
+        for index, message in enumerate(self.by_round.get(number, [])):
+            if message.source == message.receiver:
+                continue
+            flat = torch.empty(message.nbytes, dtype=torch.uint8, device=self.device)
+            self.buffers[index] = flat
+            if message.source != self.rank:
+                continue
+            for slot in message.slots:
+                box = self._own(slot)
+                target = flat[slot.offset : slot.offset + slot.nbytes].view(box.dtype)
+                target.view(box.shape).copy_(box)
         return stats
 
     def messages(self, number: int) -> list[Message]:
@@ -131,7 +107,19 @@ class _Striped(Rounds):
         ]
 
     def deliver(self, number: int) -> None:
-        self._deliver(self.by_round.get(number, []), self.parts, self.buffers)
+        for index, message in enumerate(self.by_round.get(number, [])):
+            if message.receiver != self.rank:
+                continue
+            for slot in message.slots:
+                fqn, offsets, _, lengths = slot.key
+                if message.source == self.rank:
+                    source = self._own(slot)
+                else:
+                    _, dtype = self._chunk(fqn, offsets)
+                    raw = self.buffers[index][slot.offset : slot.offset + slot.nbytes]
+                    rows = (slot.rows[1] - slot.rows[0], *lengths[1:]) if lengths else ()
+                    source = raw.view(dtype).view(rows)
+                self._place(slot, source)
 
     def finish(self, reads: list[LoadStats]) -> Exception | None:
         """Read the requests of no bytes when there were no rounds; check every row arrived."""
@@ -149,71 +137,18 @@ class _Striped(Rounds):
         info = self.storage[MetadataIndex(fqn, torch.Size(offsets))]
         return info, to_torch_dtype(info.dtype)
 
-    def _read(self, number: int, parts: dict[int, torch.Tensor]) -> LoadStats:
-        """Read this round's stripe parts (and, in round 0, the requests of no bytes)."""
-        items = list(self.plain) if number == 0 else []
-        targets: dict[str, torch.Tensor] = {}
-        for index in self.parts_by_round.get(number, []):
-            part = self.schedule.parts[index]
-            info, dtype = self._chunk(*part.chunk)
-            item = _part_item(index, part, info)
-            parts[index] = targets[item.dest_index.fqn] = torch.empty(
-                tuple(item.lengths), dtype=dtype
-            )
-            items.append(item)
-        return self.engine().run(items, self.storage, Redirect(self.planner, targets, _dest_name))
-
-    def _cut(self, slot: StripeSlot, part: StripePart, data: torch.Tensor) -> torch.Tensor:
-        """The slot's box as a view of its part's buffer."""
+    def _own(self, slot: StripeSlot) -> torch.Tensor:
+        """The slot's box as a view of the buffer of this round's part it lies in."""
+        data = self.parts[slot.part]
         _, _, offsets, lengths = slot.key
         if not lengths:
             return data
-        view = data.narrow(0, slot.rows[0] - part.rows[0], slot.rows[1] - slot.rows[0])
+        first = self.schedule.parts[slot.part].rows[0]
+        view = data.narrow(0, slot.rows[0] - first, slot.rows[1] - slot.rows[0])
         for dim in range(1, len(lengths)):
             if offsets[dim] or lengths[dim] != view.shape[dim]:
                 view = view.narrow(dim, offsets[dim], lengths[dim])
         return view
-
-    def _pack(
-        self,
-        messages: Sequence[StripeMessage],
-        parts: Mapping[int, torch.Tensor],
-        buffers: dict[int, torch.Tensor],
-    ) -> None:
-        """Make the round's message buffers: filled for sends, empty for receipts."""
-        for index, message in enumerate(messages):
-            if message.source == message.receiver:
-                continue
-            flat = torch.empty(message.nbytes, dtype=torch.uint8, device=self.device)
-            buffers[index] = flat
-            if message.source != self.rank:
-                continue
-            for slot in message.slots:
-                part = self.schedule.parts[slot.part]
-                box = self._cut(slot, part, parts[slot.part])
-                target = flat[slot.offset : slot.offset + slot.nbytes].view(box.dtype)
-                target.view(box.shape).copy_(box)
-
-    def _deliver(
-        self,
-        messages: Sequence[StripeMessage],
-        parts: Mapping[int, torch.Tensor],
-        buffers: Mapping[int, torch.Tensor],
-    ) -> None:
-        for index, message in enumerate(messages):
-            if message.receiver != self.rank:
-                continue
-            for slot in message.slots:
-                fqn, offsets, _, lengths = slot.key
-                if message.source == self.rank:
-                    part = self.schedule.parts[slot.part]
-                    source = self._cut(slot, part, parts[slot.part])
-                else:
-                    _, dtype = self._chunk(fqn, offsets)
-                    raw = buffers[index][slot.offset : slot.offset + slot.nbytes]
-                    rows = (slot.rows[1] - slot.rows[0], *lengths[1:]) if lengths else ()
-                    source = raw.view(dtype).view(rows)
-                self._place(slot, source)
 
     def _place(self, slot: StripeSlot, source: torch.Tensor) -> None:
         key = slot.key
