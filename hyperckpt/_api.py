@@ -19,16 +19,18 @@ from torch.distributed.tensor import DTensor
 
 from hyperckpt._broadcast.headers import HeaderReads, describe
 from hyperckpt._broadcast.strategy import Exchange
-from hyperckpt._layout.directory import TORCH_SHARDED, CheckpointLayout, Kind
+from hyperckpt._format.preview import preview
+from hyperckpt._layout.directory import CheckpointLayout, Kind
 from hyperckpt._layout.mapping import MappedLayout, MappingLike, as_mapping
 from hyperckpt._layout.mapping import Mapping as _Mapping
 from hyperckpt._options import read_options
+from hyperckpt._planner.agreement import Failure, agree, distributed
 from hyperckpt._planner.load_planner import LoadPlanner, strided_regions
 from hyperckpt._planner.shapes import shape_mismatch
 from hyperckpt._read.dtype_policy import Conversion, DtypePolicy, check_policy, enforce
 from hyperckpt._read.dtypes import to_torch_shape
 from hyperckpt._read.tracker import ProgressCallback
-from hyperckpt._readers import HuggingFaceStorageReader, TorchShardedSafetensorsReader
+from hyperckpt._readers import reader_for
 from hyperckpt.errors import CheckpointError
 
 __all__ = ["LoadReport", "load"]
@@ -159,7 +161,7 @@ def load(
         failure = None
     except CheckpointError as err:
         failure = err
-    _agree(failure, process_group)
+    agree(failure, process_group, _refused)
     if planner is None:
         planner = LoadPlanner()
     if isinstance(planner, LoadPlanner):
@@ -169,7 +171,7 @@ def load(
             strided_regions(wanted, strided_layout=planner.strided_layout)
         except CheckpointError as err:
             failure = err
-        _agree(failure, process_group)
+        agree(failure, process_group, _refused)
     options: dict[str, Any] = dict(reader_options or {})
     options.setdefault("thread_count", thread_count)
     options.setdefault("dtype_policy", policy)
@@ -180,10 +182,7 @@ def load(
         options.setdefault("process_group", process_group)
     if mapper is not None:
         options.setdefault("mapping", mapper)
-    reader_type = (
-        TorchShardedSafetensorsReader if layout.kind == TORCH_SHARDED else HuggingFaceStorageReader
-    )
-    reader = reader_type(path, options=read_options(**options))
+    reader = reader_for(layout.kind)(path, options=read_options(**options))
     reader.described = described  # validated above: read_metadata reads no header again
     with warnings.catch_warnings():
         # One process without a process group is a supported use here, not a mistake.
@@ -203,21 +202,21 @@ def load(
         untied = []
     stats = reader.last_stats
     own = _untied_error(layout, untied)
-    counts = _gather(
-        (
-            (stats.bytes_read, stats.bytes_needed, stats.bytes_received, stats.seconds)
-            if stats
-            else (0, 0, 0, 0.0)
+    refusal = None if own is None else CheckpointError(own, path=layout.root, tensor=untied[0])
+    counts = cast(
+        list[tuple[int, int, int, float]],
+        agree(
+            refusal,
+            process_group,
+            _refused,
+            value=(
+                (stats.bytes_read, stats.bytes_needed, stats.bytes_received, stats.seconds)
+                if stats
+                else (0, 0, 0, 0.0)
+            ),
         ),
-        own,
-        process_group,
     )
-    if own is not None:
-        raise CheckpointError(own, path=layout.root, tensor=untied[0])
-    for rank, (*_, message) in enumerate(counts):
-        if message is not None:
-            raise CheckpointError(f"rank {rank} of the load refused it: {message}")
-    seconds = tuple(float(spent) for *_, spent, _ in counts)
+    seconds = tuple(float(spent) for *_, spent in counts)
     slowest = max(range(len(seconds)), key=lambda rank: (seconds[rank], -rank))
     if len(seconds) > 1 and dist.get_rank(process_group) == 0:
         logger.info(
@@ -232,7 +231,7 @@ def load(
         tensors=len(wanted),
         bytes_read=tuple(read for read, *_ in counts),
         bytes_needed=tuple(needed for _, needed, *_ in counts),
-        bytes_received=tuple(received for _, _, received, *_ in counts),
+        bytes_received=tuple(received for _, _, received, _ in counts),
         seconds=time.perf_counter() - begin,
         skipped=tuple(skipped),
         unused=mapped.unused(state_dict),
@@ -259,10 +258,9 @@ def _validate(
     header_reads = cast(HeaderReads, reader_options.get("header_reads", "once"))
     if header_reads == "auto":
         header_reads = "once"
-    distributed = dist.is_available() and dist.is_initialized()
     described = describe(
         path,
-        process_group=(group or dist.group.WORLD) if distributed else None,
+        process_group=(group or dist.group.WORLD) if distributed() else None,
         header_reads=header_reads,
     )
     mapped = (mapping or _Mapping(())).apply(described)
@@ -279,8 +277,8 @@ def _validate(
         unused = sorted(set(tensor_shapes) - set(state_dict))
         raise CheckpointError(
             f"{layout.root}: the checkpoint lacks {len(refused)} tensor(s) the state dict "
-            f"has: {_preview(refused)}; it holds {len(unused)} tensor(s) no state-dict key "
-            f"asks for{': ' + _preview(unused) if unused else ''}; {_key_hint(refused, unused)}"
+            f"has: {preview(refused)}; it holds {len(unused)} tensor(s) no state-dict key "
+            f"asks for{': ' + preview(unused) if unused else ''}; {_key_hint(refused, unused)}"
             f"{_mapping_hint(refused, layout)}",
             path=layout.root,
             tensor=refused[0],
@@ -301,38 +299,16 @@ def _validate(
     return described, mapped, wanted, skipped
 
 
-def _agree(failure: CheckpointError | None, group: dist.ProcessGroup | None) -> None:
-    """Raise on every rank when any rank of ``group`` failed: its own error, else the first."""
-    if not (dist.is_available() and dist.is_initialized()):
-        if failure is not None:
-            raise failure
-        return
-    refusals: list[object] = [None] * dist.get_world_size(group)
-    own = None if failure is None else (str(failure), failure.rule)
-    dist.all_gather_object(refusals, own, group=group)
-    if failure is not None:
-        raise failure
-    for rank, refusal in enumerate(refusals):
-        if refusal is not None:
-            message, rule = cast(tuple[str, str | None], refusal)
-            raise CheckpointError(f"rank {rank} of the load refused it: {message}", rule=rule)
-
-
-def _gather(
-    counts: tuple[int, int, int, float], failure: str | None, group: dist.ProcessGroup | None
-) -> list[tuple[int, int, int, float, str | None]]:
-    """Every rank's counts (read, needed, received, seconds) and refusal, by rank."""
-    value = (*counts, failure)
-    if not (dist.is_available() and dist.is_initialized()):
-        return [value]
-    values: list[object] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(values, value, group=group)
-    return [cast(tuple[int, int, int, float, str | None], v) for v in values]
+def _refused(failure: Failure) -> CheckpointError:
+    """What the other ranks raise when ``failure.rank`` refused the load."""
+    return CheckpointError(
+        f"rank {failure.rank} of the load refused it: {failure.message}", rule=failure.rule
+    )
 
 
 def _translate(err: CheckpointException, group: dist.ProcessGroup | None) -> CheckpointError:
     """Our error for a failed ``dcp.load``: this rank's own failure, else the first rank's."""
-    rank = dist.get_rank(group) if dist.is_available() and dist.is_initialized() else 0
+    rank = dist.get_rank(group) if distributed() else 0
     failures = err.failures
     source = rank if rank in failures else min(failures, default=rank)
     cause = failures[source][0] if source in failures else err
@@ -370,7 +346,7 @@ def _untied_error(layout: CheckpointLayout, untied: list[str]) -> str | None:
     return (
         f"{layout.root}: {len(untied)} key(s) allowed to be missing share storage with no "
         f"loaded tensor, so they still hold whatever they held before (after to_empty(), "
-        f"uninitialised memory): {_preview(untied)}; if they are tied weights, call "
+        f"uninitialised memory): {preview(untied)}; if they are tied weights, call "
         f"model.tie_weights() after to_empty() and before taking the state dict, otherwise "
         f"the checkpoint lacks them"
     )
@@ -434,9 +410,4 @@ def _mapping_hint(refused: list[str], layout: CheckpointLayout) -> str:
 
 def _made_of(mapped: MappedLayout, name: str) -> str:
     sources = mapped.sources.get(name, (name,))
-    return "" if sources == (name,) else f" (made by the mapping from {_preview(list(sources))})"
-
-
-def _preview(names: list[str]) -> str:
-    shown = ", ".join(repr(n) for n in names[:10])
-    return shown + (f", ... ({len(names) - 10} more)" if len(names) > 10 else "")
+    return "" if sources == (name,) else f" (made by the mapping from {preview(list(sources))})"

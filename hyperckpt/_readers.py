@@ -29,13 +29,18 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
 from hyperckpt._broadcast.costs import CostModel, choose_exchange
-from hyperckpt._broadcast.exchange import BroadcastStats, load_with_broadcast
+from hyperckpt._broadcast.exchange import BroadcastStats, load_exchanged
 from hyperckpt._broadcast.headers import HeaderReads, host_name, reader_layout
 from hyperckpt._broadcast.schedule import BroadcastReady, BroadcastSchedule
 from hyperckpt._broadcast.strategy import Exchange, plan_exchange
-from hyperckpt._broadcast.striped import load_striped
 from hyperckpt._broadcast.stripes import StripeSchedule
-from hyperckpt._layout.directory import CheckpointLayout, huggingface_layout, torch_sharded_layout
+from hyperckpt._layout.directory import (
+    TORCH_SHARDED,
+    CheckpointLayout,
+    Kind,
+    huggingface_layout,
+    torch_sharded_layout,
+)
 from hyperckpt._layout.gcpause import collector_paused
 from hyperckpt._layout.mapping import Mapping, MappingLike
 from hyperckpt._options import ReadOptions, options_given, read_options
@@ -53,7 +58,12 @@ from hyperckpt._read.threads import HostShare, local_ranks, ranks_per_host
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
 from hyperckpt.errors import CheckpointError
 
-__all__ = ["HuggingFaceStorageReader", "TorchShardedSafetensorsReader", "to_metadata"]
+__all__ = [
+    "HuggingFaceStorageReader",
+    "TorchShardedSafetensorsReader",
+    "reader_for",
+    "to_metadata",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -317,21 +327,13 @@ class _SafetensorsReader(FileSystemReader):
             local_ranks=local_ranks(os.environ, from_plans=shared.local_ranks if shared else None),
         )
 
-        striped = isinstance(schedule, StripeSchedule) and exchanging
-        broadcast = isinstance(schedule, BroadcastSchedule) and schedule.rounds > 0 and exchanging
-        if striped:
-            assert isinstance(schedule, StripeSchedule)
-            self.last_stats, self.last_broadcast = load_striped(
-                plan,
-                planner,
-                schedule,
-                engine=engine,
-                storage=self.storage_data,
-                group=self._group(),
-            )
-        elif broadcast:
-            assert isinstance(schedule, BroadcastSchedule)
-            self.last_stats, self.last_broadcast = load_with_broadcast(
+        exchanged = exchanging and (
+            isinstance(schedule, StripeSchedule)
+            or (isinstance(schedule, BroadcastSchedule) and schedule.rounds > 0)
+        )
+        if exchanged:
+            assert isinstance(schedule, (BroadcastSchedule, StripeSchedule))
+            self.last_stats, self.last_broadcast = load_exchanged(
                 plan,
                 planner,
                 schedule,
@@ -342,7 +344,7 @@ class _SafetensorsReader(FileSystemReader):
         else:
             self.last_stats = engine.run(plan.items, self.storage_data, planner)
         # Slices received from other ranks are counted as they complete the load.
-        tracker.finish(complete=striped or broadcast)
+        tracker.finish(complete=exchanged)
         log_load_summary(self.last_stats)
         log_conversions(logger, self.last_conversions, rank=self._rank())
         future: Future[None] = Future()
@@ -451,6 +453,13 @@ class TorchShardedSafetensorsReader(_SafetensorsReader):
     """
 
     _describe = staticmethod(torch_sharded_layout)
+
+
+def reader_for(
+    kind: Kind | str,
+) -> type[HuggingFaceStorageReader] | type[TorchShardedSafetensorsReader]:
+    """The reader of ``kind`` of checkpoint (``"huggingface"`` or ``"torch-sharded"``)."""
+    return TorchShardedSafetensorsReader if kind == TORCH_SHARDED else HuggingFaceStorageReader
 
 
 @collector_paused()

@@ -2,7 +2,7 @@
 
 The coordinator's plan (:mod:`hyperckpt._broadcast.schedule`) gives every rank a
 :class:`~hyperckpt._broadcast.schedule.BroadcastSchedule`.  ``read_data`` then runs the same rounds on
-every rank, in the same order:
+every rank, in the same order (:class:`~hyperckpt._broadcast.rounds.Rounds`):
 
 1. **read** — this rank's own slices (first round only) and the shared slices it was chosen
    to read in this round, through :class:`~hyperckpt._read.engine.ReadEngine`; shared slices land in
@@ -23,169 +23,80 @@ transfer device follows the process group: CUDA when its backend is NCCL, else C
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 
+from hyperckpt._broadcast.rounds import (
+    BroadcastStats,
+    Message,
+    Redirect,
+    Rounds,
+    copy_into,
+    transfer_device,
+)
 from hyperckpt._broadcast.schedule import BroadcastSchedule, ItemKey, Transfer, item_key
+from hyperckpt._broadcast.striped import StripedRounds
+from hyperckpt._broadcast.stripes import StripeSchedule
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.engine import LoadStats, ReadEngine, StorageInfo
-from hyperckpt.errors import CheckpointError
 
-__all__ = ["BroadcastStats", "load_with_broadcast", "transfer_device"]
+__all__ = ["BroadcastStats", "load_exchanged", "transfer_device"]
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class BroadcastStats:
-    """What one rank's exchange of replicated slices did.
-
-    Attributes:
-        rounds: Rounds run (read, agree, exchange, deliver).
-        messages_sent: Point-to-point messages sent (one per receiver of each message).
-        messages_received: Point-to-point messages received.
-        bytes_sent: Payload bytes sent, padding excluded.
-        bytes_received: Payload bytes received, padding excluded.
-    """
-
-    rounds: int = 0
-    messages_sent: int = 0
-    messages_received: int = 0
-    bytes_sent: int = 0
-    bytes_received: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class _Failure:
-    """A rank's read failure, as the other ranks hear of it."""
-
-    rank: int
-    message: str
-    path: str | None
-    rule: str | None
-
-
-def transfer_device(group: dist.ProcessGroup) -> torch.device:
-    """Where transfer buffers live: the current CUDA device for NCCL groups, else the CPU."""
-    backend = str(dist.get_backend(group)).lower()
-    if "nccl" in backend and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def load_with_broadcast(
+def load_exchanged(
     plan: LoadPlan,
     planner: LoadPlanner,
-    schedule: BroadcastSchedule,
+    schedule: BroadcastSchedule | StripeSchedule,
     *,
     engine: ReadEngine,
     storage: Mapping[object, StorageInfo],
     group: dist.ProcessGroup,
 ) -> tuple[LoadStats, BroadcastStats]:
-    """Load ``plan``: read what this rank must, exchange shared slices, commit everything.
+    """Load ``plan`` through the exchange ``schedule`` is for: read what this rank must,
+    exchange slices, commit everything.
 
-    Every rank of ``group`` must call this at the same time with its own schedule.
-
-    Args:
-        plan: This rank's final plan.
-        planner: DCP's load planner (destinations are resolved and committed through it).
-        schedule: This rank's part of the coordinator's plan.
-        engine: Reads this rank's part of every round (one engine, one ``run`` a round).
-        storage: The checkpoint's storage info by ``MetadataIndex``.
-        group: The process group the schedule's ranks belong to.
+    Every rank of ``group`` must call this at the same time with its own schedule; the
+    arguments are :class:`~hyperckpt._broadcast.rounds.Rounds`'s.  A
+    :class:`~hyperckpt._broadcast.stripes.StripeSchedule` runs the striped exchange
+    (:mod:`hyperckpt._broadcast.striped`), a :class:`BroadcastSchedule` the broadcast of
+    replicated slices.
 
     Returns:
         The file reads (summed over rounds) and the exchange's counts.
 
     Raises:
-        CheckpointError: A rank failed to read a slice (every rank raises, the failing one
-            with its own error), or a received slice cannot go into its destination.
+        CheckpointError: A rank failed to read its share (every rank raises, the failing
+            one with its own error), or a slice cannot go into its destination.
     """
-    return _Exchange(plan, planner, schedule, engine, storage, group).run()
+    if isinstance(schedule, StripeSchedule):
+        return StripedRounds(
+            plan, planner, schedule, engine=engine, storage=storage, group=group
+        ).run()
+    return _Broadcast(plan, planner, schedule, engine=engine, storage=storage, group=group).run()
 
 
-class _Exchange:
+class _Broadcast(Rounds[BroadcastSchedule]):
     """One rank's side of a load with broadcast."""
 
-    def __init__(
-        self,
-        plan: LoadPlan,
-        planner: LoadPlanner,
-        schedule: BroadcastSchedule,
-        engine: ReadEngine,
-        storage: Mapping[object, StorageInfo],
-        group: dist.ProcessGroup,
-    ) -> None:
-        self.plan = plan
-        self.planner = planner
-        self.schedule = schedule
-        self.engine = engine
-        self.storage = storage
-        self.group = group
-        self.rank = schedule.rank
-        self.device = transfer_device(group)
-        self.items: dict[ItemKey, list[ReadItem]] = {}
-        for item in plan.items:
-            self.items.setdefault(item_key(item), []).append(item)
-        shared = {slot.key for t in schedule.transfers for slot in t.slots}
-        self.plain = [item for item in plan.items if item_key(item) not in shared]
-        self.missing = sorted(shared - self.items.keys())
+    kind = "broadcast"
+    failed_to = "read its share of the replicated slices"
+
+    def set_up(self) -> None:
+        self.served = {slot.key for t in self.schedule.transfers for slot in t.slots}
+        self.plain = [item for item in self.plan.items if item_key(item) not in self.served]
         self.by_round: dict[int, list[Transfer]] = {}
-        for transfer in schedule.transfers:
+        for transfer in self.schedule.transfers:
             self.by_round.setdefault(transfer.round, []).append(transfer)
         # Destinations resolved ahead of delivery (they double as buffers), by slice.
         self.resolved: dict[ItemKey, torch.Tensor] = {}
-        self.counts = BroadcastStats()
-
-    def run(self) -> tuple[LoadStats, BroadcastStats]:
-        begin = time.perf_counter()
-        reads: list[LoadStats] = []
-        pending: Exception | None = self._check_plan()
-        for number in range(self.schedule.rounds):
-            transfers = self.by_round.get(number, [])
-            buffers: dict[int, torch.Tensor] = {}
-            if pending is None:
-                try:
-                    reads.append(self._read(number, transfers, buffers))
-                except Exception as err:  # re-raised once every rank has heard
-                    pending = err
-            self._agree(pending)
-            self._exchange(transfers, buffers)
-            try:
-                self._deliver(transfers, buffers)
-            except Exception as err:  # later rounds still need this rank
-                pending = err
-        if pending is not None:
-            raise pending
-        stats = _sum(reads)
-        stats = dataclasses.replace(
-            stats,
-            tensors=len(self.plan.items),
-            seconds=time.perf_counter() - begin,
-            bytes_received=self.counts.bytes_received,
-        )
-        counts = dataclasses.replace(self.counts, rounds=self.schedule.rounds)
-        logger.debug("hyperckpt broadcast on rank %d: %s, %s", self.rank, stats, counts)
-        return stats, counts
-
-    def _check_plan(self) -> CheckpointError | None:
-        if not self.missing:
-            return None
-        fqn = self.missing[0][0]
-        return CheckpointError(
-            f"{fqn}: the broadcast plan expects rank {self.rank} to hold {len(self.missing)} "
-            f"read request(s) its final load plan lacks; the load planner changed the plan "
-            f"after global planning: load with exchange='off'",
-            tensor=fqn,
-        )
+        # The round's message buffers (sent and received), by index in the round.
+        self.buffers: dict[int, torch.Tensor] = {}
 
     def _info(self, key: ItemKey) -> tuple[ReadItem, StorageInfo, torch.dtype]:
         item = self.items[key][0]
@@ -216,156 +127,45 @@ class _Exchange:
             views[slot.key] = part.view(dtype).view(tuple(item.lengths))
         return flat, views
 
-    def _read(
-        self, number: int, transfers: Sequence[Transfer], buffers: dict[int, torch.Tensor]
-    ) -> LoadStats:
+    def read(self, number: int) -> LoadStats:
         """Make the round's buffers (sent and received) and read what this rank sends.
 
         Everything that may fail happens here, before the ranks agree to exchange.
         """
         targets: dict[ItemKey, torch.Tensor] = {}
         items = list(self.plain) if number == 0 else []
-        for index, transfer in enumerate(transfers):
-            buffers[index], views = self._buffer(transfer)
+        self.buffers = {}
+        for index, transfer in enumerate(self.by_round.get(number, [])):
+            self.buffers[index], views = self._buffer(transfer)
             if transfer.source == self.rank:
                 targets.update(views)
                 items.extend(self.items[slot.key][0] for slot in transfer.slots)
-        return self.engine.run(items, self.storage, _Redirect(self.planner, targets))
+        return self.engine.run(items, self.storage, Redirect(self.planner, targets, item_key))
 
-    def _agree(self, error: Exception | None) -> None:
-        status = None
-        if error is not None:
-            status = _Failure(
-                self.rank, str(error), getattr(error, "path", None), getattr(error, "rule", None)
+    def messages(self, number: int) -> list[Message]:
+        return [
+            Message(
+                self.buffers[index],
+                transfer.source,
+                transfer.receivers,
+                sum(slot.nbytes for slot in transfer.slots),
             )
-        gathered: list[object] = [None] * self.schedule.world_size
-        dist.all_gather_object(gathered, status, group=self.group)
-        failures = [f for f in gathered if isinstance(f, _Failure)]
-        if not failures:
-            return
-        if error is not None:
-            raise error
-        first = failures[0]
-        raise CheckpointError(
-            f"rank {first.rank} failed to read its share of the replicated slices, so every "
-            f"rank stops: {first.message}",
-            path=first.path,
-            rule=first.rule,
-        )
+            for index, transfer in enumerate(self.by_round.get(number, []))
+        ]
 
-    def _exchange(self, transfers: Sequence[Transfer], buffers: dict[int, torch.Tensor]) -> None:
-        ops: list[dist.P2POp] = []
-        sent = received = sent_bytes = received_bytes = 0
-        for index, transfer in enumerate(transfers):
-            payload = sum(slot.nbytes for slot in transfer.slots)
-            if transfer.source == self.rank:
-                for peer in transfer.receivers:
-                    ops.append(
-                        dist.P2POp(dist.isend, buffers[index], group=self.group, group_peer=peer)
-                    )
-                sent += len(transfer.receivers)
-                sent_bytes += payload * len(transfer.receivers)
-            else:
-                ops.append(
-                    dist.P2POp(
-                        dist.irecv, buffers[index], group=self.group, group_peer=transfer.source
-                    )
-                )
-                received += 1
-                received_bytes += payload
-        if ops:
-            for work in dist.batch_isend_irecv(ops):
-                work.wait()
-        c = self.counts
-        self.counts = dataclasses.replace(
-            c,
-            messages_sent=c.messages_sent + sent,
-            messages_received=c.messages_received + received,
-            bytes_sent=c.bytes_sent + sent_bytes,
-            bytes_received=c.bytes_received + received_bytes,
-        )
-
-    def _deliver(self, transfers: Sequence[Transfer], buffers: dict[int, torch.Tensor]) -> None:
-        for index, transfer in enumerate(transfers):
-            flat = buffers[index]
+    def deliver(self, number: int) -> None:
+        for index, transfer in enumerate(self.by_round.get(number, [])):
+            flat = self.buffers[index]
             for slot in transfer.slots:
                 item, info, dtype = self._info(slot.key)
                 raw = (
                     flat if not transfer.batched else flat[slot.offset : slot.offset + slot.nbytes]
                 )
                 source = raw.view(dtype).view(tuple(item.lengths))
-                for number, each in enumerate(self.items[slot.key]):
-                    if number == 0 and slot.key in self.resolved:
+                for nth, each in enumerate(self.items[slot.key]):
+                    if nth == 0 and slot.key in self.resolved:
                         destination = self.resolved.pop(slot.key)
                     else:
                         destination = self.planner.resolve_tensor(each).detach()
-                    _copy(destination, source, each, info)
+                    copy_into(destination, source, each, info, "slice")
                     self.planner.commit_tensor(each, destination)
-
-
-def _copy(
-    destination: torch.Tensor, source: torch.Tensor, item: ReadItem, info: StorageInfo
-) -> None:
-    if (
-        destination.data_ptr() == source.data_ptr()
-        and destination.dtype == source.dtype
-        and destination.stride() == source.stride()
-    ):
-        return  # received or read in place
-    try:
-        destination.copy_(source)
-    except RuntimeError as err:
-        raise CheckpointError(
-            f"{info.file}: tensor {item.dest_index.fqn!r}: cannot put the stored "
-            f"{str(source.dtype).removeprefix('torch.')} slice into the destination's "
-            f"{destination.dtype} on {destination.device}: {err}; load into a tensor of the "
-            f"stored dtype",
-            path=info.file,
-            tensor=item.dest_index.fqn,
-        ) from err
-
-
-def _sum(reads: Sequence[LoadStats]) -> LoadStats:
-    """The rounds' read statistics together: counts add up, peaks (``*_peak``) do not."""
-    totals = {}
-    for field in dataclasses.fields(LoadStats):
-        values = [getattr(stats, field.name) for stats in reads]
-        peak = field.name.endswith("_peak") or field.name == "threads"
-        totals[field.name] = max(values, default=0) if peak else sum(values)
-    return LoadStats(**totals)
-
-
-class _Redirect(LoadPlanner):
-    """The planner the read engine sees: shared slices land in their send buffers.
-
-    Their commits wait until delivery; every other read item goes to DCP's planner as is.
-    """
-
-    def __init__(self, planner: LoadPlanner, targets: Mapping[ItemKey, torch.Tensor]) -> None:
-        self._planner = planner
-        self._targets = targets
-
-    def resolve_tensor(self, read_item: ReadItem) -> torch.Tensor:
-        target = self._targets.get(item_key(read_item))
-        return self._planner.resolve_tensor(read_item) if target is None else target
-
-    def commit_tensor(self, read_item: ReadItem, tensor: torch.Tensor) -> None:
-        if item_key(read_item) not in self._targets:
-            self._planner.commit_tensor(read_item, tensor)
-
-    def set_up_planner(
-        self, state_dict: object, metadata: Metadata | None = None, is_coordinator: bool = False
-    ) -> None:
-        raise NotImplementedError
-
-    def create_local_plan(self) -> LoadPlan:
-        raise NotImplementedError
-
-    def create_global_plan(self, global_plan: list[LoadPlan]) -> list[LoadPlan]:
-        raise NotImplementedError
-
-    def finish_plan(self, central_plan: LoadPlan) -> LoadPlan:
-        raise NotImplementedError
-
-    def load_bytes(self, read_item: ReadItem, value: object) -> None:
-        raise NotImplementedError

@@ -11,8 +11,9 @@ mtime, ctime, inode), so a rank that sees other files (another mount, a copy, a 
 replaced meanwhile) refuses instead of loading bytes that do not match the headers.
 
 Failures reach every rank: a refused checkpoint travels as its error text instead of the
-layout, and the ``stat`` comparison ends with a small all-gather, so every rank raises the
-same message (naming the file and the rank where it differs) and none waits forever.
+layout, and the ``stat`` comparison ends with :func:`~hyperckpt._planner.agreement.agree`, so
+every rank raises the message naming the file and the rank where it differs (a second rank that
+differs too raises its own) and none waits forever.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import os
 import socket
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, MappingProxyType
 from typing import Literal, cast
@@ -32,6 +32,7 @@ import torch.distributed as dist
 from hyperckpt._format.header import FileHeader, FileStamp, TensorEntry
 from hyperckpt._layout.directory import CheckpointLayout, Piece, TensorLayout
 from hyperckpt._layout.directory import describe as describe_locally
+from hyperckpt._planner.agreement import Failure, agree
 from hyperckpt.errors import CheckpointChangedError, CheckpointError, CheckpointNotFoundError
 
 __all__ = [
@@ -70,18 +71,6 @@ def check_header_reads(value: str) -> None:
     """Refuse an unknown ``header_reads`` option, listing the allowed ones."""
     if value not in HEADER_READS:
         raise ValueError(f"header_reads must be one of {', '.join(HEADER_READS)}; got {value!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class _Refusal:
-    """A failure as the other ranks hear of it: the error's type, text and facts."""
-
-    rank: int
-    kind: str
-    message: str
-    path: str | None
-    tensor: str | None
-    rule: str | None
 
 
 # The encoded layout: plain tuples, dicts and strings (picklable, compact, versionless).
@@ -292,7 +281,7 @@ def shared_layout(
             payload[0] = encode_layout(described)
         except Exception as err:  # re-raised here once the other ranks have the text
             own_error = err
-            payload[0] = _refusal(rank, err)
+            payload[0] = Failure.of(rank, err)
     if per_host:
         if rank == leader:
             for member in members[1:]:
@@ -304,21 +293,17 @@ def shared_layout(
     if own_error is not None:
         raise own_error
     received = payload[0]
-    if isinstance(received, _Refusal):
+    if isinstance(received, Failure):
         raise _rebuild(received)
     encoded = cast(_Encoded, received)
-    problem: _Refusal | None = None
+    problem: CheckpointError | None = None
     layout: CheckpointLayout | None = described
     if rank != leader:
         try:
             layout = _with_own_stamps(decode_layout(encoded, _local_root(path, encoded)), rank)
         except CheckpointError as err:
-            problem = _refusal(rank, err)
-    statuses: list[object] = [None] * size
-    dist.all_gather_object(statuses, problem, group=group)
-    refusals = [s for s in statuses if isinstance(s, _Refusal)]
-    if refusals:
-        raise _rebuild(refusals[0])
+            problem = err
+    agree(problem, group, _rebuild)
     assert layout is not None, "a rank without a layout reported a problem"
     logger.debug(
         "hyperckpt: rank %d of %d got the layout of %d files from rank %d",
@@ -388,29 +373,13 @@ def _differences(then: FileStamp, now: FileStamp) -> list[str]:
     return [f"{field} {a} there, {b} here" for field, a, b in fields if a != b]
 
 
-def _refusal(rank: int, err: BaseException) -> _Refusal:
-    return _Refusal(
-        rank,
-        type(err).__name__,
-        str(err),
-        getattr(err, "path", None),
-        getattr(err, "tensor", None),
-        getattr(err, "rule", None),
-    )
-
-
-def _rebuild(refusal: _Refusal) -> CheckpointError:
-    """The error every rank raises for a refusal heard from ``refusal.rank``."""
-    kinds: dict[str, type[CheckpointError]] = {
-        "CheckpointNotFoundError": CheckpointNotFoundError,
-        "CheckpointChangedError": CheckpointChangedError,
-        "CheckpointError": CheckpointError,
-    }
-    kind = kinds.get(refusal.kind)
+def _rebuild(failure: Failure) -> CheckpointError:
+    """The error every other rank raises for a failure heard from ``failure.rank``."""
+    kind = failure.checkpoint_type
     if kind is None:
         return CheckpointError(
-            f"rank {refusal.rank} failed to read the checkpoint's headers "
-            f"({refusal.kind}): {refusal.message}",
-            path=refusal.path,
+            f"rank {failure.rank} failed to read the checkpoint's headers "
+            f"({failure.kind}): {failure.message}",
+            path=failure.path,
         )
-    return kind(refusal.message, path=refusal.path, tensor=refusal.tensor, rule=refusal.rule)
+    return kind(failure.message, path=failure.path, tensor=failure.tensor, rule=failure.rule)

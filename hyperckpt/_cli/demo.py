@@ -37,7 +37,7 @@ from hyperckpt._cli.dryrun import placements_for
 from hyperckpt._cli.spawn import spawn_ranks
 from hyperckpt._layout.directory import Piece
 from hyperckpt._planner.regions import local_regions
-from hyperckpt._readers import HuggingFaceStorageReader, TorchShardedSafetensorsReader
+from hyperckpt._readers import reader_for
 
 __all__ = ["LAYOUTS", "DemoReport", "DemoRow", "format_report", "run_demo", "write_sample"]
 
@@ -442,11 +442,8 @@ def _load(
 ) -> _Case:
     for tensor in state.values():
         tensor.to_local().fill_(float("nan"))
-    reader_type = (
-        HuggingFaceStorageReader if checkpoint == "huggingface" else TorchShardedSafetensorsReader
-    )
     # On one host the readers broadcast replicated slices only when told to.
-    reader: StorageReader = reader_type(
+    reader: StorageReader = reader_for(checkpoint)(
         path, exchange="replicated" if layout == "hsdp-broadcast" else "auto"
     )
     if layout == "fsdp-tp-torch":

@@ -19,7 +19,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Final
 
-from hyperckpt._format.header import DTYPES, decode_strict_json, read_header
+from hyperckpt._format.header import DTYPES, ByteSpan, decode_strict_json, read_header
+from hyperckpt._format.preview import preview
 from hyperckpt._layout.directory import (
     INDEX_NAME,
     SINGLE_FILE_NAME,
@@ -97,7 +98,7 @@ _RANK: Final = {code: n for n, code in enumerate(_ENUM_ORDER)}
 
 
 @dataclass(frozen=True, slots=True)
-class OutputTensor:
+class OutputTensor(ByteSpan):
     """One tensor of an output file.
 
     Attributes:
@@ -113,11 +114,6 @@ class OutputTensor:
     source: TensorLayout
     start: int
     stop: int
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the tensor's data in the output."""
-        return self.stop - self.start
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,19 +412,14 @@ def _check_like(tensors: Mapping[str, TensorLayout], weight_map: Mapping[str, st
     if lacking:
         raise CheckpointError(
             f"the like checkpoint has no file for {len(lacking)} tensor(s) of the input: "
-            f"{_preview(lacking)}; it is another model, or drop like= to choose files by size",
+            f"{preview(lacking, 5)}; it is another model, or drop like= to choose files by size",
             tensor=lacking[0],
         )
     extra = sorted(set(weight_map) - set(tensors))
     if extra:
         raise CheckpointError(
             f"the like checkpoint names {len(extra)} tensor(s) the input lacks: "
-            f"{_preview(extra)}; the output would not load as that model (a tied weight "
+            f"{preview(extra, 5)}; the output would not load as that model (a tied weight "
             f"saved separately, or another model)",
             tensor=extra[0],
         )
-
-
-def _preview(names: list[str]) -> str:
-    shown = ", ".join(repr(n) for n in names[:5])
-    return shown + (f", ... ({len(names) - 5} more)" if len(names) > 5 else "")

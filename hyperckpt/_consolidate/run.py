@@ -29,8 +29,9 @@ from hyperckpt._consolidate.write import (
     write_files,
 )
 from hyperckpt._layout.directory import INDEX_NAME, CheckpointLayout, torch_sharded_layout
+from hyperckpt._planner.agreement import Failure, agree, distributed
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
-from hyperckpt.errors import CheckpointChangedError, CheckpointError, CheckpointNotFoundError
+from hyperckpt.errors import CheckpointError
 
 __all__ = ["MARKER_NAME", "ConsolidateReport", "consolidate"]
 
@@ -133,9 +134,9 @@ def consolidate(
         OSError: The output cannot be written.
     """
     begin = time.perf_counter()
-    group = process_group if _distributed() else None
-    rank = dist.get_rank(group) if _distributed() else 0
-    world = dist.get_world_size(group) if _distributed() else 1
+    group = process_group if distributed() else None
+    rank = dist.get_rank(group) if distributed() else 0
+    world = dist.get_world_size(group) if distributed() else 1
     out = Path(output)
     layout: CheckpointLayout | None = None
     plan: OutputPlan | None = None
@@ -163,7 +164,7 @@ def consolidate(
         _check_places(Path(source), out)
     except _FAILURES as err:
         failure = err
-    _agree(failure, group)
+    agree(failure, group, _failed)
     assert layout is not None
     assert plan is not None
     if rank == 0:
@@ -171,7 +172,7 @@ def consolidate(
             _prepare(out, Path(source), overwrite=overwrite)
         except _FAILURES as err:
             failure = err
-    _agree(failure, group)
+    agree(failure, group, _failed)
 
     owners = assign_ranks(plan.files, world)
     mine = [file for file, owner in zip(plan.files, owners, strict=True) if owner == rank]
@@ -188,14 +189,17 @@ def consolidate(
         tracker.finish()
     except _FAILURES as err:
         failure = err
-    _agree(failure, group)
+    agree(failure, group, _failed)
     if rank == 0:
         try:
             _commit(out, plan)
         except _FAILURES as err:
             failure = err
-    _agree(failure, group)
-    written = _gather((sum(f.size for f in mine), staged), group)
+    agree(failure, group, _failed)
+    written = cast(
+        list[tuple[int, int]],
+        agree(None, group, _failed, value=(sum(f.size for f in mine), staged)),
+    )
     report = ConsolidateReport(
         output=str(out),
         files=tuple(f.name for f in plan.files),
@@ -216,10 +220,6 @@ def consolidate(
         report.seconds,
     )
     return report
-
-
-def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized()
 
 
 def _check_places(source: Path, out: Path) -> None:
@@ -285,42 +285,14 @@ def _sync_directory(path: Path) -> None:
         os.close(fd)
 
 
-def _agree(failure: BaseException | None, group: dist.ProcessGroup | None) -> None:
-    """Raise on every rank when any rank failed: its own error, else the first failure."""
-    if not _distributed():
-        if failure is not None:
-            raise failure
-        return
-    own = (
-        None
-        if failure is None
-        else (type(failure).__name__, str(failure), getattr(failure, "rule", None))
-    )
-    found: list[object] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(found, own, group=group)
-    if failure is not None:
-        raise failure
-    for rank, item in enumerate(found):
-        if item is None:
-            continue
-        kind, message, rule = cast(tuple[str, str, str | None], item)
-        text = f"rank {rank} of the consolidation failed ({kind}): {message}"
-        if kind == CheckpointChangedError.__name__:
-            raise CheckpointChangedError(text, rule=rule)
-        if kind == CheckpointNotFoundError.__name__:
-            raise CheckpointNotFoundError(text, rule=rule)
-        if kind == CheckpointError.__name__:
-            raise CheckpointError(text, rule=rule)
-        if kind == "ValueError":
-            raise ValueError(text)
-        if kind == "RuntimeError":
-            raise RuntimeError(text)
-        raise OSError(text)
-
-
-def _gather(value: tuple[int, int], group: dist.ProcessGroup | None) -> list[tuple[int, int]]:
-    if not _distributed():
-        return [value]
-    values: list[object] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(values, value, group=group)
-    return [cast(tuple[int, int], v) for v in values]
+def _failed(failure: Failure) -> Exception:
+    """What the other ranks raise when ``failure.rank`` failed: an error of the same kind."""
+    text = f"rank {failure.rank} of the consolidation failed ({failure.kind}): {failure.message}"
+    kind = failure.checkpoint_type
+    if kind is not None:
+        return kind(text, rule=failure.rule)
+    if failure.kind == "ValueError":
+        return ValueError(text)
+    if failure.kind == "RuntimeError":
+        return RuntimeError(text)
+    return OSError(text)

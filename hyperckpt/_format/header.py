@@ -22,6 +22,8 @@ from hyperckpt.errors import CheckpointError
 __all__ = [
     "DTYPES",
     "MAX_HEADER_LENGTH",
+    "MAX_TORCH_SIZE",
+    "ByteSpan",
     "DtypeInfo",
     "FileHeader",
     "FileStamp",
@@ -37,7 +39,9 @@ __all__ = [
 MAX_HEADER_LENGTH = 100_000_000
 _LENGTH_PREFIX = 8
 _MAX_ELEMENT_BITS = 2**64  # the reference computes elements x bits in 64-bit arithmetic
-_MAX_TORCH_SIZE = 2**63  # torch sizes are int64: a zero-size tensor could claim more
+#: Every dimension and size is below this: torch sizes are int64 (a zero-size tensor could
+#: claim more).
+MAX_TORCH_SIZE = 2**63
 METADATA_KEY = "__metadata__"
 _ENTRY_KEYS = frozenset({"dtype", "shape", "data_offsets"})
 
@@ -118,8 +122,24 @@ class FileStamp:
         return cls(st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_ctime_ns)
 
 
+class ByteSpan:
+    """What a value with a half-open byte range ``[start, stop)`` knows of it: its length.
+
+    Subclasses are frozen dataclasses with ``start`` and ``stop`` fields.
+    """
+
+    __slots__ = ()
+    start: int
+    stop: int
+
+    @property
+    def nbytes(self) -> int:
+        """Length of the data in bytes."""
+        return self.stop - self.start
+
+
 @dataclass(frozen=True, slots=True)
-class TensorEntry:
+class TensorEntry(ByteSpan):
     """One tensor in a safetensors file.
 
     Attributes:
@@ -135,11 +155,6 @@ class TensorEntry:
     shape: tuple[int, ...]
     start: int
     stop: int
-
-    @property
-    def nbytes(self) -> int:
-        """Length of the data in bytes."""
-        return self.stop - self.start
 
 
 @dataclass(frozen=True, slots=True)
@@ -518,7 +533,7 @@ def _valid_entry(key: str, value: object) -> tuple[str, str, tuple[int, ...], in
     if bits is None or len(offsets) != 2:
         return None
     for size in shape:
-        if type(size) is not int or not 0 <= size < _MAX_TORCH_SIZE:
+        if type(size) is not int or not 0 <= size < MAX_TORCH_SIZE:
             return None
         bits *= size
     begin, end = offsets
@@ -539,9 +554,21 @@ def _valid_entry(key: str, value: object) -> tuple[str, str, tuple[int, ...], in
 
 
 def _check_entry(key: str, value: object, name: str) -> tuple[str, str, tuple[int, ...], int, int]:
+    """One header entry, validated: :func:`_valid_entry`, else :func:`_checked_entry`."""
     valid = _valid_entry(key, value)
     if valid is not None:
         return valid
+    return _checked_entry(key, value, name)
+
+
+def _checked_entry(
+    key: str, value: object, name: str
+) -> tuple[str, str, tuple[int, ...], int, int]:
+    """One header entry, each rule checked in order: the entry, or the first rule it breaks.
+
+    Raises:
+        CheckpointError: Naming the file, the tensor and the rule broken.
+    """
     where = f"{name}: tensor {key!r}"
     _check_tensor_name(key, name)
     if not isinstance(value, dict):
@@ -601,7 +628,7 @@ def _check_entry(key: str, value: object, name: str) -> tuple[str, str, tuple[in
             tensor=key,
             rule="size.overflow",
         )
-    if any(size >= _MAX_TORCH_SIZE for size in shape):
+    if any(size >= MAX_TORCH_SIZE for size in shape):
         raise CheckpointError(
             f"{where}: shape {list(shape)} has a dimension of 2**63 or more, beyond torch's "
             f"signed 64-bit sizes (only possible in a tensor with no elements); the header is "

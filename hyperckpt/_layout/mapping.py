@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final, Protocol, TypeAlias
 
+from hyperckpt._format.preview import preview
 from hyperckpt._layout import tiling
 from hyperckpt._layout.directory import CheckpointLayout, Piece, TensorLayout
 from hyperckpt.errors import CheckpointError
@@ -217,7 +218,7 @@ class Rename(_NameRule):
                 for pattern, _, old in self._patterns
                 if not any(pattern.fullmatch(name) for name in tensors)
             ]
-            notes = [f"Rename: not in the checkpoint: {_preview(absent + idle)}"]
+            notes = [f"Rename: not in the checkpoint: {preview(absent + idle, _SHOWN)}"]
             notes = notes if absent or idle else []
         return out, notes
 
@@ -435,7 +436,7 @@ class Fuse:
                     raise CheckpointError(
                         f"mapping rule {self.describe()}: destination {name!r} needs source "
                         f"{source!r}, which is not in the checkpoint (of its sources only "
-                        f"{_preview(present)} are, in {file}); the mapping belongs to another "
+                        f"{preview(present, _SHOWN)} are, in {file}); the mapping belongs to another "
                         f"model, or the checkpoint is incomplete",
                         path=file,
                         tensor=name,
@@ -680,18 +681,13 @@ def _renamed(layout: TensorLayout, name: str) -> TensorLayout:
 def _collision(rule: str, name: str, first: _Tensor, second: _Tensor) -> CheckpointError:
     return CheckpointError(
         f"mapping rule {rule}: two tensors end up named {name!r}: one from checkpoint "
-        f"tensor(s) {_preview(list(first.sources))}, one from {_preview(list(second.sources))} "
+        f"tensor(s) {preview(first.sources, _SHOWN)}, one from {preview(second.sources, _SHOWN)} "
         f"(in {second.layout.pieces[0].file}); "
         f"each destination must come from one place (a rename too broad, or a prefix twice?)",
         path=second.layout.pieces[0].file,
         tensor=name,
         rule="mapping.collision",
     )
-
-
-def _preview(names: list[str]) -> str:
-    shown = ", ".join(repr(n) for n in names[:_SHOWN])
-    return shown + (f", ... ({len(names) - _SHOWN} more)" if len(names) > _SHOWN else "")
 
 
 def _ranges(values: list[int]) -> str:

@@ -30,6 +30,7 @@ from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadat
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from torch.distributed.checkpoint.planner import LoadPlanner as DcpLoadPlanner
 
+from hyperckpt._planner import agreement
 from hyperckpt._planner.load_planner import LoadPlanner, _read_items, strided_regions
 from hyperckpt.errors import CheckpointError
 
@@ -168,7 +169,7 @@ def replan(plan: LoadPlan, planner: DcpLoadPlanner, metadata: Metadata) -> Repla
 def agree(outcome: Replanned | CheckpointError, group: dist.ProcessGroup, world_size: int) -> bool:
     """Share every rank's outcome of :func:`replan`; raise on every rank if one refused.
 
-    Every rank of ``group`` must call this at the same time.
+    Every rank of ``group`` (``world_size`` ranks) must call this at the same time.
 
     Returns:
         Whether some rank's plan changed (its broadcast schedule is then stale everywhere).
@@ -176,24 +177,20 @@ def agree(outcome: Replanned | CheckpointError, group: dist.ProcessGroup, world_
     Raises:
         CheckpointError: Some rank refused: this rank's own error, else the first one's.
     """
-    status: tuple[str, str | None, str | None] | bool = (
-        (str(outcome), outcome.tensor, outcome.rule)
-        if isinstance(outcome, CheckpointError)
-        else bool(outcome.tensors)
-    )
-    gathered: list[object] = [None] * world_size
-    dist.all_gather_object(gathered, status, group=group)
-    if isinstance(outcome, CheckpointError):
-        raise outcome
-    for rank, other in enumerate(gathered):
-        if isinstance(other, tuple):
-            message, tensor, rule = other
-            raise CheckpointError(
-                f"rank {rank} refused the load before any rank read a byte: {message}",
-                tensor=tensor,
-                rule=rule,
-            )
+    refused = outcome if isinstance(outcome, CheckpointError) else None
+    changed = not isinstance(outcome, CheckpointError) and bool(outcome.tensors)
+    gathered = agreement.agree(refused, group, _refused, value=changed)
+    assert len(gathered) == world_size, "every rank of the group agrees"
     return any(other is True for other in gathered)
+
+
+def _refused(failure: agreement.Failure) -> CheckpointError:
+    """What the other ranks raise when ``failure.rank`` refused to re-plan."""
+    return CheckpointError(
+        f"rank {failure.rank} refused the load before any rank read a byte: {failure.message}",
+        tensor=failure.tensor,
+        rule=failure.rule,
+    )
 
 
 def _boxes(items: list[ReadItem]) -> set[tuple[object, ...]]:

@@ -43,6 +43,7 @@ import torch
 from torch.distributed.checkpoint.planner import LoadPlanner, ReadItem
 
 from hyperckpt._format.header import DTYPES
+from hyperckpt._format.preview import preview
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt.errors import CheckpointError
 
@@ -57,6 +58,7 @@ __all__ = [
     "check_policy",
     "conversion_lines",
     "conversions",
+    "copy_refused",
     "destination_dtype",
     "enforce",
     "is_widening",
@@ -153,6 +155,27 @@ def torch_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def copy_refused(
+    what: str, destination: torch.Tensor, err: RuntimeError, *, path: str, tensor: str
+) -> CheckpointError:
+    """The error for stored data torch cannot copy into its destination (dtype or device).
+
+    Args:
+        what: Where and what could not be copied, up to the destination's dtype:
+            ``"a.safetensors: tensor 'w': cannot put the stored bfloat16 rows into"``.
+        destination: The tensor the data was to go into.
+        err: torch's refusal.
+        path: The file the data comes from.
+        tensor: The tensor at fault.
+    """
+    return CheckpointError(
+        f"{what} the destination's {destination.dtype} on {destination.device}: {err}; load "
+        f"into a tensor of the stored dtype",
+        path=path,
+        tensor=tensor,
+    )
+
+
 def _same(code: str, dtype: torch.dtype) -> bool:
     return DTYPES[code].torch_name == torch_name(dtype)
 
@@ -237,11 +260,14 @@ def enforce(
     )
     if refused:
         what = "differs from its destination's" if policy == "exact" else "would narrow to"
-        shown = "; ".join(
-            f"{(files or {}).get(name, where)}: {name!r} stored {code} -> {target}"
-            for name, code, target in refused[:10]
+        shown = preview(
+            [
+                f"{(files or {}).get(name, where)}: {name!r} stored {code} -> {target}"
+                for name, code, target in refused
+            ],
+            separator="; ",
+            quote=False,
         )
-        more = f"; ... ({len(refused) - 10} more)" if len(refused) > 10 else ""
         fix = (
             "give the destination tensors the stored dtypes"
             if policy == "exact"
@@ -251,7 +277,7 @@ def enforce(
         first = refused[0][0]
         raise CheckpointError(
             f"{where}: dtype_policy={policy!r} refuses {len(refused)} tensor(s) whose stored "
-            f"dtype {what}: {shown}{more}; {fix}, or pass dtype_policy='convert' to allow it",
+            f"dtype {what}: {shown}; {fix}, or pass dtype_policy='convert' to allow it",
             path=(files or {}).get(first),
             tensor=first,
         )

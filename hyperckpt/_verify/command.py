@@ -6,6 +6,7 @@ import argparse
 from collections import defaultdict
 from typing import Any, Final
 
+from hyperckpt._format.preview import preview
 from hyperckpt._read.progress import format_bytes
 from hyperckpt._read.tracker import ProgressLine
 from hyperckpt._verify.checksums import write_checksums
@@ -171,9 +172,8 @@ def print_report(report: VerifyReport, *, allow_nonfinite: bool, written: str | 
             print(f"  ... ({len(bad) - _SHOWN} more)")
     zeros = report.all_zero
     if zeros:
-        names = ", ".join(t.name for t in zeros[:_SHOWN])
-        more = f", ... ({len(zeros) - _SHOWN} more)" if len(zeros) > _SHOWN else ""
-        print(f"all-zero tensors (not an error): {len(zeros)}: {names}{more}")
+        names = preview([t.name for t in zeros], _SHOWN, quote=False)
+        print(f"all-zero tensors (not an error): {len(zeros)}: {names}")
     if written:
         print(f"checksums written to {written}")
     ok = report.ok(allow_nonfinite=allow_nonfinite)

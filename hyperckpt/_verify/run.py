@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hyperckpt._format.header import FileStamp, TensorEntry
+from hyperckpt._format.preview import preview
 from hyperckpt._layout.directory import INDEX_NAME, CheckpointLayout, Kind, describe
 from hyperckpt._read.engine import default_threads
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
@@ -158,10 +159,9 @@ class VerifyReport:
             return
         first_file = self.mismatches[0].name if self.mismatches else None
         first_tensor = self.nonfinite[0] if self.nonfinite and not allow_nonfinite else None
-        shown = lines[:20] + ([f"... ({len(lines) - 20} more)"] if len(lines) > 20 else [])
         raise CheckpointError(
             f"{self.path}: the data does not check out: "
-            + "; ".join(shown)
+            + preview(lines, 20, separator="; ", quote=False)
             + "; "
             + _advice(bool(self.mismatches), first_tensor is not None),
             path=first_file if first_file else (first_tensor.files[0] if first_tensor else None),

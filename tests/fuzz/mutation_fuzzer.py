@@ -46,12 +46,11 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from hyperckpt import (
     CheckpointError,
-    HuggingFaceStorageReader,
-    TorchShardedSafetensorsReader,
     describe,
 )
 from hyperckpt._format.header import DTYPES
 from hyperckpt._read.dtypes import to_torch_dtype, to_torch_shape
+from hyperckpt._readers import reader_for
 from hyperckpt.testing._hostile import (
     BOMB_KINDS,
     CHANGE_KINDS,
@@ -694,10 +693,7 @@ def check(root: Path, *, change: tuple[str, random.Random] | None = None) -> str
             )
         state[name] = torch.empty(shape, dtype=dtype)
         state[name].reshape(-1).view(torch.uint8).fill_(0xFF)
-    reader_type = (
-        HuggingFaceStorageReader if layout.kind == "huggingface" else TorchShardedSafetensorsReader
-    )
-    reader = reader_type(root, thread_count=2)
+    reader = reader_for(layout.kind)(root, thread_count=2)
     if change is not None:
         kind, rng = change
         victim = root / rng.choice(sorted(layout.files))

@@ -1,0 +1,114 @@
+"""Every rank stops together: the one exchange that tells each rank whether any rank failed.
+
+A rank that fails before a collective the others wait in would leave them waiting forever.
+So each step that may fail on some ranks ends with :func:`agree`: one all-gather of every
+rank's status (and, where a step needs it, one small value).  A rank that failed raises its
+own error unchanged (its type, ``path``, ``tensor`` and ``rule`` kept); every other rank raises
+the error its caller builds from the first failing rank's :class:`Failure` (the message names
+that rank and its error).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from hyperckpt.errors import CheckpointChangedError, CheckpointError, CheckpointNotFoundError
+
+__all__ = ["Failure", "agree", "distributed"]
+
+_KINDS: dict[str, type[CheckpointError]] = {
+    kind.__name__: kind
+    for kind in (CheckpointError, CheckpointNotFoundError, CheckpointChangedError)
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A rank's failure, as the other ranks hear of it (plain, picklable facts).
+
+    Attributes:
+        rank: The failing rank, in the group that agreed.
+        kind: The name of the error's type (``"CheckpointError"``, ``"OSError"``, ...).
+        message: The error's text.
+        path: Its ``path`` attribute, or ``None``.
+        tensor: Its ``tensor`` attribute, or ``None``.
+        rule: Its ``rule`` attribute, or ``None``.
+    """
+
+    rank: int
+    kind: str
+    message: str
+    path: str | None = None
+    tensor: str | None = None
+    rule: str | None = None
+
+    @classmethod
+    def of(cls, rank: int, err: BaseException) -> Failure:
+        """The facts of ``err``, raised on ``rank``."""
+        return cls(
+            rank,
+            type(err).__name__,
+            str(err),
+            getattr(err, "path", None),
+            getattr(err, "tensor", None),
+            getattr(err, "rule", None),
+        )
+
+    @property
+    def checkpoint_type(self) -> type[CheckpointError] | None:
+        """The :class:`CheckpointError` class the failing rank raised, or ``None`` for another
+        error (or a subclass this package does not define)."""
+        return _KINDS.get(self.kind)
+
+
+def distributed() -> bool:
+    """Whether torch.distributed is available and initialized in this process."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def agree(
+    failure: BaseException | None,
+    group: dist.ProcessGroup | None,
+    heard: Callable[[Failure], BaseException],
+    *,
+    value: object = None,
+) -> list[object]:
+    """Share whether this rank failed, and ``value``, with every rank of ``group``.
+
+    Every rank of ``group`` must call this at the same time.  Without torch.distributed
+    there is nothing to share: ``failure`` is raised, else ``[value]`` returned.
+
+    Args:
+        failure: This rank's error, or ``None`` when it did not fail.
+        group: The process group (``None``: the default group).
+        heard: Makes the error a rank that did not fail raises for the first rank that did.
+        value: What this rank tells the others besides (picklable).
+
+    Returns:
+        Every rank's ``value``, by rank of ``group``, when no rank failed.
+
+    Raises:
+        BaseException: ``failure`` itself on a rank that failed; on every other rank,
+            ``heard`` of the first failing rank, when any rank failed.
+    """
+    if not distributed():
+        if failure is not None:
+            raise failure
+        return [value]
+    rank = dist.get_rank(group)
+    status = None if failure is None else Failure.of(rank, failure)
+    gathered: list[object] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, (status, value), group=group)
+    if failure is not None:
+        raise failure
+    values = []
+    for each in gathered:
+        assert isinstance(each, tuple), "every rank sends a (status, value) pair"
+        other, sent = each
+        if isinstance(other, Failure):
+            raise heard(other)
+        values.append(sent)
+    return values
