@@ -101,16 +101,17 @@ def test_rule_matches_by_id_when_the_error_carries_one() -> None:
 _SPAN = CheckpointError("ckpt: tensor 'w' spans too much", tensor="w", rule="offsets.span")
 
 
-def _as_two_ranks(monkeypatch: pytest.MonkeyPatch, heard: object) -> list[object]:
-    """Pose as rank 0 of 2 whose ``all_gather_object`` hears ``heard`` from rank 1; returns
-    the list that collects what this rank sends."""
+def _as_two_ranks(monkeypatch: pytest.MonkeyPatch, rank: int, heard: object) -> list[object]:
+    """Pose as ``rank`` of 2 whose ``all_gather_object`` hears ``heard`` from the other
+    rank; returns the list that collects what this rank sends."""
     sent: list[object] = []
 
     def all_gather_object(gathered: list[object], mine: object, group: object = None) -> None:
         sent.append(mine)
-        gathered[0], gathered[1] = mine, heard
+        gathered[rank], gathered[1 - rank] = mine, heard
 
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: rank)
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
     monkeypatch.setattr(dist, "all_gather_object", all_gather_object)
     return sent
@@ -119,14 +120,16 @@ def _as_two_ranks(monkeypatch: pytest.MonkeyPatch, heard: object) -> list[object
 def test_a_refusal_heard_from_another_rank_before_the_load_keeps_its_id(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from hyperckpt._api import _agree
+    from hyperckpt._api import _refused
+    from hyperckpt._planner.agreement import agree
 
-    sent = _as_two_ranks(monkeypatch, None)
-    with pytest.raises(CheckpointError):
-        _agree(_SPAN, None)  # the refusing rank: what does it send?
-    _as_two_ranks(monkeypatch, sent[0])
+    sent = _as_two_ranks(monkeypatch, 1, (None, None))
+    with pytest.raises(CheckpointError) as own:
+        agree(_SPAN, None, _refused)  # the refusing rank raises its own error
+    assert own.value is _SPAN
+    _as_two_ranks(monkeypatch, 0, sent[0])
     with pytest.raises(CheckpointError, match="rank 1 of the load refused it") as caught:
-        _agree(None, None)
+        agree(None, None, _refused)
     assert caught.value.rule == "offsets.span"
 
 
@@ -138,10 +141,10 @@ def test_a_refusal_heard_from_another_rank_while_planning_keeps_its_id(
     from hyperckpt._planner.plain_call import Replanned, agree
 
     group = cast(dist.ProcessGroup, None)
-    sent = _as_two_ranks(monkeypatch, None)
+    sent = _as_two_ranks(monkeypatch, 1, (None, False))
     with pytest.raises(CheckpointError):
         agree(_SPAN, group, 2)
-    _as_two_ranks(monkeypatch, sent[0])
+    _as_two_ranks(monkeypatch, 0, sent[0])
     with pytest.raises(CheckpointError, match="rank 1 refused the load") as caught:
         agree(Replanned(LoadPlan([]), ()), group, 2)
     assert caught.value.rule == "offsets.span"
