@@ -17,7 +17,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Final, Literal
 
-from hyperckpt._format.header import FileHeader, decode_strict_json, is_unicode, read_header
+from hyperckpt._format.header import (
+    FileHeader,
+    TensorEntry,
+    decode_strict_json,
+    is_unicode,
+    read_header,
+)
 from hyperckpt._format.opener import read_regular
 from hyperckpt._layout import tiling
 from hyperckpt._layout.gcpause import collector_paused
@@ -228,10 +234,12 @@ def huggingface_layout(path: str | os.PathLike[str]) -> CheckpointLayout:
     if weight_map is not None:
         _check_index_agreement(weight_map, owner)
         _check_single_file_beside_index(root, headers, owner)
-    tensors = {
-        name: _whole(headers[owner[name]].tensors[name].dtype, headers[owner[name]], name)
-        for name in sorted(owner)
+    wholes = {
+        entry.name: _whole(header.name, entry)
+        for header in headers.values()
+        for entry in header.tensors.values()
     }
+    tensors = {name: wholes[name] for name in sorted(wholes)}
     return CheckpointLayout(
         HUGGINGFACE, str(root), MappingProxyType(headers), MappingProxyType(tensors)
     )
@@ -388,6 +396,8 @@ def _check_plain_name(file: str, tensor: str) -> None:
 
 
 def _check_index_agreement(weight_map: Mapping[str, str], owner: Mapping[str, str]) -> None:
+    if weight_map == owner:  # what the loops below check, without a Python step per tensor
+        return
     for tensor, file in weight_map.items():
         if owner.get(tensor) != file:
             where = f"it is in {owner[tensor]}" if tensor in owner else "no file holds it"
@@ -476,10 +486,10 @@ def _sharding_info(header: FileHeader, *, required: bool) -> dict[str, tuple[int
     return result
 
 
-def _whole(dtype: str, header: FileHeader, name: str) -> TensorLayout:
-    entry = header.tensors[name]
-    piece = Piece(header.name, (0,) * len(entry.shape), entry.shape, entry.start, entry.stop)
-    return TensorLayout(name, dtype, entry.shape, (piece,))
+def _whole(file: str, entry: TensorEntry) -> TensorLayout:
+    shape = entry.shape
+    piece = Piece(file, (0,) * len(shape), shape, entry.start, entry.stop)
+    return TensorLayout(entry.name, entry.dtype, shape, (piece,))
 
 
 def _tile(name: str, found: list[tuple[str, Piece]]) -> TensorLayout:
