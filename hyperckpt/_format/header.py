@@ -12,6 +12,7 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from operator import itemgetter
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -86,6 +87,8 @@ DTYPES: Mapping[str, DtypeInfo] = MappingProxyType(
         "F6_E3M2": DtypeInfo(6, None),
     }
 )
+#: Sort key of a checked entry ``(key, dtype, shape, begin, end)``: its data offsets.
+_BEGIN_END = itemgetter(3, 4)
 _LOADABLE_BITS = {code: info.bits for code, info in DTYPES.items() if info.torch_name is not None}
 
 
@@ -242,7 +245,10 @@ def _parse(raw: bytes, file_size: int, *, name: str, path: str | None) -> FileHe
     length = len(raw)
     document = _decode_json(raw, name)
     metadata = _check_metadata(document.pop(METADATA_KEY, None), name)
-    entries = [_check_entry(key, value, name) for key, value in document.items()]
+    entries = [
+        _valid_entry(key, value) or _check_entry(key, value, name)
+        for key, value in document.items()
+    ]
     data_start = _LENGTH_PREFIX + length
     tensors = _check_offsets(entries, name, data_start, file_size)
     return FileHeader(
@@ -309,7 +315,10 @@ class DuplicateKeyError(ValueError):
 
 
 def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    result: dict[str, object] = {}
+    result: dict[str, object] = dict(pairs)
+    if len(result) == len(pairs):  # the common case, without a Python step per key
+        return result
+    result = {}
     for key, value in pairs:
         if key in result:
             raise DuplicateKeyError(key)
@@ -715,7 +724,7 @@ def _check_offsets(
     data_start: int,
     file_size: int,
 ) -> dict[str, TensorEntry]:
-    ordered = sorted(entries, key=lambda e: (e[3], e[4]))
+    ordered = sorted(entries, key=_BEGIN_END)
     position = 0
     previous: str | None = None
     for key, _dtype, _shape, begin, end in ordered:

@@ -22,7 +22,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Final, Literal, NoReturn
 
-from hyperckpt._format.header import FileHeader, decode_strict_json, is_unicode, read_header
+from hyperckpt._format.header import (
+    FileHeader,
+    TensorEntry,
+    decode_strict_json,
+    is_unicode,
+    read_header,
+)
 from hyperckpt._format.opener import read_regular
 from hyperckpt._layout import tiling
 from hyperckpt._layout.gcpause import collector_paused
@@ -280,8 +286,7 @@ def huggingface_layout(
         if not problems.count:  # it compares with every indexed tensor
             _check_single_file_beside_index(root, headers, owner, problems)
     tensors = {
-        name: _whole(headers[owner[name]].tensors[name].dtype, headers[owner[name]], name)
-        for name in sorted(owner)
+        name: _whole(owner[name], headers[owner[name]].tensors[name]) for name in sorted(owner)
     }
     return CheckpointLayout(
         HUGGINGFACE, str(root), MappingProxyType(headers), MappingProxyType(tensors)
@@ -548,6 +553,8 @@ def _check_index_agreement(
 
     Only entries naming a file in ``read`` are compared: the others were reported already.
     """
+    if weight_map == owner:  # what the loops below check, without a Python step per tensor
+        return
     for tensor, file in weight_map.items():
         if file is None or file not in read:
             continue
@@ -682,10 +689,10 @@ def _sharding_info(
     return result
 
 
-def _whole(dtype: str, header: FileHeader, name: str) -> TensorLayout:
-    entry = header.tensors[name]
-    piece = Piece(header.name, (0,) * len(entry.shape), entry.shape, entry.start, entry.stop)
-    return TensorLayout(name, dtype, entry.shape, (piece,))
+def _whole(file: str, entry: TensorEntry) -> TensorLayout:
+    shape = entry.shape
+    piece = Piece(file, (0,) * len(shape), shape, entry.start, entry.stop)
+    return TensorLayout(entry.name, entry.dtype, shape, (piece,))
 
 
 def _tile(name: str, found: list[tuple[str, Piece]], report: Report) -> TensorLayout | None:
