@@ -19,7 +19,6 @@ from hyperckpt._broadcast.headers import describe
 from hyperckpt._cli.sample import write_sample
 from hyperckpt._consolidate import ConsolidateReport, consolidate
 from hyperckpt._format.header import FileHeader, FileStamp, TensorEntry
-from hyperckpt._layout.directory import CheckpointLayout, Piece, TensorLayout
 from hyperckpt._layout.mapping import (
     AddPrefix,
     Fuse,
@@ -29,6 +28,7 @@ from hyperckpt._layout.mapping import (
     Replace,
     StripPrefix,
 )
+from hyperckpt._layout.model import CheckpointLayout, Piece, TensorLayout
 from hyperckpt._options import ReadOptions
 from hyperckpt._planner.load_planner import LoadPlanner
 from hyperckpt._read.dtype_policy import Conversion

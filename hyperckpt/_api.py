@@ -20,9 +20,9 @@ from torch.distributed.tensor import DTensor
 from hyperckpt._broadcast.headers import HeaderReads, describe
 from hyperckpt._broadcast.strategy import Exchange
 from hyperckpt._format.preview import preview
-from hyperckpt._layout.directory import CheckpointLayout, Kind
 from hyperckpt._layout.mapping import MappedLayout, MappingLike, as_mapping
 from hyperckpt._layout.mapping import Mapping as _Mapping
+from hyperckpt._layout.model import CheckpointLayout, Kind
 from hyperckpt._options import read_options
 from hyperckpt._planner.agreement import Failure, agree, distributed
 from hyperckpt._planner.load_planner import LoadPlanner, strided_regions

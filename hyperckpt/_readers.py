@@ -34,15 +34,10 @@ from hyperckpt._broadcast.headers import HeaderReads, host_name, reader_layout
 from hyperckpt._broadcast.schedule import BroadcastReady, BroadcastSchedule
 from hyperckpt._broadcast.strategy import Exchange, plan_exchange
 from hyperckpt._broadcast.stripes import StripeSchedule
-from hyperckpt._layout.directory import (
-    TORCH_SHARDED,
-    CheckpointLayout,
-    Kind,
-    huggingface_layout,
-    torch_sharded_layout,
-)
+from hyperckpt._layout.directory import huggingface_layout, torch_sharded_layout
 from hyperckpt._layout.gcpause import collector_paused
 from hyperckpt._layout.mapping import Mapping, MappingLike
+from hyperckpt._layout.model import TORCH_SHARDED, CheckpointLayout, Kind
 from hyperckpt._options import ReadOptions, options_given, read_options
 from hyperckpt._planner.plain_call import plan_to_read
 from hyperckpt._read.dtype_policy import (

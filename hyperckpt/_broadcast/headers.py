@@ -30,8 +30,8 @@ from typing import Literal, cast
 import torch.distributed as dist
 
 from hyperckpt._format.header import FileHeader, FileStamp, TensorEntry
-from hyperckpt._layout.directory import CheckpointLayout, Piece, TensorLayout
 from hyperckpt._layout.directory import describe as describe_locally
+from hyperckpt._layout.model import CheckpointLayout, Piece, TensorLayout
 from hyperckpt._planner.agreement import Failure, agree
 from hyperckpt.errors import CheckpointChangedError, CheckpointError, CheckpointNotFoundError
 

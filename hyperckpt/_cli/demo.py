@@ -35,7 +35,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from hyperckpt._cli import sample as _sample
 from hyperckpt._cli.dryrun import placements_for
 from hyperckpt._cli.spawn import spawn_ranks
-from hyperckpt._layout.directory import Piece
+from hyperckpt._layout.model import Piece
 from hyperckpt._planner.regions import local_regions
 from hyperckpt._readers import reader_for
 

@@ -28,7 +28,7 @@ from hyperckpt._broadcast.schedule import item_key, plan_broadcast
 from hyperckpt._broadcast.strategy import Strategy, chunk_rows
 from hyperckpt._broadcast.stripes import plan_stripes
 from hyperckpt._format.header import DTYPES
-from hyperckpt._layout.directory import CheckpointLayout, Piece
+from hyperckpt._layout.model import CheckpointLayout, Piece
 from hyperckpt._planner.regions import DTENSOR, FSDP, Order, fsdp_order_applies, local_regions
 from hyperckpt._read.engine import DEFAULT_STAGING_BYTES, StorageInfo
 from hyperckpt._readers import BATCH_BYTES

@@ -21,12 +21,8 @@ from typing import Final
 
 from hyperckpt._format.header import DTYPES, ByteSpan, decode_strict_json, read_header
 from hyperckpt._format.preview import preview
-from hyperckpt._layout.directory import (
-    INDEX_NAME,
-    SINGLE_FILE_NAME,
-    TensorLayout,
-    _check_plain_name,
-)
+from hyperckpt._layout.index import check_plain_name
+from hyperckpt._layout.model import INDEX_NAME, SINGLE_FILE_NAME, TensorLayout
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
 
 __all__ = [
@@ -254,7 +250,7 @@ def read_like(path: str | os.PathLike[str]) -> tuple[dict[str, str], bool]:
                     path=str(index),
                     tensor=tensor,
                 )
-            _check_plain_name(file, tensor)
+            check_plain_name(file, tensor)
         return {str(k): str(v) for k, v in weight_map.items()}, True
     single = root if root.is_file() else root / SINGLE_FILE_NAME
     if single.is_file():

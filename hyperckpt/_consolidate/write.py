@@ -26,7 +26,7 @@ import torch
 
 from hyperckpt._consolidate.assign import OutputFile, OutputTensor
 from hyperckpt._format.header import DTYPES, FileHeader, FileStamp
-from hyperckpt._layout.directory import Piece
+from hyperckpt._layout.model import Piece
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.sysio import IOV_MAX, read_table
 from hyperckpt._read.tracker import ProgressTracker

@@ -16,146 +16,45 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Container, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable
 from pathlib import Path
 from types import MappingProxyType
-from typing import Final, Literal, NoReturn
+from typing import Final
 
 from hyperckpt._format.header import (
     FileHeader,
     TensorEntry,
-    decode_strict_json,
-    is_unicode,
     read_header,
 )
-from hyperckpt._format.opener import read_regular
-from hyperckpt._layout import tiling
 from hyperckpt._layout.gcpause import collector_paused
+from hyperckpt._layout.index import (
+    check_index_agreement,
+    check_single_file_beside_index,
+    read_index,
+)
+from hyperckpt._layout.model import (
+    HUGGINGFACE,
+    INDEX_NAME,
+    SHARDING_INFO_KEY,
+    SINGLE_FILE_NAME,
+    TORCH_SHARDED,
+    CheckpointLayout,
+    Counted,
+    Kind,
+    Piece,
+    Report,
+    TensorLayout,
+    raise_problem,
+)
+from hyperckpt._layout.sharding import sharding_info, tile
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
 
-__all__ = [
-    "HUGGINGFACE",
-    "INDEX_NAME",
-    "SHARDING_INFO_KEY",
-    "SINGLE_FILE_NAME",
-    "TORCH_SHARDED",
-    "CheckpointLayout",
-    "Kind",
-    "Piece",
-    "Report",
-    "TensorLayout",
-    "describe",
-    "detect_kind",
-    "huggingface_layout",
-    "raise_problem",
-    "torch_sharded_layout",
-]
+__all__ = ["describe", "detect_kind", "huggingface_layout", "torch_sharded_layout"]
 
-Kind = Literal["huggingface", "torch-sharded"]
-HUGGINGFACE: Final = "huggingface"
-TORCH_SHARDED: Final = "torch-sharded"
 logger = logging.getLogger(__name__)
 
-INDEX_NAME: Final = "model.safetensors.index.json"
-SINGLE_FILE_NAME: Final = "model.safetensors"
-SHARDING_INFO_KEY: Final = "DCP_SHARDING_INFO"
 _SHARDED_SUBDIR: Final = "sharded"
-_MAX_INDEX_BYTES: Final = 100_000_000
 _SUFFIX: Final = ".safetensors"
-_MAX_TORCH_SIZE: Final = 2**63  # torch sizes are int64
-
-Report = Callable[[CheckpointError], None]
-"""What a builder does with each problem it finds: raise it, or note it and let it go on."""
-
-
-def raise_problem(problem: CheckpointError) -> NoReturn:
-    """The default report: stop at the first problem by raising it."""
-    raise problem
-
-
-class _Counted:
-    """A report that passes each problem on and counts them (to skip what depends on them)."""
-
-    __slots__ = ("count", "report")
-
-    def __init__(self, report: Report) -> None:
-        self.report = report
-        self.count = 0
-
-    def __call__(self, problem: CheckpointError) -> None:
-        self.count += 1
-        self.report(problem)
-
-
-@dataclass(frozen=True, slots=True)
-class Piece:
-    """One stored piece of a tensor: a box of the whole tensor held by one file.
-
-    Attributes:
-        file: The file holding it, relative to the checkpoint directory.
-        offsets: Where the piece starts in the whole tensor, in elements per dimension.
-        shape: The piece's size per dimension, in elements.
-        start: First byte of its data, absolute in the file.
-        stop: One past its last byte, absolute in the file (half-open ``[start, stop)``).
-    """
-
-    file: str
-    offsets: tuple[int, ...]
-    shape: tuple[int, ...]
-    start: int
-    stop: int
-
-    @property
-    def nbytes(self) -> int:
-        """Length of the piece's data in bytes."""
-        return self.stop - self.start
-
-
-@dataclass(frozen=True, slots=True)
-class TensorLayout:
-    """Where every byte of one tensor lives.
-
-    Attributes:
-        name: The tensor's fully qualified name.
-        dtype: The safetensors dtype code shared by all pieces, e.g. ``"BF16"``.
-        shape: The whole tensor's size per dimension, in elements.
-        pieces: Disjoint pieces that together are exactly the whole tensor, ordered by
-            offsets.  Pieces with no elements are kept only when the tensor itself is empty.
-    """
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    pieces: tuple[Piece, ...]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of data the tensor occupies across its pieces."""
-        return sum(piece.nbytes for piece in self.pieces)
-
-
-@dataclass(frozen=True, slots=True)
-class CheckpointLayout:
-    """A validated checkpoint, described from its headers alone.
-
-    Attributes:
-        kind: ``"huggingface"`` or ``"torch-sharded"``.
-        root: The checkpoint directory.
-        files: Each file's validated header, keyed by its name relative to ``root``, in
-            name order.  Only the files that belong to the checkpoint.
-        tensors: Every tensor's layout, keyed by name, in name order.
-    """
-
-    kind: Kind
-    root: str
-    files: Mapping[str, FileHeader]
-    tensors: Mapping[str, TensorLayout]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of tensor data in the whole checkpoint."""
-        return sum(tensor.nbytes for tensor in self.tensors.values())
 
 
 def describe(path: str | os.PathLike[str]) -> CheckpointLayout:
@@ -239,7 +138,7 @@ def huggingface_layout(
             in two files, or a header breaks a rule.
     """
     root = Path(path)
-    problems = _Counted(report)
+    problems = Counted(report)
     weight_map: dict[str, str | None] | None = None
     if root.is_file():
         names: list[str] = [root.name]
@@ -247,7 +146,7 @@ def huggingface_layout(
     elif not _require_directory(root, problems):
         return _nothing(HUGGINGFACE, root)
     elif (root / INDEX_NAME).exists():
-        index = _read_index(root, problems)
+        index = read_index(root, problems)
         if index is None:
             return _nothing(HUGGINGFACE, root)
         weight_map, names = index
@@ -282,9 +181,9 @@ def huggingface_layout(
             )
         _check_whole_tensors(header, problems)
     if weight_map is not None:
-        _check_index_agreement(weight_map, owner, headers, problems)
+        check_index_agreement(weight_map, owner, headers, problems)
         if not problems.count:  # it compares with every indexed tensor
-            _check_single_file_beside_index(root, headers, owner, problems)
+            check_single_file_beside_index(root, headers, owner, problems)
     tensors = {
         name: _whole(owner[name], headers[owner[name]].tensors[name]) for name in sorted(owner)
     }
@@ -313,7 +212,7 @@ def torch_sharded_layout(
             repeat, overlap or leave a gap.
     """
     root = Path(path)
-    problems = _Counted(report)
+    problems = Counted(report)
     if not _require_directory(root, problems):
         return _nothing(TORCH_SHARDED, root)
     if (root / INDEX_NAME).exists():
@@ -344,7 +243,7 @@ def torch_sharded_layout(
     headers = _read_headers(root, names, problems)
     found: dict[str, list[tuple[str, Piece]]] = {}
     for header in headers.values():
-        offsets = _sharding_info(header, required=True, report=problems)
+        offsets = sharding_info(header, required=True, report=problems)
         if offsets is None:
             continue
         for tensor, entry in header.tensors.items():
@@ -353,7 +252,7 @@ def torch_sharded_layout(
     tensors: dict[str, TensorLayout] = {}
     if not problems.count:  # with a file left out, each tensor it held would show a gap
         for name in sorted(found):
-            tiled = _tile(name, found[name], problems)
+            tiled = tile(name, found[name], problems)
             if tiled is not None:
                 tensors[name] = tiled
     return CheckpointLayout(
@@ -417,174 +316,9 @@ def _read_headers(root: Path, names: Iterable[str], report: Report) -> dict[str,
     return headers
 
 
-def read_index_text(root: Path) -> str:
-    """The index's text, read through the guarded opener and refused from its size first.
-
-    Raises:
-        CheckpointNotFoundError: The index vanished (or is a broken symlink).
-        CheckpointError: It is not a regular file, larger than any real index, or not UTF-8.
-    """
-    raw, _ = read_regular(
-        str(root / INDEX_NAME),
-        shown=INDEX_NAME,
-        expected="the index (a JSON file)",
-        limit=_MAX_INDEX_BYTES,
-        over_limit=f"more than any real index ({_MAX_INDEX_BYTES} at most); the file is "
-        f"not a checkpoint index",
-        not_regular_rule="index.not_regular",
-        over_limit_rule="index.too_big",
-    )
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise CheckpointError(
-            f"{INDEX_NAME}: not valid UTF-8 (byte {err.start})",
-            path=INDEX_NAME,
-            rule="index.not_utf8",
-        ) from err
-
-
-def _read_index(root: Path, report: Report) -> tuple[dict[str, str | None], list[str]] | None:
-    """The index's weight map and the files it names that are there, in name order.
-
-    An entry whose file is not a string maps to ``None``; a file that is not a plain name
-    or is missing is left out of the names.  Each is reported (non-strings first, then the
-    files in name order); ``None`` when the index itself is unusable.
-    """
-    try:
-        document = decode_strict_json(read_index_text(root), INDEX_NAME, "index")
-    except CheckpointError as err:
-        report(err)
-        return None
-    if not isinstance(document, dict) or "weight_map" not in document:
-        report(
-            CheckpointError(
-                f'{INDEX_NAME}: must be a JSON object with a "weight_map" of tensor name to '
-                f"file name",
-                path=INDEX_NAME,
-                rule="index.no_weight_map",
-            )
-        )
-        return None
-    entries = document["weight_map"]
-    if not isinstance(entries, dict) or not entries:
-        report(
-            CheckpointError(
-                f'{INDEX_NAME}: "weight_map" must be a non-empty object of tensor name to file '
-                f"name",
-                path=INDEX_NAME,
-                rule="index.weight_map_not_object",
-            )
-        )
-        return None
-    weight_map: dict[str, str | None] = {}
-    named: dict[str, tuple[str, int]] = {}  # file: its first tensor, how many it holds
-    for tensor, file in entries.items():
-        if isinstance(file, str):
-            weight_map[tensor] = file
-            first, count = named.get(file, (tensor, 0))
-            named[file] = (first, count + 1)
-            continue
-        weight_map[tensor] = None
-        report(
-            CheckpointError(
-                f"{INDEX_NAME}: weight_map[{tensor!r}] must be a file name string, not "
-                f"{file!r:.60}",
-                path=INDEX_NAME,
-                tensor=tensor,
-                rule="index.file_not_string",
-            )
-        )
-    names = []
-    for file in sorted(named):  # each file is checked once, not once per tensor
-        tensor, count = named[file]
-        if not _check_plain_name(file, tensor, report):
-            continue
-        # Only existence here (a stat, nothing opened): what is there is checked by the
-        # guarded opener when its header is read, so a FIFO or a directory is file.not_regular.
-        if not os.path.exists(root / file):
-            more = f" (and {count - 1} more)" if count > 1 else ""
-            report(
-                CheckpointNotFoundError(
-                    f"{file}: named by {INDEX_NAME} for tensor {tensor!r}{more} but missing (or "
-                    f"a broken symlink); a shard file of the checkpoint is missing or the "
-                    f"download is incomplete",
-                    path=file,
-                    tensor=tensor,
-                    rule="index.file_missing",
-                )
-            )
-            continue
-        names.append(file)
-    return weight_map, names
-
-
-def _check_plain_name(file: str, tensor: str, report: Report = raise_problem) -> bool:
-    """Whether ``file`` is a plain name inside the directory; a problem is reported if not."""
-    plain = (
-        file not in ("", ".", "..")
-        and "/" not in file
-        and "\\" not in file
-        and "\x00" not in file
-        and not os.path.isabs(file)
-        and is_unicode(file)
-    )
-    if not plain:
-        report(
-            CheckpointError(
-                f"{INDEX_NAME}: weight_map[{tensor!r}] names {file!r}, which is not a plain "
-                f"file name inside the checkpoint directory (no separators, '..', absolute "
-                f"paths, NUL or lone surrogate escapes)",
-                path=INDEX_NAME,
-                tensor=tensor,
-                rule="index.not_plain_name",
-            )
-        )
-    return plain
-
-
-def _check_index_agreement(
-    weight_map: Mapping[str, str | None],
-    owner: Mapping[str, str],
-    read: Container[str],
-    report: Report,
-) -> None:
-    """The index places each tensor in the file that holds it, and lists every tensor.
-
-    Only entries naming a file in ``read`` are compared: the others were reported already.
-    """
-    if weight_map == owner:  # what the loops below check, without a Python step per tensor
-        return
-    for tensor, file in weight_map.items():
-        if file is None or file not in read:
-            continue
-        if owner.get(tensor) != file:
-            where = f"it is in {owner[tensor]}" if tensor in owner else "no file holds it"
-            report(
-                CheckpointError(
-                    f"{INDEX_NAME} places tensor {tensor!r} in {file}, but {file} lacks it "
-                    f"({where}); the index and the files disagree",
-                    path=file,
-                    tensor=tensor,
-                    rule="index.tensor_not_in_file",
-                )
-            )
-    for tensor, file in owner.items():
-        if tensor not in weight_map:
-            report(
-                CheckpointError(
-                    f"{file} holds tensor {tensor!r}, which {INDEX_NAME} omits; the index and "
-                    f"the files disagree (a stale index?)",
-                    path=file,
-                    tensor=tensor,
-                    rule="index.omits_tensor",
-                )
-            )
-
-
 def _check_whole_tensors(header: FileHeader, report: Report) -> None:
     """A Hugging Face file holds whole tensors: its sharding information, if any, is all zero."""
-    offsets = _sharding_info(header, required=False, report=report)
+    offsets = sharding_info(header, required=False, report=report)
     for tensor, start in (offsets or {}).items():
         if any(start):
             report(
@@ -600,170 +334,10 @@ def _check_whole_tensors(header: FileHeader, report: Report) -> None:
             return
 
 
-def _sharding_info(
-    header: FileHeader, *, required: bool, report: Report
-) -> dict[str, tuple[int, ...]] | None:
-    """Each tensor's offsets in the whole tensor, from ``DCP_SHARDING_INFO``.
-
-    ``{}`` when the file carries none and ``required`` is false; ``None`` after reporting
-    the first problem (the file's sharding information is then unusable).
-    """
-    name = header.name
-    raw = None if header.metadata is None else header.metadata.get(SHARDING_INFO_KEY)
-    if raw is None:
-        if not required:
-            return {}
-        report(
-            CheckpointError(
-                f"{name}: no {SHARDING_INFO_KEY} in __metadata__, so where its tensors belong "
-                f"is unknown; every file of a torch sharded directory carries it (a stray file, "
-                f"or a Hugging Face checkpoint: use HuggingFaceStorageReader)",
-                path=name,
-                rule="sharded.no_info",
-            )
-        )
-        return None
-    try:
-        info = decode_strict_json(raw, name, SHARDING_INFO_KEY)
-    except CheckpointError as err:
-        report(err)
-        return None
-    if not isinstance(info, dict):
-        report(
-            CheckpointError(
-                f"{name}: {SHARDING_INFO_KEY} must be a JSON object of tensor name to "
-                f'{{"saved_offsets": [...]}}',
-                path=name,
-                rule="sharded.info_not_object",
-            )
-        )
-        return None
-    for tensor in header.tensors.keys() - info.keys():
-        report(
-            CheckpointError(
-                f"{name}: tensor {tensor!r} has no entry in {SHARDING_INFO_KEY}; the sharding "
-                f"information must describe exactly the file's tensors",
-                path=name,
-                tensor=tensor,
-                rule="sharded.info_missing_tensor",
-            )
-        )
-        return None
-    result: dict[str, tuple[int, ...]] = {}
-    for tensor, entry in info.items():
-        if tensor not in header.tensors:
-            report(
-                CheckpointError(
-                    f"{name}: {SHARDING_INFO_KEY} describes tensor {tensor!r}, which the file "
-                    f"does not hold; the sharding information must describe exactly the "
-                    f"file's tensors",
-                    path=name,
-                    tensor=tensor,
-                    rule="sharded.info_extra_tensor",
-                )
-            )
-            return None
-        ndim = len(header.tensors[tensor].shape)
-        offsets = entry.get("saved_offsets") if isinstance(entry, dict) else None
-        valid = (
-            isinstance(entry, dict)
-            and entry.keys() == {"saved_offsets"}
-            and isinstance(offsets, list)
-            and len(offsets) == ndim
-            and all(type(x) is int and 0 <= x < 2**63 for x in offsets)
-        )
-        if not valid:
-            report(
-                CheckpointError(
-                    f'{name}: {SHARDING_INFO_KEY}[{tensor!r}] must be {{"saved_offsets": '
-                    f"[...]}} with {ndim} non-negative integers (one per dimension), got "
-                    f"{entry!r:.120}",
-                    path=name,
-                    tensor=tensor,
-                    rule="sharded.info_bad_offsets",
-                )
-            )
-            return None
-        assert isinstance(offsets, list)
-        result[tensor] = tuple(offsets)
-    return result
-
-
 def _whole(file: str, entry: TensorEntry) -> TensorLayout:
     shape = entry.shape
     piece = Piece(file, (0,) * len(shape), shape, entry.start, entry.stop)
     return TensorLayout(entry.name, entry.dtype, shape, (piece,))
-
-
-def _tile(name: str, found: list[tuple[str, Piece]], report: Report) -> TensorLayout | None:
-    """One tensor's layout from its pieces; ``None`` after reporting its (first) problem."""
-    dtype, first = found[0]
-    for other_dtype, piece in found[1:]:
-        if other_dtype != dtype:
-            report(
-                CheckpointError(
-                    f"tensor {name!r}: its piece in {first.file} is {dtype} but its piece in "
-                    f"{piece.file} is {other_dtype}; all pieces of a tensor share one dtype",
-                    path=piece.file,
-                    tensor=name,
-                    rule="sharded.dtype_mismatch",
-                )
-            )
-            return None
-        if len(piece.shape) != len(first.shape):
-            report(
-                CheckpointError(
-                    f"tensor {name!r}: its piece in {first.file} has {len(first.shape)} "
-                    f"dimensions but its piece in {piece.file} has {len(piece.shape)}; all "
-                    f"pieces of a tensor share one rank",
-                    path=piece.file,
-                    tensor=name,
-                    rule="sharded.ndim_mismatch",
-                )
-            )
-            return None
-    try:
-        shape, kept = tiling.tile(name, [piece for _, piece in found])
-    except CheckpointError as err:  # tiling finds one problem per tensor at most
-        report(err)
-        return None
-    if dtype == "F4" and not _check_f4_pieces(name, kept, report):
-        return None
-    if any(size >= _MAX_TORCH_SIZE for size in shape):
-        report(
-            CheckpointError(
-                f"tensor {name!r}: its pieces reach {list(shape)}, a dimension of 2**63 or "
-                f"more, beyond torch's signed 64-bit sizes ({SHARDING_INFO_KEY} of "
-                f"{kept[0].file} is damaged)",
-                path=kept[0].file,
-                tensor=name,
-                rule="sharded.torch_dimension",
-            )
-        )
-        return None
-    return TensorLayout(name, dtype, shape, kept)
-
-
-def _check_f4_pieces(name: str, pieces: Iterable[Piece], report: Report) -> bool:
-    """torch packs ``F4`` two elements a byte: a piece must start at an even column.
-
-    Only an empty tensor can have such a piece (even widths tiled from 0 start at even
-    columns), but the reader would still refuse it, so ``describe`` does too.  Returns
-    whether every piece does; the first that does not is reported.
-    """
-    for piece in pieces:
-        if piece.offsets and piece.offsets[-1] % 2:
-            report(
-                CheckpointError(
-                    f"{piece.file}: tensor {name!r}: F4 piece at offsets {list(piece.offsets)} "
-                    f"starts mid-byte; torch packs F4 two elements a byte",
-                    path=piece.file,
-                    tensor=name,
-                    rule="reader.f4_mid_byte",
-                )
-            )
-            return False
-    return True
 
 
 def _preview(names: list[str]) -> str:
@@ -785,69 +359,6 @@ def _pickled_hint(root: Path) -> str:
         f"transformers: AutoModel.from_pretrained(path).save_pretrained(out), which writes "
         f"{SINGLE_FILE_NAME} or its index"
     )
-
-
-def _check_single_file_beside_index(
-    root: Path, headers: Mapping[str, FileHeader], owner: Mapping[str, str], report: Report
-) -> None:
-    """``model.safetensors`` beside an index that does not name it: a second checkpoint.
-
-    transformers reads ``model.safetensors`` first, this reader the index's files: say so
-    when both hold the same tensors, refuse when they differ.
-    """
-    if SINGLE_FILE_NAME in headers or not (root / SINGLE_FILE_NAME).exists():
-        return
-    try:
-        single = read_header(root / SINGLE_FILE_NAME, name=SINGLE_FILE_NAME)
-    except CheckpointError as err:  # a stray broken file: never read, but named
-        logger.warning(
-            "%s: reading the files %s names; %s beside it, which it does not name, is not a "
-            "valid file (transformers would try that one): %s",
-            root,
-            INDEX_NAME,
-            SINGLE_FILE_NAME,
-            err,
-        )
-        return
-    indexed = {name: headers[file].tensors[name] for name, file in owner.items()}
-    differ = sorted(set(single.tensors) ^ set(indexed)) or sorted(
-        name
-        for name, entry in single.tensors.items()
-        if (entry.dtype, entry.shape) != (indexed[name].dtype, indexed[name].shape)
-    )
-    if not differ:
-        logger.warning(
-            "%s: reading the files %s names; %s, which it does not name, holds the same "
-            "tensors (transformers would read that one instead)",
-            root,
-            INDEX_NAME,
-            SINGLE_FILE_NAME,
-        )
-        return
-    name = differ[0]
-    where = {
-        SINGLE_FILE_NAME: single.tensors.get(name),
-        _index_file(owner, name): indexed.get(name),
-    }
-    seen = "; ".join(
-        f"{file}: " + (f"{entry.dtype} {list(entry.shape)}" if entry else "absent")
-        for file, entry in where.items()
-    )
-    report(
-        CheckpointError(
-            f"{SINGLE_FILE_NAME} and {INDEX_NAME} are both here, the index does not name "
-            f"{SINGLE_FILE_NAME}, and they disagree on {len(differ)} tensor(s), first {name!r} "
-            f"({seen}); transformers reads {SINGLE_FILE_NAME}, this reader the index's files: "
-            f"remove the stale one, or pass the path of {SINGLE_FILE_NAME} to read it alone",
-            path=SINGLE_FILE_NAME,
-            tensor=name,
-            rule="hf.single_beside_index",
-        )
-    )
-
-
-def _index_file(owner: Mapping[str, str], name: str) -> str:
-    return owner.get(name, "the index's files")
 
 
 def _sharded_hint(root: Path) -> str:

@@ -19,7 +19,7 @@ from typing import Final, Protocol, TypeAlias
 
 from hyperckpt._format.preview import preview
 from hyperckpt._layout import tiling
-from hyperckpt._layout.directory import CheckpointLayout, Piece, TensorLayout
+from hyperckpt._layout.model import CheckpointLayout, Piece, TensorLayout
 from hyperckpt.errors import CheckpointError
 
 __all__ = [

@@ -12,14 +12,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from hyperckpt._layout.directory import (
-    TORCH_SHARDED,
-    CheckpointLayout,
-    Kind,
-    detect_kind,
-    huggingface_layout,
-    torch_sharded_layout,
-)
+from hyperckpt._layout.directory import detect_kind, huggingface_layout, torch_sharded_layout
+from hyperckpt._layout.model import TORCH_SHARDED, CheckpointLayout, Kind
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
 
 __all__ = ["Findings", "find_problems"]

@@ -48,7 +48,7 @@ from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt.errors import CheckpointError
 
 if TYPE_CHECKING:
-    from hyperckpt._layout.directory import CheckpointLayout
+    from hyperckpt._layout.model import CheckpointLayout
     from hyperckpt._read.engine import StorageInfo
 
 __all__ = [

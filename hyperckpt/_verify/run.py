@@ -23,7 +23,8 @@ import torch
 
 from hyperckpt._format.header import FileStamp, TensorEntry
 from hyperckpt._format.preview import preview
-from hyperckpt._layout.directory import INDEX_NAME, CheckpointLayout, Kind, describe
+from hyperckpt._layout.directory import describe
+from hyperckpt._layout.model import INDEX_NAME, CheckpointLayout, Kind
 from hyperckpt._read.engine import default_threads
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
 from hyperckpt._verify.checksums import Expected, GitBlobHash, cache_blob_digest, read_checksums

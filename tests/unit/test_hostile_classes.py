@@ -39,7 +39,7 @@ from hyperckpt import (
 )
 from hyperckpt._format.budget import BUDGET_MIN_CHARS, count_tokens
 from hyperckpt._layout import tiling as tiling_module
-from hyperckpt._layout.directory import Piece
+from hyperckpt._layout.model import Piece
 from hyperckpt._layout.problems import find_problems
 from hyperckpt.testing import encode_file, write_files
 from hyperckpt.testing._hostile import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hyperckpt import CheckpointError
-from hyperckpt._layout.directory import Piece
+from hyperckpt._layout.model import Piece
 from hyperckpt._layout.tiling import tile
 
 

@@ -1,0 +1,258 @@
+"""The Hugging Face index: read through the guarded opener, its weight map checked entry by
+entry, and compared with the files' headers.
+
+Each problem goes to the builder's ``report`` (see :mod:`hyperckpt._layout.model`).  No torch
+import here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Container, Mapping
+from pathlib import Path
+from typing import Final
+
+from hyperckpt._format.header import FileHeader, decode_strict_json, is_unicode, read_header
+from hyperckpt._format.opener import read_regular
+from hyperckpt._layout.model import INDEX_NAME, SINGLE_FILE_NAME, Report, raise_problem
+from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
+
+__all__ = [
+    "check_index_agreement",
+    "check_plain_name",
+    "check_single_file_beside_index",
+    "read_index",
+    "read_index_text",
+]
+
+logger = logging.getLogger(__name__)
+_MAX_INDEX_BYTES: Final = 100_000_000
+
+
+def read_index_text(root: Path) -> str:
+    """The index's text, read through the guarded opener and refused from its size first.
+
+    Raises:
+        CheckpointNotFoundError: The index vanished (or is a broken symlink).
+        CheckpointError: It is not a regular file, larger than any real index, or not UTF-8.
+    """
+    raw, _ = read_regular(
+        str(root / INDEX_NAME),
+        shown=INDEX_NAME,
+        expected="the index (a JSON file)",
+        limit=_MAX_INDEX_BYTES,
+        over_limit=f"more than any real index ({_MAX_INDEX_BYTES} at most); the file is "
+        f"not a checkpoint index",
+        not_regular_rule="index.not_regular",
+        over_limit_rule="index.too_big",
+    )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise CheckpointError(
+            f"{INDEX_NAME}: not valid UTF-8 (byte {err.start})",
+            path=INDEX_NAME,
+            rule="index.not_utf8",
+        ) from err
+
+
+def read_index(root: Path, report: Report) -> tuple[dict[str, str | None], list[str]] | None:
+    """The index's weight map and the files it names that are there, in name order.
+
+    An entry whose file is not a string maps to ``None``; a file that is not a plain name
+    or is missing is left out of the names.  Each is reported (non-strings first, then the
+    files in name order); ``None`` when the index itself is unusable.
+    """
+    try:
+        document = decode_strict_json(read_index_text(root), INDEX_NAME, "index")
+    except CheckpointError as err:
+        report(err)
+        return None
+    if not isinstance(document, dict) or "weight_map" not in document:
+        report(
+            CheckpointError(
+                f'{INDEX_NAME}: must be a JSON object with a "weight_map" of tensor name to '
+                f"file name",
+                path=INDEX_NAME,
+                rule="index.no_weight_map",
+            )
+        )
+        return None
+    entries = document["weight_map"]
+    if not isinstance(entries, dict) or not entries:
+        report(
+            CheckpointError(
+                f'{INDEX_NAME}: "weight_map" must be a non-empty object of tensor name to file '
+                f"name",
+                path=INDEX_NAME,
+                rule="index.weight_map_not_object",
+            )
+        )
+        return None
+    weight_map: dict[str, str | None] = {}
+    named: dict[str, tuple[str, int]] = {}  # file: its first tensor, how many it holds
+    for tensor, file in entries.items():
+        if isinstance(file, str):
+            weight_map[tensor] = file
+            first, count = named.get(file, (tensor, 0))
+            named[file] = (first, count + 1)
+            continue
+        weight_map[tensor] = None
+        report(
+            CheckpointError(
+                f"{INDEX_NAME}: weight_map[{tensor!r}] must be a file name string, not "
+                f"{file!r:.60}",
+                path=INDEX_NAME,
+                tensor=tensor,
+                rule="index.file_not_string",
+            )
+        )
+    names = []
+    for file in sorted(named):  # each file is checked once, not once per tensor
+        tensor, count = named[file]
+        if not check_plain_name(file, tensor, report):
+            continue
+        # Only existence here (a stat, nothing opened): what is there is checked by the
+        # guarded opener when its header is read, so a FIFO or a directory is file.not_regular.
+        if not os.path.exists(root / file):
+            more = f" (and {count - 1} more)" if count > 1 else ""
+            report(
+                CheckpointNotFoundError(
+                    f"{file}: named by {INDEX_NAME} for tensor {tensor!r}{more} but missing (or "
+                    f"a broken symlink); a shard file of the checkpoint is missing or the "
+                    f"download is incomplete",
+                    path=file,
+                    tensor=tensor,
+                    rule="index.file_missing",
+                )
+            )
+            continue
+        names.append(file)
+    return weight_map, names
+
+
+def check_plain_name(file: str, tensor: str, report: Report = raise_problem) -> bool:
+    """Whether ``file`` is a plain name inside the directory; a problem is reported if not."""
+    plain = (
+        file not in ("", ".", "..")
+        and "/" not in file
+        and "\\" not in file
+        and "\x00" not in file
+        and not os.path.isabs(file)
+        and is_unicode(file)
+    )
+    if not plain:
+        report(
+            CheckpointError(
+                f"{INDEX_NAME}: weight_map[{tensor!r}] names {file!r}, which is not a plain "
+                f"file name inside the checkpoint directory (no separators, '..', absolute "
+                f"paths, NUL or lone surrogate escapes)",
+                path=INDEX_NAME,
+                tensor=tensor,
+                rule="index.not_plain_name",
+            )
+        )
+    return plain
+
+
+def check_index_agreement(
+    weight_map: Mapping[str, str | None],
+    owner: Mapping[str, str],
+    read: Container[str],
+    report: Report,
+) -> None:
+    """The index places each tensor in the file that holds it, and lists every tensor.
+
+    Only entries naming a file in ``read`` are compared: the others were reported already.
+    """
+    if weight_map == owner:  # what the loops below check, without a Python step per tensor
+        return
+    for tensor, file in weight_map.items():
+        if file is None or file not in read:
+            continue
+        if owner.get(tensor) != file:
+            where = f"it is in {owner[tensor]}" if tensor in owner else "no file holds it"
+            report(
+                CheckpointError(
+                    f"{INDEX_NAME} places tensor {tensor!r} in {file}, but {file} lacks it "
+                    f"({where}); the index and the files disagree",
+                    path=file,
+                    tensor=tensor,
+                    rule="index.tensor_not_in_file",
+                )
+            )
+    for tensor, file in owner.items():
+        if tensor not in weight_map:
+            report(
+                CheckpointError(
+                    f"{file} holds tensor {tensor!r}, which {INDEX_NAME} omits; the index and "
+                    f"the files disagree (a stale index?)",
+                    path=file,
+                    tensor=tensor,
+                    rule="index.omits_tensor",
+                )
+            )
+
+
+def check_single_file_beside_index(
+    root: Path, headers: Mapping[str, FileHeader], owner: Mapping[str, str], report: Report
+) -> None:
+    """``model.safetensors`` beside an index that does not name it: a second checkpoint.
+
+    transformers reads ``model.safetensors`` first, this reader the index's files: say so
+    when both hold the same tensors, refuse when they differ.
+    """
+    if SINGLE_FILE_NAME in headers or not (root / SINGLE_FILE_NAME).exists():
+        return
+    try:
+        single = read_header(root / SINGLE_FILE_NAME, name=SINGLE_FILE_NAME)
+    except CheckpointError as err:  # a stray broken file: never read, but named
+        logger.warning(
+            "%s: reading the files %s names; %s beside it, which it does not name, is not a "
+            "valid file (transformers would try that one): %s",
+            root,
+            INDEX_NAME,
+            SINGLE_FILE_NAME,
+            err,
+        )
+        return
+    indexed = {name: headers[file].tensors[name] for name, file in owner.items()}
+    differ = sorted(set(single.tensors) ^ set(indexed)) or sorted(
+        name
+        for name, entry in single.tensors.items()
+        if (entry.dtype, entry.shape) != (indexed[name].dtype, indexed[name].shape)
+    )
+    if not differ:
+        logger.warning(
+            "%s: reading the files %s names; %s, which it does not name, holds the same "
+            "tensors (transformers would read that one instead)",
+            root,
+            INDEX_NAME,
+            SINGLE_FILE_NAME,
+        )
+        return
+    name = differ[0]
+    where = {
+        SINGLE_FILE_NAME: single.tensors.get(name),
+        _index_file(owner, name): indexed.get(name),
+    }
+    seen = "; ".join(
+        f"{file}: " + (f"{entry.dtype} {list(entry.shape)}" if entry else "absent")
+        for file, entry in where.items()
+    )
+    report(
+        CheckpointError(
+            f"{SINGLE_FILE_NAME} and {INDEX_NAME} are both here, the index does not name "
+            f"{SINGLE_FILE_NAME}, and they disagree on {len(differ)} tensor(s), first {name!r} "
+            f"({seen}); transformers reads {SINGLE_FILE_NAME}, this reader the index's files: "
+            f"remove the stale one, or pass the path of {SINGLE_FILE_NAME} to read it alone",
+            path=SINGLE_FILE_NAME,
+            tensor=name,
+            rule="hf.single_beside_index",
+        )
+    )
+
+
+def _index_file(owner: Mapping[str, str], name: str) -> str:
+    return owner.get(name, "the index's files")
