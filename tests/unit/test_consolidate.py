@@ -102,8 +102,12 @@ def test_a_large_budget_still_stages_in_cache_sized_blocks(
     pieces = {name: split(tensor, 1, 4) for name, tensor in originals.items()}
     source = write_sharded(tmp_path / "sharded", pieces)
     report = consolidate(source, tmp_path / "out", staging_bytes=2**30, thread_count=threads)
-    # Each thread: a block and a scratch buffer of the cap.
-    assert report.staging_bytes == (threads * 2 * 2 * MIN_STAGING_BYTES,)
+    # Each thread that staged a tensor: a block and a scratch buffer of the cap (a thread
+    # may find no tensor left and allocate nothing).
+    (used,) = report.staging_bytes
+    per_thread = 2 * 2 * MIN_STAGING_BYTES
+    assert used % per_thread == 0
+    assert per_thread <= used <= threads * per_thread
     assert (tmp_path / "out" / "model.safetensors").read_bytes() == expected_file(
         tmp_path, originals
     )
