@@ -18,6 +18,7 @@ from sharded_cases import grid, split, write_sharded
 import hyperckpt
 from hyperckpt import CheckpointChangedError, CheckpointError, consolidate, describe
 from hyperckpt._cli.main import main
+from hyperckpt._consolidate import write as _write
 from hyperckpt._consolidate.assign import parse_size
 from hyperckpt._consolidate.run import MARKER_NAME
 from hyperckpt._consolidate.write import MIN_STAGING_BYTES
@@ -84,6 +85,29 @@ def test_pieces_larger_than_the_budget_stream_in_blocks_within_it(
     budget = 2 * MIN_STAGING_BYTES
     report = consolidate(source, tmp_path / "out", staging_bytes=budget, thread_count=threads)
     assert max(report.staging_bytes) <= budget
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == expected_file(
+        tmp_path, originals
+    )
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_large_budget_still_stages_in_cache_sized_blocks(
+    tmp_path: Path, threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A budget far above the tensor (as the default is for most tensors) must not make the
+    # blocks as large as the tensor: column pieces got several times slower that way.
+    monkeypatch.setattr(_write, "BLOCK_BYTES", 2 * MIN_STAGING_BYTES)
+    # 75 KiB each, rows of 800 bytes a piece
+    originals = {f"wide{n}": sample_tensor((96, 200), torch.float32, seed=11 + n) for n in (0, 1)}
+    pieces = {name: split(tensor, 1, 4) for name, tensor in originals.items()}
+    source = write_sharded(tmp_path / "sharded", pieces)
+    report = consolidate(source, tmp_path / "out", staging_bytes=2**30, thread_count=threads)
+    # Each thread that staged a tensor: a block and a scratch buffer of the cap (a thread
+    # may find no tensor left and allocate nothing).
+    (used,) = report.staging_bytes
+    per_thread = 2 * 2 * MIN_STAGING_BYTES
+    assert used % per_thread == 0
+    assert per_thread <= used <= threads * per_thread
     assert (tmp_path / "out" / "model.safetensors").read_bytes() == expected_file(
         tmp_path, originals
     )
