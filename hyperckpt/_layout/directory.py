@@ -26,6 +26,7 @@ from hyperckpt._format.header import (
     TensorEntry,
     read_header,
 )
+from hyperckpt._format.preview import preview
 from hyperckpt._layout.gcpause import collector_paused
 from hyperckpt._layout.index import (
     check_index_agreement,
@@ -107,7 +108,7 @@ def detect_kind(path: str | os.PathLike[str]) -> Kind:
     if first.metadata is not None and SHARDING_INFO_KEY in first.metadata:
         return TORCH_SHARDED
     raise CheckpointError(
-        f"{root}: {len(names)} *.safetensors files ({_preview(names)}) but no {INDEX_NAME}, "
+        f"{root}: {len(names)} *.safetensors files ({preview(names, 3, quote=False)}) but no {INDEX_NAME}, "
         f"no {SINGLE_FILE_NAME}, and {names[0]} has no {SHARDING_INFO_KEY}, so which files "
         f"form the checkpoint is unknown; pass the path of a single file, or add the index",
         path=str(root),
@@ -340,10 +341,6 @@ def _whole(file: str, entry: TensorEntry) -> TensorLayout:
     return TensorLayout(entry.name, entry.dtype, shape, (piece,))
 
 
-def _preview(names: list[str]) -> str:
-    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-
-
 def _pickled_hint(root: Path) -> str:
     """What to do with a directory of pickled torch weights (``pytorch_model.bin``), or ""."""
     pickled = sorted(
@@ -354,7 +351,7 @@ def _pickled_hint(root: Path) -> str:
     if not pickled:
         return ""
     return (
-        f"it holds {_preview(pickled)}: pickled torch weights (torch.save), which hyperckpt "
+        f"it holds {preview(pickled, 3, quote=False)}: pickled torch weights (torch.save), which hyperckpt "
         f"does not read (unpickling runs code); convert them to safetensors, e.g. with "
         f"transformers: AutoModel.from_pretrained(path).save_pretrained(out), which writes "
         f"{SINGLE_FILE_NAME} or its index"
@@ -380,7 +377,7 @@ def _other_kind_hint(root: Path) -> str:
                 f"directory: use TorchShardedSafetensorsReader"
             )
         return (
-            f"; it holds {_preview(names)}: without an index only {SINGLE_FILE_NAME} is read, "
+            f"; it holds {preview(names, 3, quote=False)}: without an index only {SINGLE_FILE_NAME} is read, "
             f"so pass a single file's path or add the index"
         )
     pickled = _pickled_hint(root)
