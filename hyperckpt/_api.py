@@ -20,14 +20,14 @@ from torch.distributed.tensor import DTensor
 from hyperckpt._broadcast.headers import HeaderReads, describe
 from hyperckpt._broadcast.strategy import Exchange
 from hyperckpt._format.preview import preview
-from hyperckpt._layout.mapping import MappedLayout, MappingLike, as_mapping
+from hyperckpt._layout.mapping import MappedLayout, MappingLike
 from hyperckpt._layout.mapping import Mapping as _Mapping
 from hyperckpt._layout.model import CheckpointLayout, Kind
 from hyperckpt._options import read_options
 from hyperckpt._planner.agreement import Failure, agree, distributed
 from hyperckpt._planner.load_planner import LoadPlanner, strided_regions
 from hyperckpt._planner.shapes import shape_mismatch
-from hyperckpt._read.dtype_policy import Conversion, DtypePolicy, check_policy, enforce
+from hyperckpt._read.dtype_policy import Conversion, DtypePolicy, enforce
 from hyperckpt._read.dtypes import to_torch_shape
 from hyperckpt._read.tracker import ProgressCallback
 from hyperckpt._readers import reader_for
@@ -141,16 +141,27 @@ def load(
             (the others name that rank and its message).
     """
     begin = time.perf_counter()
-    policy = check_policy(dtype_policy)
-    mapper = None if mapping is None else as_mapping(mapping)
+    given: dict[str, Any] = dict(reader_options or {})
+    given.setdefault("thread_count", thread_count)
+    given.setdefault("dtype_policy", dtype_policy)
+    given.setdefault("progress", progress)
+    if "broadcast_replicated" not in given:
+        given.setdefault("exchange", exchange)
+    if process_group is not None:
+        given.setdefault("process_group", process_group)
+    if mapping is not None:
+        given.setdefault("mapping", mapping)
+    # One typed object from here to the read threads: the checks below use the same values
+    # the reader will (a dtype_policy or header_reads given in reader_options included).
+    options = read_options(**given)
     # A refusal on one rank must stop every rank, or the others wait in collectives.
     try:
         described, mapped, wanted, skipped = _validate(
-            state_dict, path, allow_missing, mapper, process_group, reader_options or {}
+            state_dict, path, allow_missing, options.mapping, process_group, options.header_reads
         )
         layout = mapped.layout
         conversions = enforce(
-            policy,
+            options.dtype_policy,
             (
                 (name, layout.tensors[name].dtype, value.dtype, layout.tensors[name].nbytes)
                 for name, value in wanted.items()
@@ -172,17 +183,7 @@ def load(
         except CheckpointError as err:
             failure = err
         agree(failure, process_group, _refused)
-    options: dict[str, Any] = dict(reader_options or {})
-    options.setdefault("thread_count", thread_count)
-    options.setdefault("dtype_policy", policy)
-    options.setdefault("progress", progress)
-    if "broadcast_replicated" not in options:
-        options.setdefault("exchange", exchange)
-    if process_group is not None:
-        options.setdefault("process_group", process_group)
-    if mapper is not None:
-        options.setdefault("mapping", mapper)
-    reader = reader_for(layout.kind)(path, options=read_options(**options))
+    reader = reader_for(layout.kind)(path, options=options)
     reader.described = described  # validated above: read_metadata reads no header again
     with warnings.catch_warnings():
         # One process without a process group is a supported use here, not a mistake.
@@ -247,15 +248,14 @@ def _validate(
     allow_missing: bool | Collection[str],
     mapping: _Mapping | None,
     group: dist.ProcessGroup | None,
-    reader_options: Mapping[str, object],
+    header_reads: HeaderReads,
 ) -> tuple[CheckpointLayout, MappedLayout, dict[str, torch.Tensor], list[str]]:
     """The validated layout as described and as mapped, the entries to load, and the keys
     skipped as allowed.
 
-    Under torch.distributed one rank reads the headers (``header_reads`` among the reader
-    options says otherwise) and the others ``stat`` their files.
+    Under torch.distributed one rank reads the headers (unless ``header_reads`` says
+    otherwise) and the others ``stat`` their files.
     """
-    header_reads = cast(HeaderReads, reader_options.get("header_reads", "once"))
     if header_reads == "auto":
         header_reads = "once"
     described = describe(
