@@ -19,11 +19,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from hyperckpt._cli import verify as verify_command
 from hyperckpt._layout.directory import describe
 from hyperckpt._layout.mapping import MappedLayout
 from hyperckpt._layout.model import CheckpointLayout
 from hyperckpt._read.progress import StatusLine, format_bytes
-from hyperckpt._verify import command as verify_command
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError, printable
 
 if TYPE_CHECKING:
