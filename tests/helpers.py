@@ -20,7 +20,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
+from hypothesis import strategies as st
 from safetensors.torch import save_file
+from torch.distributed.tensor import Placement, Replicate, Shard
+from torch.distributed.tensor.placement_types import _StridedShard
 
 from hyperckpt import CheckpointError
 
@@ -137,3 +140,15 @@ def assert_names(err: CheckpointError, *, path: str, tensor: str | None) -> None
     assert err.tensor == tensor
     if tensor is not None:
         assert repr(tensor) in str(err)
+
+
+def draw_placement(draw: st.DrawFn, ndim: int, max_split: int) -> Placement:
+    """One mesh dimension's placement for a tensor of ``ndim`` dimensions, for property
+    tests: ``Shard``, ``_StridedShard`` (split factor 2 to ``max_split``) or ``Replicate``."""
+    kind = draw(st.sampled_from(["shard", "strided", "replicate"]))
+    dim = draw(st.integers(0, ndim - 1))
+    if kind == "shard":
+        return Shard(dim)
+    if kind == "strided":
+        return _StridedShard(dim, split_factor=draw(st.integers(2, max_split)))
+    return Replicate()

@@ -23,13 +23,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import mismatch, poison_, sample_tensor, write_hf_checkpoint
+from helpers import draw_placement, mismatch, poison_, sample_tensor, write_hf_checkpoint
 from hypothesis import given
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 from torch.distributed.checkpoint.planner import ReadItem
-from torch.distributed.tensor import Placement, Replicate, Shard
-from torch.distributed.tensor.placement_types import _StridedShard
+from torch.distributed.tensor import Placement, Replicate
 
 from hyperckpt import (
     CheckpointError,
@@ -91,16 +90,7 @@ def fusions(draw: st.DrawFn) -> Fusion:
 @st.composite
 def layouts(draw: st.DrawFn, ndim: int) -> tuple[tuple[int, ...], list[Placement]]:
     mesh = draw(st.sampled_from([(1,), (2,), (3,), (4,), (2, 2)]))
-    placements: list[Placement] = []
-    for _ in mesh:
-        kind = draw(st.sampled_from(["shard", "strided", "replicate"]))
-        dim = draw(st.integers(0, ndim - 1))
-        if kind == "shard":
-            placements.append(Shard(dim))
-        elif kind == "strided":
-            placements.append(_StridedShard(dim, split_factor=draw(st.integers(2, 3))))
-        else:
-            placements.append(Replicate())
+    placements = [draw_placement(draw, ndim, 3) for _ in mesh]
     return mesh, placements
 
 

@@ -13,6 +13,7 @@ import itertools
 import math
 
 import torch
+from helpers import draw_placement
 from hypothesis import given
 from hypothesis import strategies as st
 from torch.distributed.tensor import Placement, Replicate, Shard
@@ -26,16 +27,7 @@ def layouts(draw: st.DrawFn) -> tuple[tuple[int, ...], tuple[int, ...], list[Pla
     ndim = draw(st.integers(1, 3))
     shape = tuple(draw(st.lists(st.integers(0, 13), min_size=ndim, max_size=ndim)))
     mesh = tuple(draw(st.lists(st.integers(1, 4), min_size=1, max_size=3)))
-    placements: list[Placement] = []
-    for _ in mesh:
-        kind = draw(st.sampled_from(["shard", "strided", "replicate"]))
-        dim = draw(st.integers(0, ndim - 1))
-        if kind == "shard":
-            placements.append(Shard(dim))
-        elif kind == "strided":
-            placements.append(_StridedShard(dim, split_factor=draw(st.integers(2, 4))))
-        else:
-            placements.append(Replicate())
+    placements = [draw_placement(draw, ndim, 4) for _ in mesh]
     return shape, mesh, placements
 
 
