@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 # ci: derandomized and bounded, so CI is repeatable; fuzz: long local runs
@@ -24,3 +25,15 @@ settings.register_profile(
     print_blob=True,
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+#: Seconds before pytest-timeout stops a test that spawns ranks: past the rank harness's own
+#: limits (a stall of two minutes, a wall-clock cap of 15), so a slow run on a busy machine
+#: ends by the harness's report, and only a harness that itself hangs meets this one.
+SPAWNING_TEST_TIMEOUT = 1200
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("distributed") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SPAWNING_TEST_TIMEOUT))

@@ -6,7 +6,9 @@ The API is four functions; keep it small:
 * :func:`sample_tensor` - deterministic data that never holds an all-``0xFF`` element;
 * :func:`poison_` - fill a destination with ``0xFF`` bytes (NaN, -1, 255, an invalid bool);
 * :func:`mismatch` - ``None`` when two tensors are bit-identical, else a short description;
-* :func:`write_hf_checkpoint` - ``model.safetensors`` or several files and their index.
+* :func:`write_hf_checkpoint` - ``model.safetensors`` or several files and their index;
+* :func:`run_ranks` and :func:`device_mesh` - spawned gloo ranks, and one mesh per shape in
+  each of them (every 2-D mesh makes gloo groups and their threads, never released).
 
 Because sample data never contains the poison pattern, an element a load forgot to write
 always shows up in :func:`mismatch`.
@@ -16,18 +18,48 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import cache
 from pathlib import Path
 
 import torch
 from hypothesis import strategies as st
 from safetensors.torch import save_file
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import Placement, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from hyperckpt import CheckpointError
+from hyperckpt._cli.spawn import spawn_ranks
 
-__all__ = ["mismatch", "poison_", "sample_tensor", "write_hf_checkpoint"]
+__all__ = [
+    "device_mesh",
+    "mismatch",
+    "poison_",
+    "run_ranks",
+    "sample_tensor",
+    "write_hf_checkpoint",
+]
+
+#: The most threads a spawned rank may hold when its function returns: gloo, the reader's
+#: pool and the exchange's threads come to a few dozen; a mesh or pool made per tensor
+#: and never released shows as hundreds.
+RANK_THREAD_LIMIT = 64
+
+
+def run_ranks(
+    fn: Callable[..., object], world_size: int, *args: object, workdir: str | Path | None = None
+) -> list[object]:
+    """:func:`hyperckpt._cli.spawn.spawn_ranks` with the harness's defaults for tests: a
+    generous wall-clock cap (a slow, busy machine is not a failure; a hang still is, by the
+    stall rule) and :data:`RANK_THREAD_LIMIT`."""
+    return spawn_ranks(fn, world_size, *args, thread_limit=RANK_THREAD_LIMIT, workdir=workdir)
+
+
+@cache
+def device_mesh(shape: tuple[int, ...], names: tuple[str, ...] | None = None) -> DeviceMesh:
+    """The CPU mesh of ``shape`` for this rank, made once and reused."""
+    return init_device_mesh("cpu", shape, mesh_dim_names=names)
 
 
 def sample_tensor(shape: tuple[int, ...], dtype: torch.dtype, *, seed: int) -> torch.Tensor:

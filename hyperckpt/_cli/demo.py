@@ -145,7 +145,7 @@ def run_demo(
     keep: bool = False,
     directory: str | None = None,
     on_step: Callable[[str], None] | None = None,
-    timeout: float = 600.0,
+    timeout: float = 900.0,
 ) -> DemoReport:
     """Write the sample checkpoints, load them on ``ranks`` spawned CPU ranks, verify.
 

@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -231,6 +232,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--keep", action="store_true", help="keep the checkpoints and say where")
     demo.add_argument("--dir", help="write the checkpoints here instead of a temporary directory")
+    demo.add_argument(
+        "--timeout",
+        type=float,
+        default=900.0,
+        help="seconds before the ranks are ended, however busy (default 900); ranks that use "
+        "no CPU for two minutes are ended as hung sooner",
+    )
     demo.set_defaults(run=_demo)
 
     from hyperckpt._cli.consolidate import add_parser as add_consolidate
@@ -627,6 +635,8 @@ def _demo(args: argparse.Namespace) -> int:
 
     if args.ranks < 1:
         raise _UsageError(f"--ranks must be at least 1, got {args.ranks}")
+    if not 0 < args.timeout < math.inf:
+        raise _UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     status = StatusLine()
     try:
         report = demo.run_demo(
@@ -635,6 +645,7 @@ def _demo(args: argparse.Namespace) -> int:
             keep=args.keep or args.dir is not None,
             directory=args.dir,
             on_step=status,
+            timeout=args.timeout,
         )
     except RankFailure as err:
         status.close()

@@ -1,16 +1,33 @@
-"""Run a function on N spawned CPU ranks joined by gloo, with a deadline (demo and tests)."""
+"""Run a function on N spawned CPU ranks joined by gloo, and end every one of them (demo, tests).
+
+Every rank leads a process group of its own, so the ranks and anything they start are ended
+together when the call returns, however it returns (a result, a rank's error, a stall, the
+deadline, an interrupt); on Linux a rank also dies with the process that spawned it.  Two
+limits stop a run: ``stall`` seconds in which no rank used any CPU (a hang: every rank
+waits on another) and ``timeout`` seconds of wall time, a generous cap for a run that is
+busy but never finishes.  A run that is merely slow on a busy machine keeps using CPU and
+is never stopped by the stall rule.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import faulthandler
+import multiprocessing
 import os
 import pickle
+import signal
+import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch.distributed as dist
 from torch.multiprocessing.spawn import (
+    ProcessContext,
     ProcessExitedException,
     ProcessRaisedException,
     start_processes,
@@ -18,63 +35,169 @@ from torch.multiprocessing.spawn import (
 
 __all__ = ["RankFailure", "spawn_ranks"]
 
+#: What a rank was doing, by the code it last wrote to the shared stage array.
+STAGES = (
+    "not started",
+    "joining the process group",
+    "running",
+    "returned, leaving the process group",
+    "finished",
+)
+_JOINING, _RUNNING, _LEAVING, _FINISHED = 1, 2, 3, 4
+_PR_SET_PDEATHSIG = 1
+
 
 class RankFailure(RuntimeError):
-    """One or more spawned ranks failed or the ranks ran past their deadline."""
+    """One or more spawned ranks failed, hung, or ran past their deadline."""
 
 
 def spawn_ranks(
     fn: Callable[..., object],
     world_size: int,
     *args: object,
-    timeout: float = 120.0,
+    timeout: float = 900.0,
+    stall: float = 120.0,
+    thread_limit: int | None = None,
     workdir: str | os.PathLike[str] | None = None,
 ) -> list[object]:
     """Call ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes.
 
     Each process joins a gloo process group through a ``file://`` rendezvous inside
     ``workdir`` (no ports, so runs in parallel never collide), runs ``fn`` and leaves the
-    group.  ``fn`` must be importable (a module-level function).
+    group.  ``fn`` must be importable (a module-level function).  When the call returns or
+    raises, no process it started is left running.
 
     Args:
         fn: The function each rank runs.
         world_size: How many ranks.
         *args: Passed to ``fn`` after ``rank`` and ``world_size``; must pickle.
-        timeout: Seconds before every rank is killed and :class:`RankFailure` raised.
+        timeout: Wall-clock seconds after which the ranks are ended, however busy.
+        stall: Seconds in which no rank used CPU time after which they are ended as hung
+            (only where ``/proc`` shows CPU times; elsewhere ``timeout`` alone applies).
+        thread_limit: The most threads a rank may hold when ``fn`` returns; more fails the
+            run (a process group or thread pool created per call and never released).
         workdir: Where the rendezvous and results go; a temporary directory by default.
 
     Returns:
         Each rank's return value, by rank.
 
     Raises:
-        RankFailure: A rank raised (its traceback is in the message), died, or the
-            deadline passed.
+        RankFailure: A rank raised (its traceback is in the message), died, stalled, ran
+            past ``timeout`` or held more than ``thread_limit`` threads; the message says
+            what each rank was doing.
     """
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    context_mp = multiprocessing.get_context("spawn")
+    stages: Any = context_mp.RawArray("i", world_size)
+    threads: Any = context_mp.RawArray("i", world_size)
     with tempfile.TemporaryDirectory(dir=workdir) as scratch:
         context = start_processes(  # type: ignore[no-untyped-call]
             _entry,
-            args=(fn, world_size, scratch, args),
+            args=(fn, world_size, scratch, args, os.getpid(), stages, threads),
             nprocs=world_size,
             join=False,
             start_method="spawn",
         )
-        deadline = time.monotonic() + timeout
         try:
-            while not context.join(timeout=max(0.0, min(1.0, deadline - time.monotonic()))):
-                if time.monotonic() >= deadline:
-                    raise RankFailure(f"{world_size} ranks did not finish within {timeout:.0f} s")
+            _wait(context, timeout, stall, stages)
         except ProcessRaisedException as err:
-            raise RankFailure(str(err)) from None
+            raise RankFailure(f"{err}\n{_report(context, stages)}") from None
         except ProcessExitedException as err:
-            raise RankFailure(str(err)) from None
+            raise RankFailure(f"{err}\n{_report(context, stages)}") from None
         finally:
-            for process in context.processes:
-                if process.is_alive():
-                    process.kill()
-                    process.join()
+            _end(context.processes)
+        crowded = [
+            (rank, count)
+            for rank, count in enumerate(threads)
+            if thread_limit is not None and count > thread_limit
+        ]
+        if crowded:
+            listed = ", ".join(f"rank {rank}: {count}" for rank, count in crowded)
+            raise RankFailure(
+                f"ranks held more than {thread_limit} threads when their function returned"
+                f" ({listed}): something creates process groups or thread pools per call"
+                " and never releases them"
+            )
         return [
             pickle.loads(Path(scratch, f"result-{rank}").read_bytes()) for rank in range(world_size)
         ]
+
+
+def _wait(context: ProcessContext, timeout: float, stall: float, stages: Sequence[int]) -> None:
+    """Join the ranks; raise :class:`RankFailure` when they stall or pass the deadline."""
+    start = time.monotonic()
+    last_cpu, last_progress = -1.0, start
+    while not context.join(timeout=1.0):
+        now = time.monotonic()
+        cpu = _cpu_seconds([p.pid for p in context.processes if p.pid is not None])
+        if cpu is None or cpu > last_cpu:
+            last_cpu, last_progress = (cpu or 0.0), now
+        if now - start >= timeout:
+            why = f"did not finish within {timeout:.0f} s"
+        elif now - last_progress >= stall:
+            why = f"used no CPU for {stall:.0f} s (hung: each waits on another)"
+        else:
+            continue
+        _dump_stacks(context.processes)
+        raise RankFailure(
+            f"{len(context.processes)} ranks {why}; they were ended.\n{_report(context, stages)}"
+        )
+
+
+def _cpu_seconds(pids: Sequence[int]) -> float | None:
+    """User plus system CPU seconds the ranks have used so far, or None without ``/proc``."""
+    if not os.path.exists("/proc/self/stat"):
+        return None
+    ticks = 0
+    for pid in pids:
+        try:  # a rank that has exited and been reaped has no entry: it adds nothing
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        ticks += sum(int(field) for field in fields[11:15])  # utime stime cutime cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _report(context: ProcessContext, stages: Sequence[int]) -> str:
+    """One line per rank: alive or its exit code, and what it was doing."""
+    lines = []
+    for rank, process in enumerate(context.processes):
+        state = "running" if process.is_alive() else f"exit code {process.exitcode}"
+        lines.append(f"  rank {rank} (pid {process.pid}, {state}): {STAGES[stages[rank]]}")
+    return "\n".join(lines)
+
+
+def _dump_stacks(processes: Sequence[multiprocessing.process.BaseProcess]) -> None:
+    """Ask every live rank to print its Python stacks to stderr, then wait for them briefly."""
+    for process in processes:
+        if process.is_alive() and process.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGUSR1)
+    time.sleep(1.0)
+
+
+def _end(processes: Sequence[multiprocessing.process.BaseProcess]) -> None:
+    """Kill every rank's process group (the rank and whatever it started), then reap."""
+    for process in processes:
+        if process.pid is None:
+            continue
+        # A rank that has not yet made its own group is killed by pid; one whose group is
+        # gone raises ProcessLookupError.
+        for kill in (os.killpg, os.kill):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                kill(process.pid, signal.SIGKILL)
+    for process in processes:
+        process.join()
+
+
+def _die_with_parent(parent: int) -> None:
+    """End this rank when the process that spawned it ends (Linux), or at once if it has."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def _entry(
@@ -83,8 +206,15 @@ def _entry(
     world_size: int,
     scratch: str,
     args: tuple[object, ...],
+    parent: int,
+    stages: Any,
+    threads: Any,
 ) -> None:
+    os.setpgid(0, 0)
+    _die_with_parent(parent)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     os.environ.setdefault("LOCAL_WORLD_SIZE", str(world_size))
+    stages[rank] = _JOINING
     dist.init_process_group(
         "gloo",
         init_method=f"file://{scratch}/rendezvous",
@@ -92,10 +222,24 @@ def _entry(
         world_size=world_size,
     )
     try:
+        stages[rank] = _RUNNING
         result = fn(rank, world_size, *args)
+        threads[rank] = _thread_count()
+        stages[rank] = _LEAVING
         Path(scratch, f"result-{rank}").write_bytes(pickle.dumps(result))
         # Leave together: torch 2.13 sometimes aborts a rank at exit ("terminate called
         # without an active exception") when it tears gloo down while a peer still talks.
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    stages[rank] = _FINISHED
+
+
+def _thread_count() -> int:
+    """Threads of this process, native ones included (``/proc``), or Python's count."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        import threading
+
+        return threading.active_count()

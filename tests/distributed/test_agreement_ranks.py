@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import run_ranks
 
-from hyperckpt._cli.spawn import spawn_ranks
 from hyperckpt._planner.agreement import Failure, agree
 from hyperckpt.errors import CheckpointChangedError, CheckpointError
 
@@ -43,7 +43,7 @@ def _run(rank: int, world_size: int) -> dict[str, object]:
 
 @pytest.mark.distributed
 def test_every_rank_raises_the_failing_ranks_own_error_or_the_first_failure(tmp_path: Path) -> None:
-    ranks = spawn_ranks(_run, WORLD, timeout=90, workdir=tmp_path)
+    ranks = run_ranks(_run, WORLD, workdir=tmp_path)
     for out in ranks:
         assert isinstance(out, dict)
         assert out["values"] == [0, 10, 20]

@@ -21,14 +21,13 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from helpers import mismatch, poison_, sample_tensor, write_hf_checkpoint
+from helpers import device_mesh, mismatch, poison_, run_ranks, sample_tensor, write_hf_checkpoint
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.planner import LoadPlan
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Placement, Replicate, Shard, distribute_tensor
 
 from hyperckpt import HuggingFaceStorageReader
-from hyperckpt._cli.spawn import spawn_ranks
 
 WORLD = 4
 TINY = 200
@@ -167,7 +166,7 @@ def _failing_load(
 
 
 def _run_ranks(rank: int, world_size: int, root: str) -> dict[str, Any]:
-    meshes = {shape: init_device_mesh("cpu", shape) for shape in {s for s, _ in LAYOUTS.values()}}
+    meshes = {shape: device_mesh(shape) for shape in {s for s, _ in LAYOUTS.values()}}
     originals = _originals()
     checkpoint = Path(root, "hf")
     if rank == 0:
@@ -183,7 +182,7 @@ def _run_ranks(rank: int, world_size: int, root: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     root = tmp_path_factory.mktemp("broadcast")
-    return spawn_ranks(_run_ranks, WORLD, str(root), timeout=150)  # type: ignore[return-value]
+    return run_ranks(_run_ranks, WORLD, str(root))  # type: ignore[return-value]
 
 
 def _data_bytes(*, whole: bool | None = None) -> int:

@@ -16,11 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import sample_tensor
+from helpers import run_ranks, sample_tensor
 from sharded_cases import Pieces, grid, split, write_sharded
 
 from hyperckpt import CheckpointError, Progress, consolidate, describe
-from hyperckpt._cli.spawn import spawn_ranks
 from hyperckpt._consolidate.run import MARKER_NAME
 from hyperckpt._consolidate.write import PAUSE_ENV
 
@@ -58,13 +57,12 @@ def test_ranks_share_the_files_and_write_what_one_process_writes(
 ) -> None:
     source = _checkpoint(tmp_path / "sharded")
     alone = consolidate(source, tmp_path / "alone", max_shard_size="6KB")
-    reports = spawn_ranks(
+    reports = run_ranks(
         _consolidate_on_rank,
         world,
         str(source),
         str(tmp_path / "out"),
         -1,
-        timeout=150,
         workdir=tmp_path,
     )
     for report in reports:
@@ -86,9 +84,7 @@ def test_ranks_share_the_files_and_write_what_one_process_writes(
 def test_one_failing_rank_makes_every_rank_raise_naming_it(tmp_path: Path) -> None:
     source = _checkpoint(tmp_path / "sharded")
     out = tmp_path / "out"
-    messages = spawn_ranks(
-        _consolidate_on_rank, 4, str(source), str(out), 2, timeout=150, workdir=tmp_path
-    )
+    messages = run_ranks(_consolidate_on_rank, 4, str(source), str(out), 2, workdir=tmp_path)
     assert all(isinstance(m, str) for m in messages), messages
     assert "No space left on device (simulated)" in str(messages[2])
     for rank in (0, 1, 3):
@@ -141,7 +137,7 @@ def test_a_killed_consolidation_leaves_nothing_describe_accepts_and_a_rerun_succ
     with pytest.raises(CheckpointError):
         describe(out)
 
-    rerun = subprocess.run(command, env={**env, PAUSE_ENV: ""}, capture_output=True, timeout=120)
+    rerun = subprocess.run(command, env={**env, PAUSE_ENV: ""}, capture_output=True)
     assert rerun.returncode == 0, rerun.stderr.decode()
     fresh = consolidate(source, tmp_path / "fresh", max_shard_size="6KB")
     assert sorted(os.listdir(out)) == sorted(os.listdir(tmp_path / "fresh"))

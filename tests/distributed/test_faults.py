@@ -23,15 +23,13 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from helpers import poison_, sample_tensor, write_hf_checkpoint
+from helpers import device_mesh, poison_, run_ranks, sample_tensor, write_hf_checkpoint
 from torch.distributed.checkpoint import DefaultLoadPlanner
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.planner import LoadPlan
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 from hyperckpt import HuggingFaceStorageReader
-from hyperckpt._cli.spawn import spawn_ranks
 from hyperckpt._read import sysio as _sysio
 
 WORLD = 4
@@ -141,7 +139,7 @@ def _load_with_fault(
             copy = path.with_name(path.name + "-rank3") / FAULTY
             os.truncate(copy, copy.stat().st_size - 1)  # a partial download on one node
     dist.barrier()
-    mesh = init_device_mesh("cpu", (WORLD,))
+    mesh = device_mesh((WORLD,))
     state = {}
     for name, shape in SHAPES.items():
         tensor = distribute_tensor(torch.empty(shape), mesh, [PLACEMENTS[name]])
@@ -177,7 +175,7 @@ def _run_faults(rank: int, world_size: int, base: str) -> dict[tuple[str, str], 
     # The same ranks load the pristine copy afterwards: the faults left nothing behind.
     clean, local = _load_with_fault(rank, Path(base), "none", "striped")
     outcomes["none", "striped"] = clean
-    mesh = init_device_mesh("cpu", (WORLD,))
+    mesh = device_mesh((WORLD,))
     for name, shape in SHAPES.items():
         whole = sample_tensor(shape, torch.float32, seed=len(name))
         expected = distribute_tensor(whole, mesh, [PLACEMENTS[name]]).to_local()
@@ -192,7 +190,7 @@ def test_every_rank_raises_naming_the_file_for_every_fault_during_a_load(tmp_pat
     }
     write_hf_checkpoint(tmp_path / "pristine", tensors, files=2)
     assert sorted(p.name for p in (tmp_path / "pristine").iterdir())[0] == FAULTY
-    per_rank = spawn_ranks(_run_faults, WORLD, str(tmp_path), timeout=175, workdir=tmp_path)
+    per_rank = run_ranks(_run_faults, WORLD, str(tmp_path), workdir=tmp_path)
     problems = []
     for rank, outcomes in enumerate(per_rank):
         assert isinstance(outcomes, dict)

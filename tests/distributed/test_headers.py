@@ -23,14 +23,12 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from helpers import mismatch, poison_, sample_tensor, write_hf_checkpoint
+from helpers import device_mesh, mismatch, poison_, run_ranks, sample_tensor, write_hf_checkpoint
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 import hyperckpt
 from hyperckpt import FileStamp
-from hyperckpt._cli.spawn import spawn_ranks
 from hyperckpt._format import header as header_format
 from hyperckpt._layout.directory import describe as describe_locally
 
@@ -69,7 +67,7 @@ def _rchar() -> int:
 
 def _state_dict(rank: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Poisoned DTensor destinations and what each must hold on this rank."""
-    mesh = init_device_mesh("cpu", (WORLD,))
+    mesh = device_mesh((WORLD,))
     originals = _originals()
     wanted = {n: distribute_tensor(t, mesh, [Shard(0)]) for n, t in originals.items()}
     destinations = {
@@ -176,7 +174,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     data = bytearray(broken.read_bytes())
     data[8] = ord("[")  # the header is no longer a JSON object
     broken.write_bytes(bytes(data))
-    return spawn_ranks(_run_ranks, WORLD, str(root), timeout=170, workdir=root)
+    return run_ranks(_run_ranks, WORLD, str(root), workdir=root)
 
 
 def _header_bytes(path: Path) -> int:

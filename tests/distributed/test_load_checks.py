@@ -8,13 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from helpers import mismatch, poison_, sample_tensor, write_hf_checkpoint
-from torch.distributed.device_mesh import init_device_mesh
+from helpers import device_mesh, mismatch, poison_, run_ranks, sample_tensor, write_hf_checkpoint
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 import hyperckpt
 from hyperckpt import CheckpointError, Progress
-from hyperckpt._cli.spawn import spawn_ranks
 
 pytestmark = [pytest.mark.distributed]
 
@@ -29,33 +27,42 @@ def _tensors() -> dict[str, torch.Tensor]:
 
 
 def _run(rank: int, world_size: int, root: str) -> dict[str, object]:
-    mesh = init_device_mesh("cpu", (world_size,))
+    mesh = device_mesh((world_size,))
     tensors = _tensors()
     placements = {"rows.weight": Shard(0), "cols.weight": Shard(1)}
     expected = {n: distribute_tensor(t, mesh, [placements[n]]) for n, t in tensors.items()}
-    state = {n: distribute_tensor(poison_(torch.empty_like(t)), mesh, [placements[n]])
-             for n, t in tensors.items()}
+    state = {
+        n: distribute_tensor(poison_(torch.empty_like(t)), mesh, [placements[n]])
+        for n, t in tensors.items()
+    }
     seen: list[Progress] = []
     report = hyperckpt.load(state, root, progress=seen.append)
-    wrong = [n for n in tensors if mismatch(
-        state[n].to_local(), expected[n].to_local()
-    ) is not None]
+    wrong = [
+        n for n in tensors if mismatch(state[n].to_local(), expected[n].to_local()) is not None
+    ]
     local_bytes = sum(
         v.to_local().numel() * v.to_local().element_size()
-        for v in state.values() if isinstance(v, DTensor)
+        for v in state.values()
+        if isinstance(v, DTensor)
     )
     # A narrowing destination: refused on every rank, nothing written.
-    narrow = {"rows.weight": distribute_tensor(
-        poison_(torch.empty(10, 6, dtype=torch.float16)), mesh, [Shard(0)]
-    )}
+    narrow = {
+        "rows.weight": distribute_tensor(
+            poison_(torch.empty(10, 6, dtype=torch.float16)), mesh, [Shard(0)]
+        )
+    }
     try:
         hyperckpt.load(narrow, root, dtype_policy="no-narrowing")
         refusal = None
     except CheckpointError as err:
         refusal = str(err)
-    untouched = mismatch(
-        narrow["rows.weight"].to_local(), poison_(torch.empty_like(narrow["rows.weight"].to_local()))
-    ) is None
+    untouched = (
+        mismatch(
+            narrow["rows.weight"].to_local(),
+            poison_(torch.empty_like(narrow["rows.weight"].to_local())),
+        )
+        is None
+    )
     dist.barrier()
     return {
         "wrong": wrong,
@@ -68,10 +75,9 @@ def _run(rank: int, world_size: int, root: str) -> dict[str, object]:
     }
 
 
-@pytest.mark.timeout(240)
 def test_two_ranks_report_progress_times_and_refuse_narrowing_together(tmp_path: Path) -> None:
     write_hf_checkpoint(tmp_path / "ckpt", _tensors(), files=2)
-    results = spawn_ranks(_run, WORLD, str(tmp_path / "ckpt"), timeout=200, workdir=tmp_path)
+    results = run_ranks(_run, WORLD, str(tmp_path / "ckpt"), workdir=tmp_path)
     for rank, result in enumerate(results):
         assert isinstance(result, dict)
         assert result["wrong"] == [], rank

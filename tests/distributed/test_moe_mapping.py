@@ -19,14 +19,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from helpers import mismatch, poison_
-from torch.distributed.device_mesh import init_device_mesh
+from helpers import device_mesh, mismatch, poison_, run_ranks
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Placement, Shard, distribute_tensor
 from torch.distributed.tensor.placement_types import _StridedShard
 
 import hyperckpt
-from hyperckpt._cli.spawn import spawn_ranks
 
 pytestmark = pytest.mark.distributed
 
@@ -69,7 +67,7 @@ def _save(root: Path, name: str, experts: int) -> Path:
 
 
 def _sharded(model: torch.nn.Module, world_size: int) -> torch.nn.Module:
-    mesh = init_device_mesh("cpu", (world_size,))
+    mesh = device_mesh((world_size,))
     for layer in model.model.layers:  # type: ignore[union-attr]
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
@@ -117,7 +115,7 @@ def _run(rank: int, world_size: int, paths: dict[str, str]) -> dict[str, object]
             )
         for suffix, mesh_shape, placements in _tp_layouts(world_size):
             key = f"model.layers.1.{suffix}"
-            mesh = init_device_mesh("cpu", mesh_shape)
+            mesh = device_mesh(mesh_shape)
             expected = distribute_tensor(full[key], mesh, placements, src_data_rank=None)
             target = distribute_tensor(full[key], mesh, placements, src_data_rank=None)
             poison_(target.to_local())
@@ -129,14 +127,13 @@ def _run(rank: int, world_size: int, paths: dict[str, str]) -> dict[str, object]
     return {"problems": problems, "stats": stats}
 
 
-@pytest.mark.timeout(300)
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_moe_models_under_fsdp2_load_per_expert_checkpoints_bit_exact_reading_own_bytes(
     tmp_path: Path, world_size: int
 ) -> None:
     # Qwen3-MoE with 5 experts: uneven over 2 and 4 ranks (the 4th rank holds none).
     paths = {name: str(_save(tmp_path, name, 5 if name == "qwen3-moe" else 4)) for name in MODELS}
-    results = spawn_ranks(_run, world_size, paths, timeout=280, workdir=tmp_path)
+    results = run_ranks(_run, world_size, paths, workdir=tmp_path)
     problems = [p for r in results for p in r["problems"]]  # type: ignore[index]
     assert not problems, "\n".join(problems[:20])
     for name in MODELS:

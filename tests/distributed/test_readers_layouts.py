@@ -23,14 +23,13 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from helpers import mismatch, poison_, sample_tensor, write_hf_checkpoint
+from helpers import device_mesh, mismatch, poison_, run_ranks, sample_tensor, write_hf_checkpoint
 from torch.distributed.checkpoint import HuggingFaceStorageWriter
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from hyperckpt import HuggingFaceStorageReader, LoadPlanner, TorchShardedSafetensorsReader
-from hyperckpt._cli.spawn import spawn_ranks
 from hyperckpt._read.engine import MAX_GAP
 
 WORLD = 4
@@ -154,7 +153,7 @@ def _short(dtype: torch.dtype) -> str:
 
 
 def _meshes() -> dict[tuple[int, ...], DeviceMesh]:
-    return {shape: init_device_mesh("cpu", shape) for shape in {s for s, _ in LAYOUTS.values()}}
+    return {shape: device_mesh(shape) for shape in {s for s, _ in LAYOUTS.values()}}
 
 
 def _distribute(
@@ -246,7 +245,7 @@ def _run_ranks(rank: int, world_size: int, root: str) -> dict[str, object]:
 def test_both_readers_load_every_layout_dtype_and_uneven_size_bit_exact(tmp_path: Path) -> None:
     results = cast(
         "list[dict[str, Any]]",
-        spawn_ranks(_run_ranks, WORLD, str(tmp_path), timeout=150, workdir=tmp_path),
+        run_ranks(_run_ranks, WORLD, str(tmp_path), workdir=tmp_path),
     )
     failures = [line for result in results for line in result["failures"]]
     assert not failures, f"{len(failures)} case(s) differ:\n" + "\n".join(failures)

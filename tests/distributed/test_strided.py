@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from helpers import mismatch, poison_, write_hf_checkpoint
+from helpers import device_mesh, mismatch, poison_, run_ranks, write_hf_checkpoint
 from torch import nn
 from torch.distributed.checkpoint import HuggingFaceStorageWriter
 from torch.distributed.checkpoint.default_planner import (
@@ -33,7 +33,7 @@ from torch.distributed.checkpoint.default_planner import (
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import LoadPlan, SavePlan
 from torch.distributed.checkpoint.planner import LoadPlanner as LoadPlannerBase
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import (
     DTensor,
@@ -57,7 +57,6 @@ from hyperckpt import (
     LoadPlanner,
     TorchShardedSafetensorsReader,
 )
-from hyperckpt._cli.spawn import spawn_ranks
 from hyperckpt._planner.regions import local_regions, orders_differ
 
 # A placement as plain values, so cases pickle: ("S", dim), ("SS", dim, split), ("R",).
@@ -135,12 +134,12 @@ def _placement(spec: Spec) -> Placement:
 
 
 def _meshes() -> dict[str, DeviceMesh]:
-    grid = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    grid = device_mesh((2, 2), ("dp", "tp"))
     return {
-        "4": init_device_mesh("cpu", (4,)),
+        "4": device_mesh((4,)),
         "2x2": grid,
         "tp": grid["tp"],
-        "1x2x2": init_device_mesh("cpu", (1, 2, 2)),
+        "1x2x2": device_mesh((1, 2, 2)),
     }
 
 
@@ -367,7 +366,7 @@ def _strided_ranks(rank: int, world_size: int, root: str, cases: list[Case]) -> 
 
 def _run_four_ranks(root: Path) -> list[dict[str, object]]:
     cases = DESIGN + _random_cases(seed=5, count=40)
-    return spawn_ranks(_four_ranks, 4, str(root), cases, timeout=170)  # type: ignore[return-value]
+    return run_ranks(_four_ranks, 4, str(root), cases)  # type: ignore[return-value]
 
 
 def _four_ranks(rank: int, world_size: int, root: str, cases: list[Case]) -> dict[str, object]:
@@ -522,7 +521,7 @@ class _OpaquePlanner(LoadPlannerBase):
 def _fsdp_tp_ranks(
     rank: int, world_size: int, root: str, mesh_shape: tuple[int, int], sizes: tuple[int, int, int]
 ) -> dict[str, object]:
-    mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=("dp", "tp"))
+    mesh = device_mesh(mesh_shape, ("dp", "tp"))
     torch.manual_seed(0)
     reference = _Block(*sizes)
     hf = Path(root, "hf")
@@ -635,7 +634,7 @@ def test_strided_layouts_load_bit_exact_on_four_ranks_where_torch_stock_planner_
 def test_uneven_fsdp_dp3_by_tp2_loads_the_rows_fsdp_holds(tmp_path: Path) -> None:
     # 13 output rows: 7 and 6 per TP rank, then 3, 3, 1 and 2, 2, 2 per DP rank; the packed
     # weight has 14 rows; down_proj's 4 rows over 3 DP ranks leave one empty.
-    results = spawn_ranks(_fsdp_tp_ranks, 6, str(tmp_path), (3, 2), (4, 13, 7), timeout=170)
+    results = run_ranks(_fsdp_tp_ranks, 6, str(tmp_path), (3, 2), (4, 13, 7))
     failures = [f for result in results for f in result["failures"]]  # type: ignore[index]
     assert not failures, "\n".join(failures[:20])
     wrong = {name for result in results for name in result["stock_wrong"]}  # type: ignore[index]

@@ -23,15 +23,13 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from helpers import mismatch, poison_, sample_tensor, write_hf_checkpoint
+from helpers import device_mesh, mismatch, poison_, run_ranks, sample_tensor, write_hf_checkpoint
 from safetensors.torch import save_file
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Placement, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.placement_types import _StridedShard
 
 import hyperckpt
 from hyperckpt import HuggingFaceStorageReader, LoadPlanner, TorchShardedSafetensorsReader
-from hyperckpt._cli.spawn import spawn_ranks
 
 WORLD = 4
 # name -> (shape, stored dtype, loaded dtype)
@@ -91,7 +89,7 @@ def _state(layout: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor
             expected[name] = loaded
             continue
         shape, placements = _placements(layout, tuple(loaded.shape))
-        mesh = init_device_mesh("cpu", shape)
+        mesh = device_mesh(shape)
         state[name] = distribute_tensor(torch.empty_like(loaded), mesh, placements)
         poison_(state[name].to_local())
         expected[name] = distribute_tensor(loaded, mesh, placements).to_local()
@@ -176,7 +174,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     root = tmp_path_factory.mktemp("striped")
     write_hf_checkpoint(root / "hf", _originals(), files=3)
     _write_sharded(root / "sharded")
-    return spawn_ranks(_run_ranks, WORLD, str(root), timeout=170, workdir=root)
+    return run_ranks(_run_ranks, WORLD, str(root), workdir=root)
 
 
 def _data_bytes() -> int:

@@ -8,12 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from helpers import mismatch, poison_, sample_tensor, write_hf_checkpoint
-from torch.distributed.device_mesh import init_device_mesh
+from helpers import device_mesh, mismatch, poison_, run_ranks, sample_tensor, write_hf_checkpoint
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 from hyperckpt import HuggingFaceStorageReader
-from hyperckpt._cli.spawn import spawn_ranks
 from hyperckpt._read.threads import threads_per_rank, usable_cores
 
 SHAPES = {"columns": (16, 64), "rows": (40, 8), "norm": (8,)}
@@ -22,7 +20,7 @@ PLACEMENTS = {"columns": Shard(1), "rows": Shard(0), "norm": Replicate()}
 
 def _load(rank: int, world_size: int, path: str) -> list[tuple[str, int, int]]:
     del os.environ["LOCAL_WORLD_SIZE"]  # what torch.multiprocessing.spawn leaves unset
-    mesh = init_device_mesh("cpu", (world_size,))
+    mesh = device_mesh((world_size,))
     seen = []
     for exchange in ("auto", "replicated", "off"):
         state = {}
@@ -49,7 +47,7 @@ def test_two_spawned_ranks_without_local_world_size_each_get_half_the_cores(
         name: sample_tensor(shape, torch.float32, seed=len(name)) for name, shape in SHAPES.items()
     }
     write_hf_checkpoint(tmp_path / "ckpt", tensors)
-    per_rank = spawn_ranks(_load, 2, str(tmp_path / "ckpt"), timeout=120, workdir=tmp_path)
+    per_rank = run_ranks(_load, 2, str(tmp_path / "ckpt"), workdir=tmp_path)
     for rank, seen in enumerate(per_rank):
         assert isinstance(seen, list)
         for exchange, threads, cores in seen:

@@ -16,16 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from helpers import mismatch, sample_tensor
+from helpers import device_mesh, mismatch, run_ranks, sample_tensor
 from safetensors import safe_open
 from tiny_models import save_tiny_llama
 from torch.distributed.checkpoint import HuggingFaceStorageWriter
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Placement, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from hyperckpt import consolidate, describe
-from hyperckpt._cli.spawn import spawn_ranks
 
 WORLD = 4
 LAYOUTS = ("fsdp", "tp", "fsdp-tp", "fsdp-tp-strided")
@@ -56,7 +54,7 @@ def _placements(layout: str, tensor: torch.Tensor) -> tuple[tuple[int, ...], lis
 
 
 def _save(rank: int, world: int, root: str, llama_weights: dict[str, torch.Tensor]) -> None:
-    meshes = {shape: init_device_mesh("cpu", shape) for shape in ((WORLD,), (2, 2))}
+    meshes = {shape: device_mesh(shape) for shape in ((WORLD,), (2, 2))}
     for layout in LAYOUTS:
         state = {}
         for name, tensor in _originals().items():
@@ -84,7 +82,7 @@ def test_torch_writers_sharded_folders_consolidate_exactly_and_load_in_transform
 
     hf_dir = tmp_path / "hf"
     model = save_tiny_llama(hf_dir, tied=False)
-    spawn_ranks(_save, WORLD, str(tmp_path / "saved"), model, timeout=170, workdir=tmp_path)
+    run_ranks(_save, WORLD, str(tmp_path / "saved"), model, workdir=tmp_path)
 
     originals = _originals()
     for layout in LAYOUTS:

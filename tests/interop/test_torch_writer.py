@@ -15,15 +15,14 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from helpers import mismatch, poison_, sample_tensor
+from helpers import device_mesh, mismatch, poison_, run_ranks, sample_tensor
 from safetensors.torch import load_file
 from tiny_models import save_tiny_llama
 from torch.distributed.checkpoint import HuggingFaceStorageWriter
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Placement, Replicate, Shard, distribute_tensor
 
 from hyperckpt import HuggingFaceStorageReader, TorchShardedSafetensorsReader, describe
-from hyperckpt._cli.spawn import spawn_ranks
 
 WORLD = 2
 
@@ -81,7 +80,7 @@ def _read_all(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def _run_ranks(rank: int, world_size: int, root: str, llama: str) -> list[str]:
-    mesh = init_device_mesh("cpu", (world_size,))
+    mesh = device_mesh((world_size,))
     originals = _originals()
     saved = {name: _spread(t, mesh, [Shard(0)]) for name, t in originals.items()}
     writer = HuggingFaceStorageWriter(
@@ -128,9 +127,7 @@ def test_torch_writer_output_and_a_transformers_model_load_into_other_layouts(
 ) -> None:
     root, llama = tmp_path / "torch-written", tmp_path / "llama"
     model = save_tiny_llama(llama, tied=True)
-    results: list[Any] = spawn_ranks(
-        _run_ranks, WORLD, str(root), str(llama), timeout=150, workdir=tmp_path
-    )
+    results: list[Any] = run_ranks(_run_ranks, WORLD, str(root), str(llama), workdir=tmp_path)
     failures = [line for result in results for line in result]
     assert not failures, f"{len(failures)} case(s) differ:\n" + "\n".join(failures)
 
