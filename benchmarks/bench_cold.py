@@ -34,8 +34,8 @@ from _common import Spec, drop_cache, expected, llama_specs, machine, write_chec
 
 from hyperckpt import ReadOptions
 from hyperckpt._layout.directory import huggingface_layout
+from hyperckpt._load.readers import to_metadata
 from hyperckpt._read.engine import ReadEngine
-from hyperckpt._readers import to_metadata
 
 logger = logging.getLogger("bench_cold")
 

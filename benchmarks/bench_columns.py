@@ -36,9 +36,9 @@ from _common import machine
 
 from hyperckpt import ReadOptions
 from hyperckpt._layout.directory import huggingface_layout
+from hyperckpt._load.readers import to_metadata
 from hyperckpt._read.columns import Strategy
 from hyperckpt._read.engine import ReadEngine
-from hyperckpt._readers import to_metadata
 
 logger = logging.getLogger("bench_columns")
 VARIANTS: tuple[Strategy | None, ...] = (Strategy.SCATTER, Strategy.STAGE, Strategy.RUNS, None)

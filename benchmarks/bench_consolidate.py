@@ -160,7 +160,7 @@ def _rank(rank: int, world: int, case: str, source: str, output: str, size: int)
 
 def run_case(case: str, source: str, output: str, shard_size: int) -> dict[str, object]:
     """``case`` in this fresh process, on 1 or 2 spawned ranks as its name says."""
-    from hyperckpt._cli.spawn import spawn_ranks
+    from hyperckpt._dist.spawn import spawn_ranks
 
     if case.endswith("-2"):
         with tempfile.TemporaryDirectory() as scratch:

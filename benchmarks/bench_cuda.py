@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Spec, expected, llama_specs, machine, pread_seconds, write_checkpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from hyperckpt._readers import HuggingFaceStorageReader
+from hyperckpt._load.readers import HuggingFaceStorageReader
 
 logger = logging.getLogger("bench_cuda")
 

@@ -44,7 +44,7 @@ from _common import (
 )
 
 from hyperckpt._cli import spawn as _spawn
-from hyperckpt._readers import HuggingFaceStorageReader
+from hyperckpt._load.readers import HuggingFaceStorageReader
 
 logger = logging.getLogger("bench_load")
 LAYOUTS = ("fsdp", "tp", "replicate")

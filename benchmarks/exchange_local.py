@@ -39,7 +39,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Placement, Replicate, Shard, distribute_tensor
 
 import hyperckpt
-from hyperckpt._cli.spawn import spawn_ranks
+from hyperckpt._dist.spawn import spawn_ranks
 from hyperckpt._format import header as header_format
 
 WORLD = 4

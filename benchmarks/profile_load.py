@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import llama_specs, machine, write_checkpoint
 from bench_load import _check, _safetensors_load, _state_dict
 
-from hyperckpt._readers import HuggingFaceStorageReader
+from hyperckpt._load.readers import HuggingFaceStorageReader
 
 logger = logging.getLogger("profile_load")
 

@@ -46,7 +46,7 @@ from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distr
 from torch.futures import Future
 
 from hyperckpt import HuggingFaceStorageReader
-from hyperckpt._cli.spawn import spawn_ranks
+from hyperckpt._dist.spawn import spawn_ranks
 
 logger = logging.getLogger("replicated_bytes")
 

@@ -7,7 +7,7 @@ and world (8 ranks per host), every rank's DCP read items are made as DCP's plan
 them (``hyperckpt._cli.dryrun.rank_plans``: DTensor placement arithmetic, ``_StridedShard``
 included), then each exchange is planned by the code the readers run on the coordinator
 (``plan_exchange``: none, ``plan_broadcast``, ``plan_stripes``) and priced by the cost
-model behind ``exchange="auto"`` (``hyperckpt._broadcast.costs.estimate``).
+model behind ``exchange="auto"`` (``hyperckpt._exchange.costs.estimate``).
 
 Reported per run: predicted load time per exchange and what ``"auto"`` picks, bytes read
 per rank and host, read calls, bytes exchanged (and across hosts), rounds, the number of
@@ -40,14 +40,14 @@ from types import MappingProxyType
 from scale import deepseek_v3_tensors
 
 from hyperckpt import CheckpointLayout, CostModel, Piece, TensorLayout
-from hyperckpt._broadcast.costs import STRATEGIES, StrategyCost, estimate, pick
-from hyperckpt._broadcast.schedule import BroadcastSchedule
-from hyperckpt._broadcast.strategy import plan_exchange
-from hyperckpt._broadcast.stripes import StripeSchedule
 from hyperckpt._cli.dryrun import hosts_of, rank_plans
+from hyperckpt._exchange.costs import STRATEGIES, StrategyCost, estimate, pick
+from hyperckpt._exchange.schedule import BroadcastSchedule
+from hyperckpt._exchange.strategy import plan_exchange
+from hyperckpt._exchange.stripes import StripeSchedule
 from hyperckpt._format.header import DTYPES
+from hyperckpt._load.readers import BATCH_BYTES
 from hyperckpt._read.engine import DEFAULT_STAGING_BYTES
-from hyperckpt._readers import BATCH_BYTES
 
 logger = logging.getLogger("simulate_scale")
 

@@ -13,11 +13,8 @@ that ``except Exception`` misses; :func:`hyperckpt.load` raises :class:`Checkpoi
 
 from __future__ import annotations
 
-from hyperckpt._api import LoadReport, load
-from hyperckpt._broadcast.costs import CostModel
-from hyperckpt._broadcast.headers import describe
-from hyperckpt._cli.sample import write_sample
 from hyperckpt._consolidate import ConsolidateReport, consolidate
+from hyperckpt._exchange.costs import CostModel
 from hyperckpt._format.header import FileHeader, FileStamp, TensorEntry
 from hyperckpt._layout.mapping import (
     AddPrefix,
@@ -29,13 +26,17 @@ from hyperckpt._layout.mapping import (
     StripPrefix,
 )
 from hyperckpt._layout.model import CheckpointLayout, Piece, TensorLayout
-from hyperckpt._options import ReadOptions
+from hyperckpt._load.api import LoadReport, load
+from hyperckpt._load.describe import describe
+from hyperckpt._load.options import ReadOptions
+from hyperckpt._load.readers import HuggingFaceStorageReader, TorchShardedSafetensorsReader
 from hyperckpt._planner.load_planner import LoadPlanner
 from hyperckpt._read.dtype_policy import Conversion
-from hyperckpt._read.engine import LoadStats, StorageInfo
 from hyperckpt._read.staging import release_pinned_memory
+from hyperckpt._read.stats import LoadStats
+from hyperckpt._read.storage_info import StorageInfo
 from hyperckpt._read.tracker import Progress
-from hyperckpt._readers import HuggingFaceStorageReader, TorchShardedSafetensorsReader
+from hyperckpt._sample import write_sample
 from hyperckpt._verify import FileCheck, TensorCheck, VerifyReport, verify
 from hyperckpt.errors import CheckpointChangedError, CheckpointError, CheckpointNotFoundError
 

@@ -30,7 +30,7 @@ from torch.distributed.tensor import Placement, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from hyperckpt import CheckpointError
-from hyperckpt._cli.spawn import spawn_ranks
+from hyperckpt._dist.spawn import spawn_ranks
 
 __all__ = [
     "device_mesh",
@@ -50,7 +50,7 @@ RANK_THREAD_LIMIT = 64
 def run_ranks(
     fn: Callable[..., object], world_size: int, *args: object, workdir: str | Path | None = None
 ) -> list[object]:
-    """:func:`hyperckpt._cli.spawn.spawn_ranks` with the harness's defaults for tests: a
+    """:func:`hyperckpt._dist.spawn.spawn_ranks` with the harness's defaults for tests: a
     generous wall-clock cap (a slow, busy machine is not a failure; a hang still is, by the
     stall rule) and :data:`RANK_THREAD_LIMIT`."""
     return spawn_ranks(fn, world_size, *args, thread_limit=RANK_THREAD_LIMIT, workdir=workdir)

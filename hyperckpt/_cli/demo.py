@@ -32,12 +32,12 @@ from torch.distributed.checkpoint.storage import StorageReader
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from hyperckpt._cli import sample as _sample
+import hyperckpt._sample as _sample
 from hyperckpt._cli.dryrun import placements_for
-from hyperckpt._cli.spawn import spawn_ranks
+from hyperckpt._dist.spawn import spawn_ranks
 from hyperckpt._layout.model import Piece
+from hyperckpt._load.readers import reader_for
 from hyperckpt._planner.regions import local_regions
-from hyperckpt._readers import reader_for
 
 __all__ = ["LAYOUTS", "DemoReport", "DemoRow", "format_report", "run_demo", "write_sample"]
 
@@ -151,7 +151,7 @@ def run_demo(
 
     Args:
         ranks: CPU ranks to spawn (gloo); FSDPxTP and HSDP need an even number.
-        size: A sample size, one of ``hyperckpt._cli.sample.SIZES``.
+        size: A sample size, one of ``hyperckpt._sample.SIZES``.
         keep: Keep the checkpoints instead of deleting them.
         directory: Where to write; a new temporary directory by default.
         on_step: Called with a short description as each step starts.
@@ -264,7 +264,7 @@ def _consolidate(original: Path, sharded: Path, out: Path) -> str:
     """Consolidate ``sharded`` into ``out`` and compare every tensor's bytes with
     ``original``'s (read from both headers' offsets: no safetensors needed)."""
     from hyperckpt._consolidate import consolidate
-    from hyperckpt._layout.directory import describe
+    from hyperckpt._layout.directory import describe_directory as describe
 
     report = consolidate(sharded, out, max_shard_size="5MB")
     want = describe(original).tensors

@@ -4,8 +4,8 @@ For a named layout (FSDP, TP, FSDP x TP, HSDP, replicate) every tensor gets a Ll
 placement; each rank's global regions come from DTensor placement arithmetic
 (:func:`hyperckpt._planner.regions.local_regions`) and are cut against the stored pieces exactly as
 DCP's planner cuts them into read items.  The exchange is then planned as the readers plan
-it: slices several ranks need assigned to one reader (:func:`hyperckpt._broadcast.schedule.plan_broadcast`),
-or the needed rows cut into stripes (:func:`hyperckpt._broadcast.stripes.plan_stripes`); and
+it: slices several ranks need assigned to one reader (:func:`hyperckpt._exchange.schedule.plan_broadcast`),
+or the needed rows cut into stripes (:func:`hyperckpt._exchange.stripes.plan_stripes`); and
 :func:`strategy_costs` prices each exchange with the cost model behind ``exchange="auto"``.
 """
 
@@ -23,15 +23,16 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadIte
 from torch.distributed.tensor import Placement, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
-from hyperckpt._broadcast.costs import CostModel, StrategyCost, compare
-from hyperckpt._broadcast.schedule import item_key, plan_broadcast
-from hyperckpt._broadcast.strategy import Strategy, chunk_rows
-from hyperckpt._broadcast.stripes import plan_stripes
+from hyperckpt._exchange.costs import CostModel, StrategyCost, compare
+from hyperckpt._exchange.schedule import item_key, plan_broadcast
+from hyperckpt._exchange.strategy import Strategy, chunk_rows
+from hyperckpt._exchange.stripes import plan_stripes
 from hyperckpt._format.header import DTYPES
 from hyperckpt._layout.model import CheckpointLayout, Piece
+from hyperckpt._load.readers import BATCH_BYTES
 from hyperckpt._planner.regions import DTENSOR, FSDP, Order, fsdp_order_applies, local_regions
-from hyperckpt._read.engine import DEFAULT_STAGING_BYTES, StorageInfo
-from hyperckpt._readers import BATCH_BYTES
+from hyperckpt._read.engine import DEFAULT_STAGING_BYTES
+from hyperckpt._read.storage_info import StorageInfo
 
 __all__ = [
     "LAYOUTS",
@@ -235,7 +236,7 @@ def rank_plans(
 
     Returns:
         Each rank's mesh coordinate and plan (by rank), each read item's ``(bytes, file,
-        chunk offset)`` by :func:`~hyperckpt._broadcast.schedule.item_key`, and each stored chunk's
+        chunk offset)`` by :func:`~hyperckpt._exchange.schedule.item_key`, and each stored chunk's
         storage info (in the checkpoint's element coordinates).
 
     Raises:
@@ -290,7 +291,7 @@ def strategy_costs(
         model: Bandwidths and latencies; :class:`~hyperckpt.CostModel` defaults if ``None``.
 
     Returns:
-        By strategy, its cost (see :class:`~hyperckpt._broadcast.costs.StrategyCost`).
+        By strategy, its cost (see :class:`~hyperckpt._exchange.costs.StrategyCost`).
     """
     _, plans, _, infos = rank_plans(checkpoint, layout, world, tp=tp, replicas=replicas)
     results = compare(

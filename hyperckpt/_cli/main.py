@@ -21,15 +21,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from hyperckpt._cli import verify as verify_command
-from hyperckpt._layout.directory import describe
+from hyperckpt._cli.status import StatusLine
+from hyperckpt._layout.directory import describe_directory as describe
 from hyperckpt._layout.mapping import MappedLayout
 from hyperckpt._layout.model import CheckpointLayout
-from hyperckpt._read.progress import StatusLine, format_bytes
+from hyperckpt._read.progress import format_bytes
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError, printable
 
 if TYPE_CHECKING:
-    from hyperckpt._broadcast.costs import CostModel, StrategyCost
-    from hyperckpt._broadcast.strategy import Strategy
+    from hyperckpt._exchange.costs import CostModel, StrategyCost
+    from hyperckpt._exchange.strategy import Strategy
 
 __all__ = ["main"]
 
@@ -465,8 +466,8 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from hyperckpt._broadcast.costs import CostModel, pick
     from hyperckpt._cli import dryrun as _plan
+    from hyperckpt._exchange.costs import CostModel, pick
     from hyperckpt._read import dtype_policy
 
     if args.world < 1:
@@ -631,7 +632,7 @@ def _print_strategies(
 
 def _demo(args: argparse.Namespace) -> int:
     from hyperckpt._cli import demo
-    from hyperckpt._cli.spawn import RankFailure
+    from hyperckpt._dist.spawn import RankFailure
 
     if args.ranks < 1:
         raise _UsageError(f"--ranks must be at least 1, got {args.ranks}")

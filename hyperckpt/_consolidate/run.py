@@ -28,9 +28,9 @@ from hyperckpt._consolidate.write import (
     check_sub_byte,
     write_files,
 )
+from hyperckpt._dist.agreement import Failure, agree, distributed
 from hyperckpt._layout.directory import torch_sharded_layout
 from hyperckpt._layout.model import INDEX_NAME, CheckpointLayout
-from hyperckpt._planner.agreement import Failure, agree, distributed
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
 from hyperckpt.errors import CheckpointError
 

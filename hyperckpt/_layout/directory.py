@@ -50,7 +50,7 @@ from hyperckpt._layout.model import (
 from hyperckpt._layout.sharding import sharding_info, tile
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
 
-__all__ = ["describe", "detect_kind", "huggingface_layout", "torch_sharded_layout"]
+__all__ = ["describe_directory", "detect_kind", "huggingface_layout", "torch_sharded_layout"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ _SHARDED_SUBDIR: Final = "sharded"
 _SUFFIX: Final = ".safetensors"
 
 
-def describe(path: str | os.PathLike[str]) -> CheckpointLayout:
+def describe_directory(path: str | os.PathLike[str]) -> CheckpointLayout:
     """Validate a checkpoint of either kind from its headers and describe it; no data is read.
 
     The kind is detected (see :func:`detect_kind`).  Use this outside ``dcp.load`` to get

@@ -3,7 +3,7 @@
 No rule is checked here: the layout builders of :mod:`hyperckpt._layout.directory` run
 with a report that collects instead of raising, and go on past each file or tensor at
 fault.  Until the first problem both runs are the same steps, so the first problem
-collected is the one :func:`~hyperckpt._layout.directory.describe` raises.
+collected is the one :func:`~hyperckpt._layout.directory.describe_directory` raises.
 """
 
 from __future__ import annotations

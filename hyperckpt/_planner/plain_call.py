@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadat
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from torch.distributed.checkpoint.planner import LoadPlanner as DcpLoadPlanner
 
-from hyperckpt._planner import agreement
+from hyperckpt._dist import agreement
 from hyperckpt._planner.load_planner import LoadPlanner, _read_items, strided_regions
 from hyperckpt.errors import CheckpointError
 

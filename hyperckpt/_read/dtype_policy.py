@@ -49,7 +49,7 @@ from hyperckpt.errors import CheckpointError
 
 if TYPE_CHECKING:
     from hyperckpt._layout.model import CheckpointLayout
-    from hyperckpt._read.engine import StorageInfo
+    from hyperckpt._read.storage_info import StorageInfo
 
 __all__ = [
     "DTYPE_POLICIES",

@@ -52,6 +52,8 @@ from hyperckpt._read.coalesce import coalesce
 from hyperckpt._read.columns import Runs, Strategy, choose
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.staging import PINNED, SlotRing, Staging, stage_through
+from hyperckpt._read.stats import LoadStats
+from hyperckpt._read.storage_info import StorageInfo
 from hyperckpt._read.threads import local_ranks, threads_per_rank, usable_cores
 from hyperckpt._read.tracker import ProgressTracker
 from hyperckpt.errors import CheckpointChangedError, CheckpointError
@@ -65,9 +67,7 @@ __all__ = [
     "MAX_GAP",
     "STAGE_BLOCK",
     "EngineOptions",
-    "LoadStats",
     "ReadEngine",
-    "StorageInfo",
     "default_threads",
 ]
 
@@ -91,57 +91,6 @@ COLD_THRESHOLD = 0.5
 COLD_CHUNK_BYTES = 32 * 2**20
 
 _Job = Callable[[], None]
-
-
-@dataclass(frozen=True, slots=True)
-class StorageInfo:
-    """Where the bytes of one stored chunk live; the value of ``Metadata.storage_data``.
-
-    Attributes:
-        file: The file, relative to the checkpoint directory.
-        offset: First byte of the chunk's data, absolute in the file.
-        length: Length of the chunk's data in bytes.
-        dtype: The safetensors dtype code of the stored data.
-        shape: The chunk's shape in elements of ``to_torch_dtype(dtype)``.
-    """
-
-    file: str
-    offset: int
-    length: int
-    dtype: str
-    shape: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class LoadStats:
-    """What one rank's ``read_data`` did.
-
-    Attributes:
-        tensors: Read items completed (sub-boxes delivered to destinations).
-        bytes_read: Bytes read from checkpoint files by positional reads, over-read gaps
-            included.
-        reads: Positional read calls issued.
-        files: Files opened.
-        seconds: Wall time of the reads, in seconds.
-        bytes_received: Bytes received from other ranks instead of read (replicated slices).
-        staging_peak: Most staging memory held at once, in bytes.
-        bytes_needed: Bytes of the sub-boxes read from files for destinations (what
-            ``hyperckpt plan`` counts); ``bytes_read`` minus this is over-read gaps.
-        threads: Read threads the engine was given.
-        cold_bytes: Bytes of the files' requested spans found not in the page cache when
-            the load began (read with read-ahead hints and larger requests).
-    """
-
-    tensors: int = 0
-    bytes_read: int = 0
-    reads: int = 0
-    files: int = 0
-    seconds: float = 0.0
-    bytes_received: int = 0
-    staging_peak: int = 0
-    bytes_needed: int = 0
-    threads: int = 0
-    cold_bytes: int = 0
 
 
 def default_threads(ranks_on_host: int | None = None) -> int:

@@ -1,18 +1,15 @@
-"""Telling people how a load went: one summary log line, and a status line on terminals."""
+"""Telling people how a load went: one summary log line per rank."""
 
 from __future__ import annotations
 
 import logging
-import sys
-import threading
-import time
-from typing import Final, TextIO
+from typing import Final
 
 import torch.distributed as dist
 
-from hyperckpt._read.engine import LoadStats
+from hyperckpt._read.stats import LoadStats
 
-__all__ = ["SUMMARY_AFTER_SECONDS", "StatusLine", "log_load_summary"]
+__all__ = ["SUMMARY_AFTER_SECONDS", "format_bytes", "log_load_summary"]
 
 logger = logging.getLogger("hyperckpt")
 
@@ -55,61 +52,3 @@ def format_bytes(nbytes: int) -> str:
         if nbytes >= scale:
             return f"{nbytes / scale:.{2 if unit == 'GB' else 1}f} {unit}"
     return f"{nbytes} B"
-
-
-class StatusLine:
-    """A one-line status that rewrites itself on a terminal and stays silent elsewhere.
-
-    While a step runs, its elapsed time ticks twice a second.
-
-    Args:
-        stream: Where to write; ``sys.stderr`` by default.
-        enabled: Force on or off; by default on when ``stream`` is a terminal.
-    """
-
-    def __init__(self, stream: TextIO | None = None, *, enabled: bool | None = None) -> None:
-        self._stream = stream or sys.stderr
-        self._enabled = self._stream.isatty() if enabled is None else enabled
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._ticker: threading.Thread | None = None
-        self._text = ""
-        self._since = time.perf_counter()
-        self._width = 0
-        self._step = 0
-
-    def __call__(self, text: str) -> None:
-        """Show ``text`` as the current step."""
-        if not self._enabled:
-            return
-        with self._lock:
-            self._step += 1
-            self._text = f"[{self._step}] {text}"
-            self._since = time.perf_counter()
-            self._render()
-        if self._ticker is None:
-            self._ticker = threading.Thread(target=self._tick, name="hyperckpt-status", daemon=True)
-            self._ticker.start()
-
-    def close(self) -> None:
-        """Stop ticking and erase the status line."""
-        self._stop.set()
-        if self._ticker is not None:
-            self._ticker.join()
-            self._ticker = None
-        with self._lock:
-            if self._enabled and self._width:
-                self._stream.write("\r" + " " * self._width + "\r")
-                self._stream.flush()
-                self._width = 0
-
-    def _tick(self) -> None:
-        while not self._stop.wait(0.5):
-            with self._lock:
-                self._render()
-
-    def _render(self) -> None:
-        line = f"{self._text} {time.perf_counter() - self._since:.0f} s"
-        self._stream.write("\r" + line.ljust(self._width))
-        self._stream.flush()
-        self._width = len(line)

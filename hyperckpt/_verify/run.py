@@ -23,7 +23,7 @@ import torch
 
 from hyperckpt._format.header import FileStamp, TensorEntry
 from hyperckpt._format.preview import preview
-from hyperckpt._layout.directory import describe
+from hyperckpt._layout.directory import describe_directory as describe
 from hyperckpt._layout.model import INDEX_NAME, CheckpointLayout, Kind
 from hyperckpt._read.engine import default_threads
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker

@@ -16,7 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from hyperckpt._layout.directory import describe, huggingface_layout, torch_sharded_layout
+from hyperckpt._layout.directory import describe_directory as describe
+from hyperckpt._layout.directory import huggingface_layout, torch_sharded_layout
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
 from hyperckpt.testing._directories import INDEX_NAME, shard_file, write_files
 from hyperckpt.testing._files import Pairs, encode_file
@@ -166,7 +167,7 @@ def _too_complex(root: Path) -> object:
 def _shape_larger(root: Path) -> object:
     import torch
 
-    from hyperckpt._api import load
+    from hyperckpt._load.api import load
 
     # The file with rows 2:4 is missing: the tensor looks like 2 rows, the model wants 4.
     write_files(root, {_SHARD_A: _shard({"w": ("U8", [2, 2], [0, 0])})})

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import run_ranks
 
-from hyperckpt._planner.agreement import Failure, agree
+from hyperckpt._dist.agreement import Failure, agree
 from hyperckpt.errors import CheckpointChangedError, CheckpointError
 
 WORLD = 3

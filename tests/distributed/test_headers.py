@@ -30,7 +30,7 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 import hyperckpt
 from hyperckpt import FileStamp
 from hyperckpt._format import header as header_format
-from hyperckpt._layout.directory import describe as describe_locally
+from hyperckpt._layout.directory import describe_directory as describe_locally
 
 WORLD = 4
 SHAPES = {"a.w": (64, 16), "b.w": (40, 8), "c.w": (9,), "d.w": (12, 3)}

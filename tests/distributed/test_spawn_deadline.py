@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hyperckpt._cli.spawn import RankFailure, spawn_ranks
+from hyperckpt._dist.spawn import RankFailure, spawn_ranks
 
 pytestmark = pytest.mark.distributed
 

@@ -49,8 +49,8 @@ from hyperckpt import (
     describe,
 )
 from hyperckpt._format.header import DTYPES
+from hyperckpt._load.readers import reader_for
 from hyperckpt._read.dtypes import to_torch_dtype, to_torch_shape
-from hyperckpt._readers import reader_for
 from hyperckpt.testing._hostile import (
     BOMB_KINDS,
     CHANGE_KINDS,

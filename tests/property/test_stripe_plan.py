@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
-from hyperckpt._broadcast.schedule import item_key
-from hyperckpt._broadcast.stripes import ChunkRows, plan_stripes
+from hyperckpt._exchange.schedule import item_key
+from hyperckpt._exchange.stripes import ChunkRows, plan_stripes
 
 # chunk name -> (file, offset, rows, columns); 2-byte elements
 CHUNKS = {

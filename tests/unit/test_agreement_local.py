@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hyperckpt._planner.agreement import Failure, agree
+from hyperckpt._dist.agreement import Failure, agree
 from hyperckpt.errors import CheckpointChangedError, CheckpointError
 
 

@@ -6,7 +6,7 @@ import torch
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
-from hyperckpt._broadcast.schedule import ALIGN, item_key, plan_broadcast
+from hyperckpt._exchange.schedule import ALIGN, item_key, plan_broadcast
 
 MiB = 2**20
 

@@ -13,9 +13,10 @@ import pytest
 
 from hyperckpt import describe
 from hyperckpt._cli.main import main
-from hyperckpt._cli.sample import write_sample
-from hyperckpt._read.engine import LoadStats
-from hyperckpt._read.progress import StatusLine, format_bytes, log_load_summary
+from hyperckpt._cli.status import StatusLine
+from hyperckpt._read.progress import format_bytes, log_load_summary
+from hyperckpt._read.stats import LoadStats
+from hyperckpt._sample import write_sample
 from hyperckpt.testing import write_files
 from hyperckpt.testing._directories import shard_file, shard_file_name
 

@@ -12,9 +12,9 @@ from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
 from hyperckpt import ReadOptions
 from hyperckpt._layout.directory import huggingface_layout
+from hyperckpt._load.readers import to_metadata
 from hyperckpt._read.columns import Costs, Runs, Strategy, choose, estimate
 from hyperckpt._read.engine import MAX_GAP, STAGE_BLOCK, ReadEngine
-from hyperckpt._readers import to_metadata
 
 
 def _rows(run: int, pitch: int, count: int) -> Runs:

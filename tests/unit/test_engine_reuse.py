@@ -14,9 +14,10 @@ from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
 from hyperckpt import LoadStats, ReadOptions
 from hyperckpt._layout.directory import huggingface_layout
+from hyperckpt._load.readers import to_metadata
 from hyperckpt._read import sysio as _sysio
-from hyperckpt._read.engine import ReadEngine, StorageInfo
-from hyperckpt._readers import to_metadata
+from hyperckpt._read.engine import ReadEngine
+from hyperckpt._read.storage_info import StorageInfo
 
 
 class _Planner:

@@ -14,9 +14,9 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadIte
 
 import hyperckpt
 from hyperckpt import CostModel, HuggingFaceStorageReader, TorchShardedSafetensorsReader
-from hyperckpt._broadcast.costs import choose_exchange, compare, pick
-from hyperckpt._broadcast.headers import dcp_group, decode_layout, encode_layout
-from hyperckpt._read.engine import StorageInfo
+from hyperckpt._dist.headers import dcp_group, decode_layout, encode_layout
+from hyperckpt._exchange.costs import choose_exchange, compare, pick
+from hyperckpt._read.storage_info import StorageInfo
 from hyperckpt.testing import shard_file
 
 

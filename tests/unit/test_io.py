@@ -14,14 +14,16 @@ from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
 from hyperckpt import ReadOptions
 from hyperckpt._layout.directory import huggingface_layout
+from hyperckpt._load.readers import to_metadata
 from hyperckpt._read import engine as engine_io
 from hyperckpt._read import staging as _staging
 from hyperckpt._read import sysio as _sysio
 from hyperckpt._read.boxes import Box
 from hyperckpt._read.coalesce import coalesce
 from hyperckpt._read.columns import Strategy
-from hyperckpt._read.engine import DEFAULT_STAGING_BYTES, LoadStats, ReadEngine, StorageInfo
-from hyperckpt._readers import to_metadata
+from hyperckpt._read.engine import DEFAULT_STAGING_BYTES, ReadEngine
+from hyperckpt._read.stats import LoadStats
+from hyperckpt._read.storage_info import StorageInfo
 from hyperckpt.errors import CheckpointError
 
 

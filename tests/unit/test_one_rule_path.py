@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hyperckpt._layout.directory import describe
+from hyperckpt._layout.directory import describe_directory as describe
 from hyperckpt._layout.problems import find_problems
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
 from hyperckpt.testing import (

@@ -23,8 +23,8 @@ from hyperckpt import (
     HuggingFaceStorageReader,
     TorchShardedSafetensorsReader,
 )
+from hyperckpt._load.readers import _SafetensorsReader
 from hyperckpt._read.engine import MAX_GAP
-from hyperckpt._readers import _SafetensorsReader
 from hyperckpt.errors import CheckpointChangedError
 
 READERS = (HuggingFaceStorageReader, TorchShardedSafetensorsReader)

@@ -71,7 +71,7 @@ def engines(monkeypatch: pytest.MonkeyPatch) -> list[ReadEngine]:
             super().__init__(*args, **kwargs)  # type: ignore[arg-type]
             made.append(self)
 
-    monkeypatch.setattr("hyperckpt._readers.ReadEngine", Recording)
+    monkeypatch.setattr("hyperckpt._load.readers.ReadEngine", Recording)
     return made
 
 

@@ -17,7 +17,6 @@ PACKAGE = Path(hyperckpt.__file__).parent
 IDS = {rule.id for rule in RULES}
 
 
-
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.id)
 def test_the_error_of_each_rule_carries_its_id(rule: Rule) -> None:
     err = provoke(rule)
@@ -120,8 +119,8 @@ def _as_two_ranks(monkeypatch: pytest.MonkeyPatch, rank: int, heard: object) -> 
 def test_a_refusal_heard_from_another_rank_before_the_load_keeps_its_id(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from hyperckpt._api import _refused
-    from hyperckpt._planner.agreement import agree
+    from hyperckpt._dist.agreement import agree
+    from hyperckpt._load.api import _refused
 
     sent = _as_two_ranks(monkeypatch, 1, (None, None))
     with pytest.raises(CheckpointError) as own:

@@ -12,7 +12,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import LoadPlan
 
 from hyperckpt import HuggingFaceStorageReader
-from hyperckpt._broadcast.schedule import BroadcastReady
+from hyperckpt._exchange.schedule import BroadcastReady
 from hyperckpt._read.engine import default_threads
 from hyperckpt._read.threads import (
     MAX_THREADS,

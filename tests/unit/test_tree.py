@@ -14,14 +14,14 @@ STAGES = [
     "hyperckpt.errors",
     "hyperckpt._format",
     "hyperckpt._layout",
+    "hyperckpt._dist",  # across ranks (agreement, headers once, spawning), below the planner
     "hyperckpt._planner",
     "hyperckpt._read",
-    "hyperckpt._broadcast",
-    "hyperckpt._options",
-    "hyperckpt._readers",
-    "hyperckpt._api",
+    "hyperckpt._exchange",
+    "hyperckpt._load",  # the public entry points: options, readers, describe, load
     "hyperckpt._verify",
     "hyperckpt._consolidate",
+    "hyperckpt._sample",
     "hyperckpt._cli",
 ]
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
-from hyperckpt._broadcast.schedule import ALIGN, ItemKey, item_key
+from hyperckpt._exchange.schedule import ALIGN, ItemKey, item_key
 
 __all__ = [
     "ChunkKey",

@@ -28,17 +28,17 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
-from hyperckpt._broadcast.costs import CostModel, choose_exchange
-from hyperckpt._broadcast.exchange import BroadcastStats, load_exchanged
-from hyperckpt._broadcast.headers import HeaderReads, host_name, reader_layout
-from hyperckpt._broadcast.schedule import BroadcastReady, BroadcastSchedule
-from hyperckpt._broadcast.strategy import Exchange, plan_exchange
-from hyperckpt._broadcast.stripes import StripeSchedule
+from hyperckpt._dist.headers import HeaderReads, host_name, reader_layout
+from hyperckpt._exchange.costs import CostModel, choose_exchange
+from hyperckpt._exchange.exchange import BroadcastStats, load_exchanged
+from hyperckpt._exchange.schedule import BroadcastReady, BroadcastSchedule
+from hyperckpt._exchange.strategy import Exchange, plan_exchange
+from hyperckpt._exchange.stripes import StripeSchedule
 from hyperckpt._layout.directory import huggingface_layout, torch_sharded_layout
 from hyperckpt._layout.gcpause import collector_paused
 from hyperckpt._layout.mapping import Mapping, MappingLike
 from hyperckpt._layout.model import TORCH_SHARDED, CheckpointLayout, Kind
-from hyperckpt._options import ReadOptions, options_given, read_options
+from hyperckpt._load.options import ReadOptions, options_given, read_options
 from hyperckpt._planner.plain_call import plan_to_read
 from hyperckpt._read.dtype_policy import (
     Conversion,
@@ -47,8 +47,10 @@ from hyperckpt._read.dtype_policy import (
     plan_conversions,
 )
 from hyperckpt._read.dtypes import to_torch_dtype, to_torch_shape
-from hyperckpt._read.engine import DEFAULT_STAGING_BYTES, LoadStats, ReadEngine, StorageInfo
+from hyperckpt._read.engine import DEFAULT_STAGING_BYTES, ReadEngine
 from hyperckpt._read.progress import log_load_summary
+from hyperckpt._read.stats import LoadStats
+from hyperckpt._read.storage_info import StorageInfo
 from hyperckpt._read.threads import HostShare, local_ranks, ranks_per_host
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
 from hyperckpt.errors import CheckpointError

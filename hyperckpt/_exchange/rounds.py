@@ -1,7 +1,7 @@
 """The rounds both exchanges run: read, agree, send and receive, deliver; and their counts.
 
-:mod:`hyperckpt._broadcast.exchange` (replicated slices read once) and
-:mod:`hyperckpt._broadcast.striped` (stripes read once, boxes sent to whoever needs them) run
+:mod:`hyperckpt._exchange.exchange` (replicated slices read once) and
+:mod:`hyperckpt._exchange.striped` (stripes read once, boxes sent to whoever needs them) run
 the same rounds on every rank, in the same order.  :class:`Rounds` is that loop; each
 exchange says what one round reads, sends and delivers.
 """
@@ -21,10 +21,12 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 
-from hyperckpt._broadcast.schedule import ItemKey, item_key
-from hyperckpt._planner.agreement import Failure, agree
+from hyperckpt._dist.agreement import Failure, agree
+from hyperckpt._exchange.schedule import ItemKey, item_key
 from hyperckpt._read.dtype_policy import copy_refused, torch_name
-from hyperckpt._read.engine import LoadStats, ReadEngine, StorageInfo
+from hyperckpt._read.engine import ReadEngine
+from hyperckpt._read.stats import LoadStats
+from hyperckpt._read.storage_info import StorageInfo
 from hyperckpt.errors import CheckpointError
 
 __all__ = ["BroadcastStats", "Message", "Redirect", "Rounds", "copy_into", "transfer_device"]

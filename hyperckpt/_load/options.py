@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from hyperckpt._broadcast.costs import CostModel
-from hyperckpt._broadcast.headers import HeaderReads, check_header_reads
-from hyperckpt._broadcast.strategy import Exchange, exchange_option
+from hyperckpt._dist.headers import HeaderReads, check_header_reads
+from hyperckpt._exchange.costs import CostModel
+from hyperckpt._exchange.strategy import Exchange, exchange_option
 from hyperckpt._layout.mapping import Mapping, MappingLike, as_mapping
 from hyperckpt._read.dtype_policy import DtypePolicy, check_policy
 from hyperckpt._read.engine import DEFAULT_STAGING_BYTES

@@ -1,10 +1,10 @@
 """Which exchange a load uses: none, replicated slices, or stripes, and the plans it makes.
 
 ``exchange="off"``: every rank reads its own requests.  ``"replicated"``: a slice several
-ranks need is read by one of them and sent to the others (:mod:`hyperckpt._broadcast.schedule`).
+ranks need is read by one of them and sent to the others (:mod:`hyperckpt._exchange.schedule`).
 ``"striped"``: the needed bytes are read once in long stripes spread over all ranks and
-every box is sent where it is needed (:mod:`hyperckpt._broadcast.stripes`).  ``"auto"``
-asks the cost model (:mod:`hyperckpt._broadcast.costs`).
+every box is sent where it is needed (:mod:`hyperckpt._exchange.stripes`).  ``"auto"``
+asks the cost model (:mod:`hyperckpt._exchange.costs`).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import Literal
 
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
-from hyperckpt._broadcast.schedule import BroadcastReady, plan_broadcast
-from hyperckpt._broadcast.stripes import ChunkRows, plan_stripes
+from hyperckpt._exchange.schedule import BroadcastReady, plan_broadcast
+from hyperckpt._exchange.stripes import ChunkRows, plan_stripes
 from hyperckpt._read.dtypes import to_torch_dtype
-from hyperckpt._read.engine import StorageInfo
+from hyperckpt._read.storage_info import StorageInfo
 
 __all__ = [
     "EXCHANGES",

@@ -1,8 +1,8 @@
 """Replicated slices read once: one rank reads each shared slice and sends it to the others.
 
-The coordinator's plan (:mod:`hyperckpt._broadcast.schedule`) gives every rank a
-:class:`~hyperckpt._broadcast.schedule.BroadcastSchedule`.  ``read_data`` then runs the same rounds on
-every rank, in the same order (:class:`~hyperckpt._broadcast.rounds.Rounds`):
+The coordinator's plan (:mod:`hyperckpt._exchange.schedule`) gives every rank a
+:class:`~hyperckpt._exchange.schedule.BroadcastSchedule`.  ``read_data`` then runs the same rounds on
+every rank, in the same order (:class:`~hyperckpt._exchange.rounds.Rounds`):
 
 1. **read** — this rank's own slices (first round only) and the shared slices it was chosen
    to read in this round, through :class:`~hyperckpt._read.engine.ReadEngine`; shared slices land in
@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 
-from hyperckpt._broadcast.rounds import (
+from hyperckpt._exchange.rounds import (
     BroadcastStats,
     Message,
     Redirect,
@@ -38,11 +38,13 @@ from hyperckpt._broadcast.rounds import (
     copy_into,
     transfer_device,
 )
-from hyperckpt._broadcast.schedule import BroadcastSchedule, ItemKey, Transfer, item_key
-from hyperckpt._broadcast.striped import StripedRounds
-from hyperckpt._broadcast.stripes import StripeSchedule
+from hyperckpt._exchange.schedule import BroadcastSchedule, ItemKey, Transfer, item_key
+from hyperckpt._exchange.striped import StripedRounds
+from hyperckpt._exchange.stripes import StripeSchedule
 from hyperckpt._read.dtypes import to_torch_dtype
-from hyperckpt._read.engine import LoadStats, ReadEngine, StorageInfo
+from hyperckpt._read.engine import ReadEngine
+from hyperckpt._read.stats import LoadStats
+from hyperckpt._read.storage_info import StorageInfo
 
 __all__ = ["BroadcastStats", "load_exchanged", "transfer_device"]
 
@@ -62,9 +64,9 @@ def load_exchanged(
     exchange slices, commit everything.
 
     Every rank of ``group`` must call this at the same time with its own schedule; the
-    arguments are :class:`~hyperckpt._broadcast.rounds.Rounds`'s.  A
-    :class:`~hyperckpt._broadcast.stripes.StripeSchedule` runs the striped exchange
-    (:mod:`hyperckpt._broadcast.striped`), a :class:`BroadcastSchedule` the broadcast of
+    arguments are :class:`~hyperckpt._exchange.rounds.Rounds`'s.  A
+    :class:`~hyperckpt._exchange.stripes.StripeSchedule` runs the striped exchange
+    (:mod:`hyperckpt._exchange.striped`), a :class:`BroadcastSchedule` the broadcast of
     replicated slices.
 
     Returns:

@@ -17,20 +17,21 @@ from torch.distributed.checkpoint.planner import LoadPlanner as DcpLoadPlanner
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.tensor import DTensor
 
-from hyperckpt._broadcast.headers import HeaderReads, describe
-from hyperckpt._broadcast.strategy import Exchange
+from hyperckpt._dist.agreement import Failure, agree, distributed
+from hyperckpt._dist.headers import HeaderReads
+from hyperckpt._exchange.strategy import Exchange
 from hyperckpt._format.preview import preview
 from hyperckpt._layout.mapping import MappedLayout, MappingLike
 from hyperckpt._layout.mapping import Mapping as _Mapping
 from hyperckpt._layout.model import CheckpointLayout, Kind
-from hyperckpt._options import read_options
-from hyperckpt._planner.agreement import Failure, agree, distributed
+from hyperckpt._load.describe import describe
+from hyperckpt._load.options import read_options
+from hyperckpt._load.readers import reader_for
 from hyperckpt._planner.load_planner import LoadPlanner, strided_regions
 from hyperckpt._planner.shapes import shape_mismatch
 from hyperckpt._read.dtype_policy import Conversion, DtypePolicy, enforce
 from hyperckpt._read.dtypes import to_torch_shape
 from hyperckpt._read.tracker import ProgressCallback
-from hyperckpt._readers import reader_for
 from hyperckpt.errors import CheckpointError
 
 __all__ = ["LoadReport", "load"]

@@ -26,12 +26,13 @@ from dataclasses import dataclass
 
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
-from hyperckpt._broadcast.schedule import BroadcastSchedule, item_key
-from hyperckpt._broadcast.strategy import Strategy, plan_exchange
-from hyperckpt._broadcast.stripes import StripeSchedule
+from hyperckpt._exchange.schedule import BroadcastSchedule, item_key
+from hyperckpt._exchange.strategy import Strategy, plan_exchange
+from hyperckpt._exchange.stripes import StripeSchedule
 from hyperckpt._read.boxes import Box
 from hyperckpt._read.dtypes import to_torch_dtype
-from hyperckpt._read.engine import CHUNK_BYTES, MAX_GAP, StorageInfo
+from hyperckpt._read.engine import CHUNK_BYTES, MAX_GAP
+from hyperckpt._read.storage_info import StorageInfo
 
 __all__ = [
     "STRATEGIES",

@@ -1,8 +1,8 @@
 """The striped exchange: each rank reads its stripes, then every box goes to whoever needs it.
 
-The coordinator's plan (:mod:`hyperckpt._broadcast.stripes`) gives every rank a
-:class:`~hyperckpt._broadcast.stripes.StripeSchedule`.  ``read_data`` then runs the same
-rounds on every rank, in the same order (:class:`~hyperckpt._broadcast.rounds.Rounds`):
+The coordinator's plan (:mod:`hyperckpt._exchange.stripes`) gives every rank a
+:class:`~hyperckpt._exchange.stripes.StripeSchedule`.  ``read_data`` then runs the same
+rounds on every rank, in the same order (:class:`~hyperckpt._exchange.rounds.Rounds`):
 
 1. **read** — this round's stripe parts, long contiguous ranges, through
    :class:`~hyperckpt._read.engine.ReadEngine` into buffers of the stored dtype; the boxes other
@@ -28,11 +28,12 @@ from torch.distributed.checkpoint.planner import (
     ReadItem,
 )
 
-from hyperckpt._broadcast.rounds import Message, Redirect, Rounds, copy_into
-from hyperckpt._broadcast.schedule import ItemKey, item_key
-from hyperckpt._broadcast.stripes import StripeMessage, StripePart, StripeSchedule, StripeSlot
+from hyperckpt._exchange.rounds import Message, Redirect, Rounds, copy_into
+from hyperckpt._exchange.schedule import ItemKey, item_key
+from hyperckpt._exchange.stripes import StripeMessage, StripePart, StripeSchedule, StripeSlot
 from hyperckpt._read.dtypes import to_torch_dtype
-from hyperckpt._read.engine import LoadStats, StorageInfo
+from hyperckpt._read.stats import LoadStats
+from hyperckpt._read.storage_info import StorageInfo
 from hyperckpt.errors import CheckpointError
 
 __all__ = ["StripedRounds"]

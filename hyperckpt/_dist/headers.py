@@ -11,7 +11,7 @@ mtime, ctime, inode), so a rank that sees other files (another mount, a copy, a 
 replaced meanwhile) refuses instead of loading bytes that do not match the headers.
 
 Failures reach every rank: a refused checkpoint travels as its error text instead of the
-layout, and the ``stat`` comparison ends with :func:`~hyperckpt._planner.agreement.agree`, so
+layout, and the ``stat`` comparison ends with :func:`~hyperckpt._dist.agreement.agree`, so
 every rank raises the message naming the file and the rank where it differs (a second rank that
 differs too raises its own) and none waits forever.
 """
@@ -29,10 +29,9 @@ from typing import Literal, cast
 
 import torch.distributed as dist
 
+from hyperckpt._dist.agreement import Failure, agree
 from hyperckpt._format.header import FileHeader, FileStamp, TensorEntry
-from hyperckpt._layout.directory import describe as describe_locally
 from hyperckpt._layout.model import CheckpointLayout, Piece, TensorLayout
-from hyperckpt._planner.agreement import Failure, agree
 from hyperckpt.errors import CheckpointChangedError, CheckpointError, CheckpointNotFoundError
 
 __all__ = [
@@ -41,7 +40,6 @@ __all__ = [
     "check_header_reads",
     "dcp_group",
     "decode_layout",
-    "describe",
     "encode_layout",
     "host_name",
     "reader_layout",
@@ -145,45 +143,6 @@ def decode_layout(encoded: _Encoded, root: str) -> CheckpointLayout:
         root,
         MappingProxyType(headers),
         MappingProxyType(layouts),
-    )
-
-
-def describe(
-    path: str | os.PathLike[str],
-    *,
-    process_group: dist.ProcessGroup | None = None,
-    header_reads: HeaderReads = "auto",
-) -> CheckpointLayout:
-    """Validate a checkpoint of either kind from its headers and describe it; no data is read.
-
-    The kind is detected (a torch sharded directory or a Hugging Face checkpoint).  Use this
-    outside ``dcp.load`` to get typed errors: inside ``dcp.load`` torch keeps only their text.
-
-    Args:
-        path: A checkpoint directory, or a single ``.safetensors`` file.
-        process_group: When given (and torch.distributed is initialized), every rank of it
-            must call this together: the headers are read once (see ``header_reads``) and
-            the others only ``stat`` their files.
-        header_reads: ``"auto"`` or ``"once"``: one rank of ``process_group`` reads the
-            headers; ``"per-host"``: the lowest rank on each host; ``"every-rank"``: each
-            rank reads them itself (no collective).
-
-    Returns:
-        The validated layout; its file stamps are this rank's own ``stat``.
-
-    Raises:
-        CheckpointNotFoundError: The path, or a file the checkpoint needs, does not exist.
-        CheckpointError: Any rule is broken; the message names the file and the tensor.
-            Under a process group every rank raises, with the same message.
-        CheckpointChangedError: Under a process group, a rank sees a file that differs from
-            the one whose header was read (the message names the file and the rank).
-    """
-    check_header_reads(header_reads)
-    distributed = dist.is_available() and dist.is_initialized()
-    if process_group is None or not distributed or header_reads == "every-rank":
-        return describe_locally(path)
-    return shared_layout(
-        path, describe_locally, group=process_group, per_host=header_reads == "per-host"
     )
 
 
