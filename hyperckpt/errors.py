@@ -2,7 +2,95 @@
 
 from __future__ import annotations
 
-__all__ = ["CheckpointChangedError", "CheckpointError", "CheckpointNotFoundError"]
+from typing import Literal, get_args
+
+__all__ = [
+    "RULE_IDS",
+    "CheckpointChangedError",
+    "CheckpointError",
+    "CheckpointNotFoundError",
+    "RuleId",
+]
+
+#: The stable id of every rule a refusal can name, as ``stage.what``: the catalogue the type
+#: checker sees.  Each has an entry (what it checks, an example refusal) in
+#: ``hyperckpt.testing.rules`` and a row in ``docs/rules.md``; a test keeps the three equal.
+RuleId = Literal[
+    "dir.empty",
+    "dir.not_directory",
+    "dir.not_found",
+    "dir.pickled",
+    "dir.unknown_kind",
+    "dtype.no_torch",
+    "dtype.unknown",
+    "entry.keys",
+    "entry.name",
+    "entry.not_ints",
+    "entry.not_object",
+    "f4.odd_last_dim",
+    "file.missing",
+    "file.not_regular",
+    "file.size_mismatch",
+    "file.too_small",
+    "header.not_json",
+    "header.not_object",
+    "header.not_utf8",
+    "header.past_end",
+    "header.too_long",
+    "header.too_many_tokens",
+    "hf.no_checkpoint",
+    "hf.sharded_piece",
+    "hf.single_beside_index",
+    "hf.tensor_in_two_files",
+    "index.file_missing",
+    "index.file_not_string",
+    "index.no_weight_map",
+    "index.not_json",
+    "index.not_plain_name",
+    "index.not_regular",
+    "index.not_utf8",
+    "index.omits_tensor",
+    "index.tensor_not_in_file",
+    "index.too_big",
+    "index.too_many_tokens",
+    "index.weight_map_not_object",
+    "json.duplicate_key",
+    "json.too_deep",
+    "load.shape_mismatch",
+    "mapping.collision",
+    "mapping.dtype",
+    "mapping.partner",
+    "mapping.shape",
+    "mapping.source",
+    "mapping.stack_gap",
+    "metadata.lone_surrogate",
+    "metadata.not_object",
+    "metadata.not_string",
+    "offsets.not_contiguous",
+    "offsets.not_pair",
+    "offsets.span",
+    "reader.f4_mid_byte",
+    "sharded.dtype_mismatch",
+    "sharded.index_present",
+    "sharded.info_bad_offsets",
+    "sharded.info_extra_tensor",
+    "sharded.info_missing_tensor",
+    "sharded.info_not_json",
+    "sharded.info_not_object",
+    "sharded.info_too_many_tokens",
+    "sharded.ndim_mismatch",
+    "sharded.no_files",
+    "sharded.no_info",
+    "sharded.torch_dimension",
+    "size.overflow",
+    "size.partial_byte",
+    "size.torch_dimension",
+    "tiling.duplicate",
+    "tiling.gap",
+    "tiling.overlap",
+    "tiling.too_complex",
+]
+RULE_IDS: frozenset[str] = frozenset(get_args(RuleId))
 
 
 def printable(text: str) -> str:
@@ -41,8 +129,10 @@ class CheckpointError(ValueError):
         *,
         path: str | None = None,
         tensor: str | None = None,
-        rule: str | None = None,
+        rule: RuleId | None = None,
     ) -> None:
+        if rule is not None and rule not in RULE_IDS:
+            raise ValueError(f"{rule!r} is not a rule id of hyperckpt.errors.RuleId")
         super().__init__(printable(message))
         self.path = path
         self.tensor = tensor

@@ -15,7 +15,12 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from hyperckpt.errors import CheckpointChangedError, CheckpointError, CheckpointNotFoundError
+from hyperckpt.errors import (
+    CheckpointChangedError,
+    CheckpointError,
+    CheckpointNotFoundError,
+    RuleId,
+)
 
 __all__ = ["Failure", "agree", "distributed"]
 
@@ -43,7 +48,7 @@ class Failure:
     message: str
     path: str | None = None
     tensor: str | None = None
-    rule: str | None = None
+    rule: RuleId | None = None
 
     @classmethod
     def of(cls, rank: int, err: BaseException) -> Failure:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hyperckpt.errors import CheckpointError
+from hyperckpt.errors import CheckpointError, RuleId
 
 __all__ = ["BUDGET_MIN_CHARS", "TokenCounts", "check_budget", "count_tokens"]
 
@@ -69,7 +69,7 @@ def count_tokens(text: str) -> TokenCounts:
     return TokenCounts((quotes + 1) // 2, containers)
 
 
-def check_budget(text: str, name: str, what: str, *, rule: str | None = None) -> None:
+def check_budget(text: str, name: str, what: str, *, rule: RuleId | None = None) -> None:
     """Refuse a large JSON text with more tokens than a real ``what`` of its size holds.
 
     Args:

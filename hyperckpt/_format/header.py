@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from hyperckpt._format.budget import check_budget
 from hyperckpt._format.opener import open_regular
-from hyperckpt.errors import CheckpointError
+from hyperckpt.errors import CheckpointError, RuleId
 
 __all__ = [
     "DTYPES",
@@ -378,10 +378,10 @@ def _decode_json(raw: bytes, name: str) -> dict[str, object]:
 class _JsonRules(NamedTuple):
     """The ids of the rules a JSON text of one kind breaks (see ``docs/rules.md``)."""
 
-    not_json: str | None
-    duplicate_key: str | None
-    too_deep: str | None
-    too_many_tokens: str | None
+    not_json: RuleId | None
+    duplicate_key: RuleId | None
+    too_deep: RuleId | None
+    too_many_tokens: RuleId | None
 
 
 # The index and DCP_SHARDING_INFO have one rule for all their JSON faults; a header has one each.

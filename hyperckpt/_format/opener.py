@@ -14,7 +14,7 @@ import errno
 import os
 import stat
 
-from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
+from hyperckpt.errors import CheckpointError, CheckpointNotFoundError, RuleId
 
 __all__ = ["OPEN_FLAGS", "open_regular", "read_regular"]
 
@@ -43,7 +43,7 @@ def _kind(mode: int) -> str:
 
 
 def open_regular(
-    path: str, *, shown: str, expected: str, not_regular_rule: str | None = "file.not_regular"
+    path: str, *, shown: str, expected: str, not_regular_rule: RuleId | None = "file.not_regular"
 ) -> tuple[int, os.stat_result]:
     """Open ``path`` for reading if it is a regular file; nothing is read.
 
@@ -96,8 +96,8 @@ def read_regular(
     expected: str,
     limit: int,
     over_limit: str,
-    not_regular_rule: str | None = None,
-    over_limit_rule: str | None = None,
+    not_regular_rule: RuleId | None = None,
+    over_limit_rule: RuleId | None = None,
 ) -> tuple[bytes, os.stat_result]:
     """The whole content of the regular file at ``path``, refused from its size first.
 

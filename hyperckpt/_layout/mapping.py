@@ -20,7 +20,7 @@ from typing import Final, Protocol, TypeAlias
 from hyperckpt._format.preview import preview
 from hyperckpt._layout import tiling
 from hyperckpt._layout.model import CheckpointLayout, Piece, TensorLayout
-from hyperckpt.errors import CheckpointError
+from hyperckpt.errors import CheckpointError, RuleId
 
 __all__ = [
     "PRESETS",
@@ -470,7 +470,7 @@ class Fuse:
                 layout = tensor.layout
                 like_name, like = grid[0][position]
                 problem = None
-                rule_id = "mapping.shape"
+                rule_id: RuleId = "mapping.shape"
                 if layout.dtype != dtype:
                     rule_id = "mapping.dtype"
                     problem = (
