@@ -6,7 +6,7 @@ the published shapes (Llama-3-70B: 723 bf16 tensors, 141 GB in 30 files; DeepSee
 and world (8 ranks per host), every rank's DCP read items are made as DCP's planner makes
 them (``hyperckpt._cli.dryrun.rank_plans``: DTensor placement arithmetic, ``_StridedShard``
 included), then each exchange is planned by the code the readers run on the coordinator
-(``plan_exchange``: none, ``plan_broadcast``, ``plan_stripes``) and priced by the cost
+(``plan_exchange``: none, ``plan_replicated``, ``plan_stripes``) and priced by the cost
 model behind ``exchange="auto"`` (``hyperckpt._exchange.costs.estimate``).
 
 Reported per run: predicted load time per exchange and what ``"auto"`` picks, bytes read
@@ -42,7 +42,7 @@ from scale import deepseek_v3_tensors
 from hyperckpt import CheckpointLayout, CostModel, Piece, TensorLayout
 from hyperckpt._cli.dryrun import hosts_of, rank_plans
 from hyperckpt._exchange.costs import STRATEGIES, StrategyCost, estimate, pick
-from hyperckpt._exchange.schedule import BroadcastSchedule
+from hyperckpt._exchange.schedule import ReplicatedSchedule
 from hyperckpt._exchange.strategy import plan_exchange
 from hyperckpt._exchange.stripes import StripeSchedule
 from hyperckpt._format.header import DTYPES
@@ -122,7 +122,7 @@ def _schedule_entries(plans: list[object]) -> tuple[int, int]:
             mine = [m for m in schedule.messages if m.source == rank]
             messages += len(mine)
             slots += sum(len(m.slots) for m in mine)
-        elif isinstance(schedule, BroadcastSchedule):
+        elif isinstance(schedule, ReplicatedSchedule):
             mine_b = [t for t in schedule.transfers if t.source == rank]
             messages += len(mine_b)
             slots += sum(len(t.slots) for t in mine_b)

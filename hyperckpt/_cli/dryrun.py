@@ -4,7 +4,7 @@ For a named layout (FSDP, TP, FSDP x TP, HSDP, replicate) every tensor gets a Ll
 placement; each rank's global regions come from DTensor placement arithmetic
 (:func:`hyperckpt._planner.regions.local_regions`) and are cut against the stored pieces exactly as
 DCP's planner cuts them into read items.  The exchange is then planned as the readers plan
-it: slices several ranks need assigned to one reader (:func:`hyperckpt._exchange.schedule.plan_broadcast`),
+it: slices several ranks need assigned to one reader (:func:`hyperckpt._exchange.schedule.plan_replicated`),
 or the needed rows cut into stripes (:func:`hyperckpt._exchange.stripes.plan_stripes`); and
 :func:`strategy_costs` prices each exchange with the cost model behind ``exchange="auto"``.
 """
@@ -24,7 +24,7 @@ from torch.distributed.tensor import Placement, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from hyperckpt._exchange.costs import CostModel, StrategyCost, compare
-from hyperckpt._exchange.schedule import item_key, plan_broadcast
+from hyperckpt._exchange.schedule import item_key, plan_replicated
 from hyperckpt._exchange.strategy import Strategy, chunk_rows
 from hyperckpt._exchange.stripes import plan_stripes
 from hyperckpt._format.header import DTYPES
@@ -184,7 +184,7 @@ def plan_load(
         received = list(totals.received_bytes)
     shared: dict[tuple[object, ...], int] = {}
     if exchange == "replicated" and world > 1:
-        schedules_b = plan_broadcast(
+        schedules_b = plan_replicated(
             plans,
             lambda item: sizes[item_key(item)],
             round_bytes=DEFAULT_STAGING_BYTES,

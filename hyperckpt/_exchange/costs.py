@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
-from hyperckpt._exchange.schedule import BroadcastSchedule, item_key
+from hyperckpt._exchange.schedule import ReplicatedSchedule, item_key
 from hyperckpt._exchange.strategy import Strategy, plan_exchange
 from hyperckpt._exchange.stripes import StripeSchedule
 from hyperckpt._read.boxes import Box
@@ -230,7 +230,7 @@ def estimate(
         if strategy == "replicated":
             for rank, plan in enumerate(plans):
                 schedule = plan.storage_data
-                if not isinstance(schedule, BroadcastSchedule):
+                if not isinstance(schedule, ReplicatedSchedule):
                     continue
                 rounds = schedule.rounds
                 for transfer in schedule.transfers:
@@ -257,7 +257,7 @@ def estimate(
         if strategy == "replicated":
             for rank, plan in enumerate(plans):
                 schedule = plan.storage_data
-                if isinstance(schedule, BroadcastSchedule):
+                if isinstance(schedule, ReplicatedSchedule):
                     for transfer in schedule.transfers:
                         if transfer.source == rank:
                             host_bytes[host_of[rank]] += sum(s.nbytes for s in transfer.slots)

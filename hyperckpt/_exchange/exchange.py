@@ -1,7 +1,7 @@
 """Replicated slices read once: one rank reads each shared slice and sends it to the others.
 
 The coordinator's plan (:mod:`hyperckpt._exchange.schedule`) gives every rank a
-:class:`~hyperckpt._exchange.schedule.BroadcastSchedule`.  ``read_data`` then runs the same rounds on
+:class:`~hyperckpt._exchange.schedule.ReplicatedSchedule`.  ``read_data`` then runs the same rounds on
 every rank, in the same order (:class:`~hyperckpt._exchange.rounds.Rounds`):
 
 1. **read** — this rank's own slices (first round only) and the shared slices it was chosen
@@ -31,14 +31,14 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 
 from hyperckpt._exchange.rounds import (
-    BroadcastStats,
+    ExchangeStats,
     Message,
     Redirect,
     Rounds,
     copy_into,
     transfer_device,
 )
-from hyperckpt._exchange.schedule import BroadcastSchedule, ItemKey, Transfer, item_key
+from hyperckpt._exchange.schedule import ItemKey, ReplicatedSchedule, Transfer, item_key
 from hyperckpt._exchange.striped import StripedRounds
 from hyperckpt._exchange.stripes import StripeSchedule
 from hyperckpt._read.dtypes import to_torch_dtype
@@ -46,7 +46,7 @@ from hyperckpt._read.engine import ReadEngine
 from hyperckpt._read.stats import LoadStats
 from hyperckpt._read.storage_info import StorageInfo
 
-__all__ = ["BroadcastStats", "load_exchanged", "transfer_device"]
+__all__ = ["ExchangeStats", "load_exchanged", "transfer_device"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,19 +54,19 @@ logger = logging.getLogger(__name__)
 def load_exchanged(
     plan: LoadPlan,
     planner: LoadPlanner,
-    schedule: BroadcastSchedule | StripeSchedule,
+    schedule: ReplicatedSchedule | StripeSchedule,
     *,
     engine: ReadEngine,
     storage: Mapping[object, StorageInfo],
     group: dist.ProcessGroup,
-) -> tuple[LoadStats, BroadcastStats]:
+) -> tuple[LoadStats, ExchangeStats]:
     """Load ``plan`` through the exchange ``schedule`` is for: read what this rank must,
     exchange slices, commit everything.
 
     Every rank of ``group`` must call this at the same time with its own schedule; the
     arguments are :class:`~hyperckpt._exchange.rounds.Rounds`'s.  A
     :class:`~hyperckpt._exchange.stripes.StripeSchedule` runs the striped exchange
-    (:mod:`hyperckpt._exchange.striped`), a :class:`BroadcastSchedule` the broadcast of
+    (:mod:`hyperckpt._exchange.striped`), a :class:`ReplicatedSchedule` the broadcast of
     replicated slices.
 
     Returns:
@@ -83,7 +83,7 @@ def load_exchanged(
     return _Broadcast(plan, planner, schedule, engine=engine, storage=storage, group=group).run()
 
 
-class _Broadcast(Rounds[BroadcastSchedule]):
+class _Broadcast(Rounds[ReplicatedSchedule]):
     """One rank's side of a load with broadcast."""
 
     kind = "broadcast"

@@ -29,7 +29,7 @@ from hyperckpt._read.stats import LoadStats
 from hyperckpt._read.storage_info import StorageInfo
 from hyperckpt.errors import CheckpointError
 
-__all__ = ["BroadcastStats", "Message", "Redirect", "Rounds", "copy_into", "transfer_device"]
+__all__ = ["ExchangeStats", "Message", "Redirect", "Rounds", "copy_into", "transfer_device"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +50,8 @@ _Schedule = TypeVar("_Schedule", bound=Schedule)
 
 
 @dataclass(frozen=True, slots=True)
-class BroadcastStats:
-    """What one rank's exchange of replicated slices did.
+class ExchangeStats:
+    """What one rank's exchange (replicated or striped) did.
 
     Attributes:
         rounds: Rounds run (read, agree, exchange, deliver).
@@ -141,7 +141,7 @@ class Rounds(ABC, Generic[_Schedule]):
             self.items.setdefault(item_key(item), []).append(item)
         #: The read requests the schedule delivers to this rank (sent or read for it).
         self.served: set[ItemKey] = set()
-        self.counts = BroadcastStats()
+        self.counts = ExchangeStats()
         self.set_up()
 
     @abstractmethod
@@ -164,7 +164,7 @@ class Rounds(ABC, Generic[_Schedule]):
         """What is left once every round ran without a failure; the failure, if any."""
         return None
 
-    def run(self) -> tuple[LoadStats, BroadcastStats]:
+    def run(self) -> tuple[LoadStats, ExchangeStats]:
         """Run every round.
 
         Returns:

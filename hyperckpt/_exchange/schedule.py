@@ -19,13 +19,13 @@ from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
 __all__ = [
     "ALIGN",
-    "BroadcastReady",
-    "BroadcastSchedule",
+    "ExchangeReady",
     "ItemKey",
+    "ReplicatedSchedule",
     "Slot",
     "Transfer",
     "item_key",
-    "plan_broadcast",
+    "plan_replicated",
 ]
 
 #: Byte alignment of each slice inside a batched message (any dtype can view it in place).
@@ -46,7 +46,7 @@ def item_key(item: ReadItem) -> ItemKey:
 
 
 @dataclass(frozen=True, slots=True)
-class BroadcastReady:
+class ExchangeReady:
     """What ``prepare_local_plan`` puts in a rank's plan: this rank can take part.
 
     Attributes:
@@ -101,7 +101,7 @@ class Transfer:
 
 
 @dataclass(frozen=True, slots=True)
-class BroadcastSchedule:
+class ReplicatedSchedule:
     """One rank's part of the plan; the ``storage_data`` of its ``LoadPlan``.
 
     Attributes:
@@ -120,13 +120,13 @@ class BroadcastSchedule:
     local_ranks: int = 1
 
 
-def plan_broadcast(
+def plan_replicated(
     plans: Sequence[LoadPlan],
     locate: Callable[[ReadItem], tuple[int, str, int]],
     *,
     round_bytes: int,
     batch_bytes: int,
-) -> list[BroadcastSchedule]:
+) -> list[ReplicatedSchedule]:
     """Decide, for every slice several ranks ask for, who reads it and who receives it.
 
     Slices of at least ``batch_bytes`` are placed largest first, each on the holder with
@@ -183,7 +183,7 @@ def plan_broadcast(
     transfers = _pack(shared, source, holders, sizes, round_bytes, batch_bytes)
     rounds = 1 + max((t.round for t in transfers), default=-1)
     return [
-        BroadcastSchedule(
+        ReplicatedSchedule(
             rank=rank,
             world_size=len(plans),
             rounds=rounds,

@@ -17,7 +17,7 @@ from typing import Literal
 
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
-from hyperckpt._exchange.schedule import BroadcastReady, plan_broadcast
+from hyperckpt._exchange.schedule import ExchangeReady, plan_replicated
 from hyperckpt._exchange.stripes import ChunkRows, plan_stripes
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.storage_info import StorageInfo
@@ -85,7 +85,7 @@ def plan_exchange(
     if strategy == "off" or len(plans) < 2:
         return [
             dataclasses.replace(plan, storage_data=None)
-            if isinstance(plan.storage_data, BroadcastReady)
+            if isinstance(plan.storage_data, ExchangeReady)
             else plan
             for plan in plans
         ]
@@ -101,7 +101,7 @@ def plan_exchange(
             size = math.prod(item.lengths) * to_torch_dtype(info.dtype).itemsize
             return size, info.file, info.offset
 
-        schedules = plan_broadcast(plans, locate, round_bytes=round_bytes, batch_bytes=batch_bytes)
+        schedules = plan_replicated(plans, locate, round_bytes=round_bytes, batch_bytes=batch_bytes)
     return [
         dataclasses.replace(plan, storage_data=schedule)
         for plan, schedule in zip(plans, schedules, strict=True)

@@ -30,8 +30,8 @@ from torch.futures import Future
 
 from hyperckpt._dist.headers import HeaderReads, host_name, reader_layout
 from hyperckpt._exchange.costs import CostModel, choose_exchange
-from hyperckpt._exchange.exchange import BroadcastStats, load_exchanged
-from hyperckpt._exchange.schedule import BroadcastReady, BroadcastSchedule
+from hyperckpt._exchange.exchange import ExchangeStats, load_exchanged
+from hyperckpt._exchange.schedule import ExchangeReady, ReplicatedSchedule
 from hyperckpt._exchange.strategy import Exchange, plan_exchange
 from hyperckpt._exchange.stripes import StripeSchedule
 from hyperckpt._layout.directory import huggingface_layout, torch_sharded_layout
@@ -192,7 +192,7 @@ class _SafetensorsReader(FileSystemReader):
         self.layout = None
         self.metadata = None
         self.last_stats: LoadStats | None = None
-        self.last_broadcast: BroadcastStats | None = None
+        self.last_broadcast: ExchangeStats | None = None
         self._per_thread = threading.local()  # from here on, a load's state is per thread
 
     # The options as they were known before ``options`` held them all (read-only).
@@ -302,7 +302,7 @@ class _SafetensorsReader(FileSystemReader):
         exchange = None
         # A schedule or a host share comes only from a coordinator that saw every rank of the
         # group mark its plan: then every rank is here to agree on re-planned reads.
-        if isinstance(schedule, (BroadcastSchedule, StripeSchedule)):
+        if isinstance(schedule, (ReplicatedSchedule, StripeSchedule)):
             exchange = (self._group(), schedule.world_size)
         elif isinstance(schedule, HostShare) and dist.is_available() and dist.is_initialized():
             exchange = (self._group(), dist.get_world_size(self._group()))
@@ -312,7 +312,7 @@ class _SafetensorsReader(FileSystemReader):
             tracker.expect(item, self._nbytes(item))
         shared = (
             schedule
-            if isinstance(schedule, (HostShare, BroadcastSchedule, StripeSchedule))
+            if isinstance(schedule, (HostShare, ReplicatedSchedule, StripeSchedule))
             else None
         )
         # One engine for the whole load: the exchanges run each round's reads through it.
@@ -326,10 +326,10 @@ class _SafetensorsReader(FileSystemReader):
 
         exchanged = exchanging and (
             isinstance(schedule, StripeSchedule)
-            or (isinstance(schedule, BroadcastSchedule) and schedule.rounds > 0)
+            or (isinstance(schedule, ReplicatedSchedule) and schedule.rounds > 0)
         )
         if exchanged:
-            assert isinstance(schedule, (BroadcastSchedule, StripeSchedule))
+            assert isinstance(schedule, (ReplicatedSchedule, StripeSchedule))
             self.last_stats, self.last_broadcast = load_exchanged(
                 plan,
                 planner,
@@ -360,7 +360,7 @@ class _SafetensorsReader(FileSystemReader):
         # DCP's rank is its own group's; a different group than dcp.load's disables broadcast.
         if size < 2 or getattr(self, "rank", rank) not in (None, rank):
             return plan
-        ready = BroadcastReady(rank, size, host_name())
+        ready = ExchangeReady(rank, size, host_name())
         return dataclasses.replace(plan, storage_data=ready)
 
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
@@ -371,14 +371,14 @@ class _SafetensorsReader(FileSystemReader):
         Either way a marked plan comes back with the number of ranks on its host.
         """
         marked = all(
-            isinstance(plan.storage_data, BroadcastReady)
+            isinstance(plan.storage_data, ExchangeReady)
             and plan.storage_data.rank == index
             and plan.storage_data.world_size == len(plans)
             for index, plan in enumerate(plans)
         )
         if not marked:
             return plan_exchange(plans, "off", self._info, round_bytes=1, batch_bytes=1)
-        hosts = [cast(BroadcastReady, plan.storage_data).host for plan in plans]
+        hosts = [cast(ExchangeReady, plan.storage_data).host for plan in plans]
         options = self.options
         if options.exchange == "auto":
             strategy, planned = choose_exchange(

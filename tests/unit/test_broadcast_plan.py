@@ -6,7 +6,7 @@ import torch
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
-from hyperckpt._exchange.schedule import ALIGN, item_key, plan_broadcast
+from hyperckpt._exchange.schedule import ALIGN, item_key, plan_replicated
 
 MiB = 2**20
 
@@ -30,7 +30,7 @@ def _locate(item: ReadItem) -> tuple[int, str, int]:
 
 def test_each_shared_slice_gets_one_reader_and_the_others_receive_it() -> None:
     items = [_item(f"t{i}", 8 * 1024) for i in range(4)]  # 8 MiB each
-    schedules = plan_broadcast(
+    schedules = plan_replicated(
         [LoadPlan(items) for _ in range(4)], _locate, round_bytes=256 * MiB, batch_bytes=4 * MiB
     )
     transfers = schedules[0].transfers
@@ -47,7 +47,7 @@ def test_largest_slice_goes_first_to_the_least_loaded_holder_ties_to_the_lowest_
         LoadPlan([_item("t0", 10 * 1024), _item("t9", 16 * 1024)]),
         LoadPlan([_item("t0", 10 * 1024), _item("t1", 6 * 1024)]),
     ]
-    schedules = plan_broadcast(plans, _locate, round_bytes=256 * MiB, batch_bytes=4 * MiB)
+    schedules = plan_replicated(plans, _locate, round_bytes=256 * MiB, batch_bytes=4 * MiB)
     source = {t.slots[0].key[0]: t.source for t in schedules[0].transfers}
     assert source == {"t0": 0, "t1": 2}
     assert schedules[1].transfers[0].receivers == (1, 2)
@@ -55,7 +55,7 @@ def test_largest_slice_goes_first_to_the_least_loaded_holder_ties_to_the_lowest_
 
 def test_small_slices_on_one_route_share_one_message_with_aligned_slots() -> None:
     items = [_item(f"t{i}", 1) for i in range(100)]  # 1 KiB each
-    schedules = plan_broadcast(
+    schedules = plan_replicated(
         [LoadPlan(items) for _ in range(2)], _locate, round_bytes=256 * MiB, batch_bytes=4 * MiB
     )
     (transfer,) = schedules[0].transfers
@@ -66,7 +66,7 @@ def test_small_slices_on_one_route_share_one_message_with_aligned_slots() -> Non
 
 def test_rounds_hold_at_most_round_bytes_unless_one_slice_is_larger() -> None:
     items = [_item(f"t{i}", 3 * 1024) for i in range(5)] + [_item("t9", 9 * 1024)]
-    schedules = plan_broadcast(
+    schedules = plan_replicated(
         [LoadPlan(items) for _ in range(2)], _locate, round_bytes=8 * MiB, batch_bytes=1 * MiB
     )
     per_round: dict[int, int] = {}
@@ -78,6 +78,6 @@ def test_rounds_hold_at_most_round_bytes_unless_one_slice_is_larger() -> None:
 
 def test_slices_one_rank_asks_for_are_not_exchanged() -> None:
     plans = [LoadPlan([_item("t0", 4, first=0)]), LoadPlan([_item("t0", 4, first=4)])]
-    schedules = plan_broadcast(plans, _locate, round_bytes=MiB, batch_bytes=MiB)
+    schedules = plan_replicated(plans, _locate, round_bytes=MiB, batch_bytes=MiB)
     assert [s.rounds for s in schedules] == [0, 0]
     assert [s.transfers for s in schedules] == [(), ()]

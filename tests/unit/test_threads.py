@@ -12,7 +12,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import LoadPlan
 
 from hyperckpt import HuggingFaceStorageReader
-from hyperckpt._exchange.schedule import BroadcastReady
+from hyperckpt._exchange.schedule import ExchangeReady
 from hyperckpt._read.engine import default_threads
 from hyperckpt._read.threads import (
     MAX_THREADS,
@@ -65,7 +65,7 @@ def test_the_coordinator_tells_each_rank_how_many_ranks_share_its_host(tmp_path:
     reader = HuggingFaceStorageReader(tmp_path, exchange="off")
     hosts = ["node-a", "node-b", "node-a"]
     plans = [
-        LoadPlan([], storage_data=BroadcastReady(rank, len(hosts), host))
+        LoadPlan([], storage_data=ExchangeReady(rank, len(hosts), host))
         for rank, host in enumerate(hosts)
     ]
     shares = [plan.storage_data for plan in reader.prepare_global_plan(plans)]
