@@ -614,19 +614,59 @@ def _assert_opaque_planner_refused(results: list[dict[str, object]]) -> None:
     assert sum(results[0]["bytes_read"]) > 0  # type: ignore[arg-type]
 
 
+@pytest.fixture(scope="module")
+def four_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, object]]:
+    """One spawn of 4 ranks for every 4-rank check below (each check its own test)."""
+    return _run_four_ranks(tmp_path_factory.mktemp("strided"))
+
+
 @pytest.mark.distributed
-def test_strided_layouts_load_bit_exact_on_four_ranks_where_torch_stock_planner_is_wrong(
-    tmp_path: Path,
+def test_region_math_and_both_readers_match_distribute_tensor(
+    four_ranks: list[dict[str, object]],
 ) -> None:
-    """One spawn (and so one test, also under xdist) for every 4-rank check."""
-    results = _run_four_ranks(tmp_path)
-    _assert_region_math_and_both_readers_match_distribute_tensor(results)
-    _assert_design_layouts_hold_the_rows_of_the_design_notes(results)
-    _assert_unmatched_local_rows_and_partial_dtensors_are_refused(results)
-    _assert_torch_stock_planner_loads_wrong_rows(results)
-    _assert_plain_call_drops_a_stale_broadcast_schedule_on_every_rank(results)
-    _assert_torch_written_strided_checkpoint_is_refused(results)
-    _assert_fsdp_over_tensor_parallel_module_matches_the_reference(results)
+    _assert_region_math_and_both_readers_match_distribute_tensor(four_ranks)
+
+
+@pytest.mark.distributed
+def test_design_layouts_hold_the_rows_of_the_design_notes(
+    four_ranks: list[dict[str, object]],
+) -> None:
+    _assert_design_layouts_hold_the_rows_of_the_design_notes(four_ranks)
+
+
+@pytest.mark.distributed
+def test_unmatched_local_rows_and_partial_dtensors_are_refused(
+    four_ranks: list[dict[str, object]],
+) -> None:
+    _assert_unmatched_local_rows_and_partial_dtensors_are_refused(four_ranks)
+
+
+@pytest.mark.distributed
+def test_torch_stock_planner_loads_wrong_rows_where_we_load_right_ones(
+    four_ranks: list[dict[str, object]],
+) -> None:
+    _assert_torch_stock_planner_loads_wrong_rows(four_ranks)
+
+
+@pytest.mark.distributed
+def test_plain_call_drops_a_stale_broadcast_schedule_on_every_rank(
+    four_ranks: list[dict[str, object]],
+) -> None:
+    _assert_plain_call_drops_a_stale_broadcast_schedule_on_every_rank(four_ranks)
+
+
+@pytest.mark.distributed
+def test_torch_written_strided_checkpoint_is_refused(
+    four_ranks: list[dict[str, object]],
+) -> None:
+    _assert_torch_written_strided_checkpoint_is_refused(four_ranks)
+
+
+@pytest.mark.distributed
+def test_fsdp_over_tensor_parallel_module_matches_the_reference(
+    four_ranks: list[dict[str, object]],
+) -> None:
+    _assert_fsdp_over_tensor_parallel_module_matches_the_reference(four_ranks)
 
 
 @pytest.mark.distributed
