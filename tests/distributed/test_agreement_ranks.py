@@ -28,7 +28,7 @@ def _run(rank: int, world_size: int) -> dict[str, object]:
     out: dict[str, object] = {}
     out["values"] = agree(None, None, _heard, value=rank * 10)
     own = CheckpointChangedError(
-        "a.safetensors: changed", path="a.safetensors", tensor="w", rule="x.y"
+        "a.safetensors: changed", path="a.safetensors", tensor="w", rule="offsets.span"
     )
     failures = {1: own, 2: OSError("disk gone")}
     failure = failures.get(rank)
@@ -56,6 +56,6 @@ def test_every_rank_raises_the_failing_ranks_own_error_or_the_first_failure(tmp_
     )
     assert one["same object"] is True
     assert one["raised"] == ("CheckpointChangedError", "a.safetensors: changed", "a.safetensors")
-    assert one["facts"] == ("w", "x.y")
+    assert one["facts"] == ("w", "offsets.span")
     assert two["same object"] is True
     assert two["raised"] == ("OSError", "disk gone", None)
