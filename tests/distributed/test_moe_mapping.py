@@ -99,7 +99,8 @@ def _run(rank: int, world_size: int, paths: dict[str, str]) -> dict[str, object]
         got = model.state_dict()
         for value in got.values():
             poison_(value.to_local())
-        report = hyperckpt.load(got, path, mapping=name, reader_options={"staging_bytes": 16})
+        options = hyperckpt.ReadOptions(staging_bytes=16)
+        report = hyperckpt.load(got, path, mapping=name, options=options)
         local_bytes = sum(v.to_local().nbytes for v in got.values())
         stats[name] = (report.bytes_read[rank], local_bytes, report.unused)
         for key, value in got.items():
