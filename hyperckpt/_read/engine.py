@@ -322,7 +322,10 @@ class _Load:
         host_staged = bool(staged) or any(not r.box.is_one_run() for r in device)
         share = budget - scratch_bytes
         ring_bytes = (share // 2 if host_staged else share) if device else 0
-        self._host_block = max(1, (share - ring_bytes) // self._threads)
+        # A thread's host buffer holds the widest span a request needs, never more: a large
+        # budget is a ceiling, not an allocation.
+        widest = max((r.box.span()[1] for r in requests if r.box.nbytes), default=1)
+        self._host_block = max(1, min((share - ring_bytes) // self._threads, widest))
         jobs: list[tuple[str, int, _Job]] = []
         if direct or strided:
             # Kept on the load: jobs hold its address only.

@@ -236,3 +236,14 @@ def test_a_reader_given_a_layout_reads_no_header_for_its_first_load(
     assert reader.layout is mapped.layout
     with pytest.raises(TypeError, match=r"layout must be a hyperckpt.MappedLayout or None"):
         HuggingFaceStorageReader(tmp_path, layout=mapped.layout)  # type: ignore[arg-type]
+
+
+def test_the_largest_staging_budget_is_a_ceiling_not_an_allocation(tmp_path: Path) -> None:
+    tensors = {"w": torch.randn(64, 8)}
+    write_hf_checkpoint(tmp_path, tensors)
+    out = {"w": poison_(torch.empty(64, 8, dtype=torch.float64))}  # staged: converted
+    reader = HuggingFaceStorageReader(tmp_path, staging_bytes=2**62, thread_count=1024)
+    dcp.load(out, storage_reader=reader)
+    assert torch.equal(out["w"], tensors["w"].double())
+    assert reader.last_stats is not None
+    assert reader.last_stats.staging_peak <= 64 * 8 * 4 + 2**20
