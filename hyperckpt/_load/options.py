@@ -45,8 +45,9 @@ __all__ = [
     "reader_options_given",
 ]
 
-#: Staging bytes a load may use.
-STAGING_BYTES: Final = Limits(1, MAX_BYTES, unit="bytes")
+#: Staging bytes a load may use: at least room for a few elements of the widest dtype in a
+#: host buffer and a pinned slot (a small budget reads with fewer threads, never fails).
+STAGING_BYTES: Final = Limits(64, MAX_BYTES, unit="bytes")
 #: An option given other than in ``options=``: how the caller spelled it
 #: (``"thread_count="``, ``"reader_options['thread_count']"``), the field it sets, the value.
 Given = tuple[str, str, object]
@@ -72,7 +73,8 @@ class ReadOptions:
         staging_bytes: Bytes of memory, all read threads together, for staging reads that
             cannot land in place (dtype conversion, non-contiguous or non-CPU
             destinations); also the most bytes of replicated slices or stripes exchanged
-            per round.  An int from 1 to 2**62; buffers are never larger than the load
+            per round.  An int from 64 to 2**62: a budget too small for every read
+            thread reads with fewer threads, and buffers are never larger than the load
             needs.
         exchange: How ranks share the reading (see :doc:`broadcast`): ``"off"``, every rank
             reads its own requests; ``"replicated"``, a slice several ranks need

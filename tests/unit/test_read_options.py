@@ -21,7 +21,7 @@ def test_bad_values_are_refused_when_the_options_are_made() -> None:
         ({"thread_count": 0}, "thread_count must be an int from 1 to 1024, got 0"),
         (
             {"staging_bytes": 0},
-            "staging_bytes must be an int from 1 to 2\\*\\*62 \\(bytes\\), got 0",
+            "staging_bytes must be an int from 64 to 2\\*\\*62 \\(bytes\\), got 0",
         ),
         ({"exchange": "sideways"}, "exchange must be one of auto, off, replicated, striped"),
         ({"dtype_policy": "loose"}, "dtype_policy must be one of 'convert', 'exact'"),
