@@ -14,6 +14,7 @@ that ``except Exception`` misses; :func:`hyperckpt.load` raises :class:`Checkpoi
 from __future__ import annotations
 
 from hyperckpt._consolidate import ConsolidateReport, consolidate
+from hyperckpt._deprecate import HyperckptDeprecationWarning
 from hyperckpt._exchange.costs import CostModel
 from hyperckpt._format.header import FileHeader, FileStamp, TensorEntry
 from hyperckpt._layout.mapping import (
@@ -54,6 +55,7 @@ __all__ = [
     "FileStamp",
     "Fuse",
     "HuggingFaceStorageReader",
+    "HyperckptDeprecationWarning",
     "LoadPlanner",
     "LoadReport",
     "LoadStats",

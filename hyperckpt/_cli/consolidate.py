@@ -9,7 +9,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-from hyperckpt._consolidate.run import DEFAULT_STAGING_BYTES, consolidate
+from hyperckpt._arguments import THREADS
+from hyperckpt._cli.flags import number
+from hyperckpt._consolidate.run import DEFAULT_STAGING_BYTES, STAGING_BYTES, consolidate
 from hyperckpt._read.progress import format_bytes
 from hyperckpt._read.tracker import ProgressLine
 
@@ -54,12 +56,14 @@ def add_parser(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--staging-bytes",
-        type=int,
+        type=number(STAGING_BYTES),
         default=DEFAULT_STAGING_BYTES,
         metavar="N",
         help="most bytes of buffers per rank (default 256 MiB)",
     )
-    parser.add_argument("--threads", type=int, metavar="N", help="tensors in flight per rank")
+    parser.add_argument(
+        "--threads", type=number(THREADS), metavar="N", help="tensors in flight per rank"
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(run=run)
 

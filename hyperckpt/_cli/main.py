@@ -11,17 +11,20 @@ import argparse
 import dataclasses
 import json
 import logging
-import math
 import os
 import signal
 import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
+from hyperckpt._arguments import THREADS, Limits
 from hyperckpt._cli import verify as verify_command
+from hyperckpt._cli.flags import number
 from hyperckpt._cli.status import StatusLine
+from hyperckpt._deprecate import deprecation_message
+from hyperckpt._exchange.costs import BANDWIDTH, LATENCY
 from hyperckpt._layout.directory import describe_directory as describe
 from hyperckpt._layout.mapping import MappedLayout
 from hyperckpt._layout.model import CheckpointLayout
@@ -38,6 +41,9 @@ OK: Final = 0
 INVALID: Final = 1
 USAGE: Final = 2
 _LARGEST: Final = 5
+_LISTED: Final = Limits(0, 10**6)
+_RANKS: Final = Limits(1, 2**20)
+_TIMEOUT: Final = Limits(0.001, 10**7, integer=False, unit="seconds")
 
 
 class _UsageError(Exception):
@@ -127,7 +133,11 @@ def _parser() -> argparse.ArgumentParser:
     _mapping_option(inspect)
     inspect.add_argument("--json", action="store_true", help="print JSON for machines")
     inspect.add_argument(
-        "--largest", type=int, default=_LARGEST, metavar="N", help="largest tensors to list"
+        "--largest",
+        type=number(_LISTED),
+        default=_LARGEST,
+        metavar="N",
+        help="largest tensors to list",
     )
     inspect.set_defaults(run=_inspect)
 
@@ -155,7 +165,9 @@ def _parser() -> argparse.ArgumentParser:
         "starting processes.  TP follows a Llama-style plan keyed on tensor names.",
     )
     plan.add_argument("path", help="checkpoint directory or .safetensors file")
-    plan.add_argument("--world", type=int, required=True, metavar="N", help="number of ranks")
+    plan.add_argument(
+        "--world", type=number(_RANKS), required=True, metavar="N", help="number of ranks"
+    )
     _mapping_option(plan)
     plan.add_argument(
         "--layout",
@@ -164,18 +176,21 @@ def _parser() -> argparse.ArgumentParser:
         help="fsdp: Shard(0); tp: colwise/rowwise; fsdp-tp: 2-D mesh (world/tp, tp); "
         "hsdp: (replicas, world/replicas), Replicate + Shard(0); replicate: every rank all",
     )
-    plan.add_argument("--tp", type=int, default=2, help="TP degree of fsdp-tp (default 2)")
-    plan.add_argument("--replicas", type=int, default=2, help="replica groups of hsdp (default 2)")
+    plan.add_argument(
+        "--tp", type=number(_RANKS), default=2, help="TP degree of fsdp-tp (default 2)"
+    )
+    plan.add_argument(
+        "--replicas", type=number(_RANKS), default=2, help="replica groups of hsdp (default 2)"
+    )
     plan.add_argument(
         "--hosts",
-        type=int,
+        type=number(_RANKS),
         default=1,
         help="hosts the ranks span, in contiguous blocks of ranks (default 1)",
     )
     plan.add_argument(
         "--exchange",
         choices=("auto", "off", "replicated", "striped"),
-        default="auto",
         help="the exchange the per-rank table shows (default auto: what the cost model picks; "
         "off on one host)",
     )
@@ -185,26 +200,32 @@ def _parser() -> argparse.ArgumentParser:
         dest="broadcast",
         action="store_const",
         const=True,
-        help="deprecated: --exchange replicated",
+        help="deprecated (removed in 0.3.0): --exchange replicated",
     )
     forced.add_argument(
         "--no-broadcast",
         dest="broadcast",
         action="store_const",
         const=False,
-        help="deprecated: --exchange off",
+        help="deprecated (removed in 0.3.0): --exchange off",
     )
     plan.add_argument(
-        "--storage-gbps", type=float, default=2.0, help="cost model: GB/s per host from storage"
+        "--storage-gbps",
+        type=number(BANDWIDTH),
+        default=2.0,
+        help="cost model: GB/s per host from storage",
     )
     plan.add_argument(
         "--interconnect-gbps",
-        type=float,
+        type=number(BANDWIDTH),
         default=25.0,
         help="cost model: GB/s per host between hosts",
     )
     plan.add_argument(
-        "--read-latency-ms", type=float, default=1.0, help="cost model: ms per read call"
+        "--read-latency-ms",
+        type=number(LATENCY),
+        default=1.0,
+        help="cost model: ms per read call",
     )
     plan.add_argument(
         "--dtype",
@@ -224,7 +245,9 @@ def _parser() -> argparse.ArgumentParser:
         "both under FSDP, TP, FSDPxTP (with a packed _StridedShard weight) and HSDP, verify "
         "every tensor bit-exact against distribute_tensor of the original, print a table.",
     )
-    demo.add_argument("--ranks", type=int, default=4, help="CPU ranks to spawn (default 4)")
+    demo.add_argument(
+        "--ranks", type=number(THREADS), default=4, help="CPU ranks to spawn (default 4)"
+    )
     demo.add_argument(
         "--size",
         choices=("tiny", "small", "medium"),
@@ -235,7 +258,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--dir", help="write the checkpoints here instead of a temporary directory")
     demo.add_argument(
         "--timeout",
-        type=float,
+        type=number(_TIMEOUT),
         default=900.0,
         help="seconds before the ranks are ended, however busy (default 900); ranks that use "
         "no CPU for two minutes are ended as hung sooner",
@@ -281,8 +304,6 @@ def _version() -> str:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    if args.largest < 0:
-        raise _UsageError(f"--largest must be 0 or more, got {args.largest}")
     layout, mapped = _described(args)
     summary = _inspect_summary(layout, largest=args.largest)
     if mapped is not None:
@@ -470,16 +491,13 @@ def _plan(args: argparse.Namespace) -> int:
     from hyperckpt._exchange.costs import CostModel, pick
     from hyperckpt._read import dtype_policy
 
-    if args.world < 1:
-        raise _UsageError(f"--world must be at least 1, got {args.world}")
+    exchange_flag = _exchange_flag(args)
     try:
         mesh = _plan.mesh_shape(args.layout, args.world, tp=args.tp, replicas=args.replicas)
     except ValueError as err:
         raise _UsageError(str(err)) from err
     if not 1 <= args.hosts <= args.world:
         raise _UsageError(f"--hosts must be between 1 and --world, got {args.hosts}")
-    if min(args.storage_gbps, args.interconnect_gbps) <= 0 or args.read_latency_ms < 0:
-        raise _UsageError("bandwidths must be positive and the read latency not negative")
     model = CostModel(
         storage_gbps=args.storage_gbps,
         interconnect_gbps=args.interconnect_gbps,
@@ -506,9 +524,7 @@ def _plan(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise _UsageError(str(err)) from err
     picked = pick(costs, hosts=args.hosts)
-    exchange: Strategy = picked if args.exchange == "auto" else args.exchange
-    if args.broadcast is not None:
-        exchange = "replicated" if args.broadcast else "off"
+    exchange = picked if exchange_flag == "auto" else cast("Strategy", exchange_flag)
     broadcast = exchange == "replicated"
     ranks = _plan.plan_load(
         layout,
@@ -571,6 +587,7 @@ def _plan(args: argparse.Namespace) -> int:
                     ],
                 },
                 indent=2,
+                allow_nan=False,  # NaN and Infinity are not JSON
             )
         )
         return OK
@@ -597,6 +614,22 @@ def _plan(args: argparse.Namespace) -> int:
         for line in dtype_policy.conversion_lines(made, dtype_policy.torch_name(target)):
             print(line)
     return OK
+
+
+def _exchange_flag(args: argparse.Namespace) -> str:
+    """``--exchange``, or what the deprecated ``--broadcast``/``--no-broadcast`` stand for
+    (with a warning); both given is a usage error, whatever they say."""
+    if args.broadcast is None:
+        return str(args.exchange or "auto")
+    old = "--broadcast" if args.broadcast else "--no-broadcast"
+    new = "--exchange replicated" if args.broadcast else "--exchange off"
+    if args.exchange is not None:
+        raise _UsageError(
+            f"--exchange {args.exchange} and {old} both choose the exchange; give --exchange "
+            f"only ({old} is its deprecated spelling, {new})"
+        )
+    print(f"hyperckpt plan: warning: {deprecation_message(old, instead=new)}", file=sys.stderr)
+    return new.split()[1]
 
 
 def _seconds(value: float) -> str:
@@ -634,10 +667,6 @@ def _demo(args: argparse.Namespace) -> int:
     from hyperckpt._cli import demo
     from hyperckpt._dist.spawn import RankFailure
 
-    if args.ranks < 1:
-        raise _UsageError(f"--ranks must be at least 1, got {args.ranks}")
-    if not 0 < args.timeout < math.inf:
-        raise _UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     status = StatusLine()
     try:
         report = demo.run_demo(

@@ -19,6 +19,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Final
 
+from hyperckpt._arguments import MAX_BYTES
 from hyperckpt._format.header import DTYPES, ByteSpan, decode_strict_json, read_header
 from hyperckpt._format.preview import preview
 from hyperckpt._layout.index import check_plain_name
@@ -176,10 +177,14 @@ def parse_size(value: int | str) -> int:
     binary KiB, MiB, GiB, TiB; case-insensitive); an int or a bare number is bytes.
 
     Raises:
-        ValueError: Not a positive size in one of those forms.
+        TypeError: Neither an int nor a string (``True`` is not an int here).
+        ValueError: Not a size from 1 byte to 2**62 bytes in one of those forms.
     """
     if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ValueError(f"max_shard_size must be an int or a string like '5GB', got {value!r}")
+        raise TypeError(
+            f"max_shard_size must be an int or a string like '5GB', got {_short(value)} of "
+            f"type {type(value).__name__}"
+        )
     if isinstance(value, int):
         size = value
     else:
@@ -187,13 +192,21 @@ def parse_size(value: int | str) -> int:
         unit = match.group(2).upper() if match else ""
         if match is None or unit not in _UNITS:
             raise ValueError(
-                f"max_shard_size {value!r} is not a size: use bytes or a number with KB, MB, "
+                f"max_shard_size {_short(value)} is not a size: use bytes or a number with KB, MB, "
                 f"GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. '5GB'"
             )
-        size = int(float(match.group(1)) * _UNITS[unit])
-    if size < 1:
-        raise ValueError(f"max_shard_size must be at least 1 byte, got {value!r}")
+        number = float(match.group(1)) * _UNITS[unit]  # a long digit string is inf
+        size = int(number) if number <= MAX_BYTES else MAX_BYTES + 1
+    if not 1 <= size <= MAX_BYTES:
+        raise ValueError(
+            f"max_shard_size must be at least 1 byte and at most 2**62, got {_short(value)}"
+        )
     return size
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
 
 
 def output_dtype_code(name: str) -> str:

@@ -13,6 +13,16 @@ from typing import Final, cast
 
 import torch.distributed as dist
 
+from hyperckpt._arguments import (
+    MAX_BYTES,
+    THREADS,
+    Limits,
+    check_callable,
+    check_flag,
+    check_number,
+    check_path,
+    check_type,
+)
 from hyperckpt._consolidate.assign import (
     DEFAULT_MAX_SHARD_SIZE,
     OutputPlan,
@@ -34,15 +44,18 @@ from hyperckpt._layout.model import INDEX_NAME, CheckpointLayout
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
 from hyperckpt.errors import CheckpointError
 
-__all__ = ["MARKER_NAME", "ConsolidateReport", "consolidate"]
+__all__ = ["MARKER_NAME", "STAGING_BYTES", "ConsolidateReport", "consolidate"]
 
 logger = logging.getLogger("hyperckpt")
 
 #: Left in the output while a consolidation runs; a directory holding it may be reused.
 MARKER_NAME: Final = ".hyperckpt-consolidate-incomplete"
 DEFAULT_STAGING_BYTES: Final = 256 * 2**20
+#: Staging bytes of a consolidation, per rank.
+STAGING_BYTES: Final = Limits(MIN_STAGING_BYTES, MAX_BYTES, unit="bytes")
+_GROUP: Final = "a torch.distributed.ProcessGroup or None"
 _LEFTOVER: Final = re.compile(r".*\.tmp-[0-9]+")
-_FAILURES: Final = (CheckpointError, OSError, ValueError, RuntimeError)
+_FAILURES: Final = (CheckpointError, OSError, ValueError, TypeError, RuntimeError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,8 +128,9 @@ def consolidate(
             other tensors are written as stored.
         overwrite: Replace the safetensors files and index already in ``output`` (other
             files, e.g. ``config.json``, are kept).
-        staging_bytes: Most bytes of buffers per rank (default 256 MiB).
-        thread_count: Tensors written at the same time per rank (default: up to 4).
+        staging_bytes: Most bytes of buffers per rank, at least 4096 (default 256 MiB).
+        thread_count: Tensors written at the same time per rank, 1 to 1024 (default: up
+            to 4).
         process_group: The ranks taking part; the default group when initialized.
         progress: Called with a :class:`~hyperckpt.Progress` of this rank's writing (bytes
             and tensors written of those it writes) at a bounded rate from the writer
@@ -131,10 +145,26 @@ def consolidate(
             is not empty; nothing was written.  :class:`CheckpointChangedError` when an
             input file changed while it was read.  Raised on every rank when any rank fails
             (the others name that rank).
-        ValueError: An option is malformed.
+        ValueError: An option's value is refused (the message names it): a malformed
+            ``max_shard_size``, an unknown ``dtype``, ``staging_bytes`` or ``thread_count``
+            out of range, NaN or infinite.
+        TypeError: An argument's type is wrong (the message names it): ``True`` or
+            ``2.0`` for a count, a path that is not a ``str`` or ``os.PathLike``, a
+            ``progress`` that cannot be called.
         OSError: The output cannot be written.
     """
     begin = time.perf_counter()
+    threads = _check_options(
+        source,
+        output,
+        like=like,
+        dtype=dtype,
+        overwrite=overwrite,
+        staging_bytes=staging_bytes,
+        thread_count=thread_count,
+        process_group=process_group,
+        progress=progress,
+    )
     group = process_group if distributed() else None
     rank = dist.get_rank(group) if distributed() else 0
     world = dist.get_world_size(group) if distributed() else 1
@@ -144,13 +174,6 @@ def consolidate(
     failure: BaseException | None = None
     try:
         limit = parse_size(max_shard_size)
-        if staging_bytes < MIN_STAGING_BYTES:
-            raise ValueError(
-                f"staging_bytes must be at least {MIN_STAGING_BYTES}, got {staging_bytes}"
-            )
-        threads = min(4, os.cpu_count() or 1) if thread_count is None else thread_count
-        if threads < 1:
-            raise ValueError(f"thread_count must be at least 1, got {thread_count}")
         code = None if dtype is None else output_dtype_code(dtype)
         layout = torch_sharded_layout(source)
         plan = plan_output(
@@ -221,6 +244,33 @@ def consolidate(
         report.seconds,
     )
     return report
+
+
+def _check_options(
+    source: object,
+    output: object,
+    *,
+    like: object,
+    dtype: object,
+    overwrite: object,
+    staging_bytes: object,
+    thread_count: object,
+    process_group: object,
+    progress: object,
+) -> int:
+    """Refuse an argument of a wrong type or value, by name, before anything else; the
+    threads to write with.  Every rank gets the same arguments, so every rank refuses."""
+    check_path("source", source)
+    check_path("output", output)
+    check_path("like", like, optional=True)
+    check_type("dtype", dtype, (str, type(None)), "a dtype name such as 'bf16', or None")
+    check_flag("overwrite", overwrite)
+    check_number("staging_bytes", staging_bytes, STAGING_BYTES)
+    check_type("process_group", process_group, (dist.ProcessGroup, type(None)), _GROUP)
+    check_callable("progress", progress)
+    if thread_count is None:
+        return min(4, os.cpu_count() or 1)
+    return int(check_number("thread_count", thread_count, THREADS))
 
 
 def _check_places(source: Path, out: Path) -> None:
@@ -294,6 +344,8 @@ def _failed(failure: Failure) -> Exception:
         return kind(text, rule=failure.rule)
     if failure.kind == "ValueError":
         return ValueError(text)
+    if failure.kind == "TypeError":
+        return TypeError(text)
     if failure.kind == "RuntimeError":
         return RuntimeError(text)
     return OSError(text)

@@ -23,9 +23,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
+from hyperckpt._arguments import Limits, check_number
 from hyperckpt._exchange.schedule import ReplicatedSchedule, item_key
 from hyperckpt._exchange.strategy import Strategy, plan_exchange
 from hyperckpt._exchange.stripes import StripeSchedule
@@ -35,6 +37,9 @@ from hyperckpt._read.engine import CHUNK_BYTES, MAX_GAP
 from hyperckpt._read.storage_info import StorageInfo
 
 __all__ = [
+    "BANDWIDTH",
+    "LATENCY",
+    "READS_IN_FLIGHT",
     "STRATEGIES",
     "CostModel",
     "StrategyCost",
@@ -45,11 +50,28 @@ __all__ = [
 ]
 
 STRATEGIES: tuple[Strategy, ...] = ("off", "replicated", "striped")
+#: A bandwidth of the model: from 1 kB/s to 1 PB/s, so that every predicted time is finite.
+BANDWIDTH: Final = Limits(1e-6, 1e6, integer=False, unit="GB/s")
+#: A latency of the model: up to 1000 s.
+LATENCY: Final = Limits(0.0, 1e6, integer=False, unit="ms")
+#: Read calls in flight per host.
+READS_IN_FLIGHT: Final = Limits(1, 2**20)
+_LIMITS: Final = {
+    "storage_gbps": BANDWIDTH,
+    "interconnect_gbps": BANDWIDTH,
+    "intra_host_gbps": BANDWIDTH,
+    "read_latency_ms": LATENCY,
+    "reads_in_flight": READS_IN_FLIGHT,
+    "collective_latency_ms": LATENCY,
+}
 
 
 @dataclass(frozen=True, slots=True)
 class CostModel:
-    """Bandwidths and latencies the prediction assumes.
+    """Bandwidths and latencies the prediction assumes, checked when made.
+
+    Bandwidths are bounded (1e-06 to 1e+06 GB/s) and latencies too (0 to 1e+06 ms) so that
+    every predicted time is a finite number.
 
     Attributes:
         storage_gbps: GB/s (1e9 bytes) one host reads from the checkpoint's storage, all
@@ -61,6 +83,10 @@ class CostModel:
         reads_in_flight: Read calls one host keeps in flight.
         collective_latency_ms: Cost of one small collective step, in milliseconds
             (a round costs this times ``log2`` of the ranks).
+
+    Raises:
+        TypeError: A field is not a number (``reads_in_flight``: not an int).
+        ValueError: A field is NaN, infinite or out of its bounds; the message names it.
     """
 
     storage_gbps: float = 2.0
@@ -69,6 +95,10 @@ class CostModel:
     read_latency_ms: float = 1.0
     reads_in_flight: int = 32
     collective_latency_ms: float = 0.5
+
+    def __post_init__(self) -> None:
+        for name, limits in _LIMITS.items():
+            object.__setattr__(self, name, check_number(name, getattr(self, name), limits))
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Literal
 
@@ -38,26 +37,15 @@ Strategy = Literal["off", "replicated", "striped"]
 EXCHANGES: tuple[str, ...] = ("auto", "off", "replicated", "striped")
 
 
-def exchange_option(exchange: Exchange | None, broadcast_replicated: bool | None) -> Exchange:
-    """The ``exchange`` a reader uses, given the deprecated ``broadcast_replicated`` too.
+def exchange_option(exchange: object) -> Exchange:
+    """``exchange`` when it is one of :data:`EXCHANGES`.
 
     Raises:
-        ValueError: An unknown ``exchange``, or both options given.
+        ValueError: It is not (the message lists them).
     """
-    if broadcast_replicated is not None:
-        if exchange is not None:
-            raise ValueError("give exchange= only; broadcast_replicated= is its deprecated alias")
-        warnings.warn(
-            "broadcast_replicated= is deprecated: use exchange='replicated' (True) or "
-            "exchange='off' (False)",
-            DeprecationWarning,
-            stacklevel=4,  # the caller of the reader or of load, through read_options
-        )
-        return "replicated" if broadcast_replicated else "off"
-    exchange = "auto" if exchange is None else exchange
-    if exchange not in EXCHANGES:
+    if not isinstance(exchange, str) or exchange not in EXCHANGES:
         raise ValueError(f"exchange must be one of {', '.join(EXCHANGES)}; got {exchange!r}")
-    return exchange
+    return exchange  # type: ignore[return-value]
 
 
 def chunk_rows(info: StorageInfo) -> ChunkRows:

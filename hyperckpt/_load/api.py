@@ -17,6 +17,7 @@ from torch.distributed.checkpoint.planner import LoadPlanner as DcpLoadPlanner
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.tensor import DTensor
 
+from hyperckpt._arguments import check_path, check_type
 from hyperckpt._dist.agreement import Failure, agree, distributed
 from hyperckpt._dist.headers import HeaderReads
 from hyperckpt._exchange.strategy import Exchange
@@ -25,7 +26,12 @@ from hyperckpt._layout.mapping import MappedLayout, MappingLike
 from hyperckpt._layout.mapping import Mapping as _Mapping
 from hyperckpt._layout.model import CheckpointLayout, Kind
 from hyperckpt._load.describe import describe
-from hyperckpt._load.options import read_options
+from hyperckpt._load.options import (
+    ReadOptions,
+    keyword_options,
+    one_options,
+    reader_options_given,
+)
 from hyperckpt._load.readers import reader_for
 from hyperckpt._planner.load_planner import LoadPlanner, strided_regions
 from hyperckpt._planner.shapes import shape_mismatch
@@ -82,15 +88,16 @@ def load(
     state_dict: Mapping[str, torch.Tensor],
     path: str | os.PathLike[str],
     *,
+    options: ReadOptions | None = None,
     process_group: dist.ProcessGroup | None = None,
     planner: DcpLoadPlanner | None = None,
     allow_missing: bool | Collection[str] = False,
     thread_count: int | None = None,
-    exchange: Exchange = "auto",
-    reader_options: Mapping[str, object] | None = None,
-    dtype_policy: DtypePolicy = "convert",
+    exchange: Exchange | None = None,
+    dtype_policy: DtypePolicy | None = None,
     progress: ProgressCallback | None = None,
     mapping: MappingLike | None = None,
+    reader_options: Mapping[str, object] | None = None,
 ) -> LoadReport:
     """Load a safetensors checkpoint of either kind into ``state_dict``, in place.
 
@@ -102,11 +109,19 @@ def load(
     group must call this; ranks may pass different keys (pipeline stages, experts), but
     the ranks of each DTensor's mesh must all pass that DTensor's key.
 
+    The reading options travel as one :class:`~hyperckpt.ReadOptions` (``options``) to
+    the reader; ``process_group``, ``thread_count``, ``exchange``, ``dtype_policy``,
+    ``progress`` and ``mapping`` are keyword spellings of its fields (``None``: not given).
+    An option given both ways is refused.  The mapping is applied once, here, and the
+    reader gets the mapped layout.
+
     Args:
         state_dict: Flat mapping of names to tensors or DTensors, e.g.
             ``model.state_dict()``.  Loaded in place.
         path: The checkpoint directory (or a single ``.safetensors`` file).
-        process_group: The ranks taking part; the default group by default.
+        options: Every reading option as one :class:`~hyperckpt.ReadOptions`.
+        process_group: The ranks taking part; the default group by default (the field
+            ``options.process_group``).
         planner: A DCP load planner; :class:`~hyperckpt.LoadPlanner` by default.
         allow_missing: State-dict keys the checkpoint may lack, left untouched and listed
             in :attr:`LoadReport.skipped`.  Typically tied weights:
@@ -117,7 +132,10 @@ def load(
         thread_count: Reads in flight per rank (see the readers).
         exchange: How ranks share the reading: ``"off"``, ``"replicated"``, ``"striped"``
             or ``"auto"`` (the cost model's pick; ``"off"`` on one host).  See the readers.
-        reader_options: Further keyword options for the reader's constructor.
+        reader_options: Deprecated (removed in 0.3.0): the reader's keyword options as a
+            dict; use ``options=hyperckpt.ReadOptions(...)``.  Warns with
+            :class:`hyperckpt.HyperckptDeprecationWarning`; an option given here and
+            another way is refused like any other.
         dtype_policy: Which dtype conversions are allowed, checked for every key before
             anything is read: ``"convert"`` (any, the default), ``"exact"`` (none) or
             ``"no-narrowing"`` (only widening ones; the table is in ``docs/data-checks.md``).
@@ -132,6 +150,9 @@ def load(
         A :class:`LoadReport` (``bytes_read`` gathered from every rank).
 
     Raises:
+        ValueError: An option's value is refused, or an option is given two ways (the
+            message names the option and both spellings); nothing was read.
+        TypeError: An argument's type is wrong (the message names it); nothing was read.
         CheckpointNotFoundError: The checkpoint, or a file it needs, does not exist.
         CheckpointError: The checkpoint breaks a rule or does not fit ``mapping``, lacks
             keys not allowed to be missing, a tensor's shape differs from the state dict's,
@@ -142,22 +163,21 @@ def load(
             (the others name that rank and its message).
     """
     begin = time.perf_counter()
-    given: dict[str, Any] = dict(reader_options or {})
-    given.setdefault("thread_count", thread_count)
-    given.setdefault("dtype_policy", dtype_policy)
-    given.setdefault("progress", progress)
-    if "broadcast_replicated" not in given:
-        given.setdefault("exchange", exchange)
-    if process_group is not None:
-        given.setdefault("process_group", process_group)
-    if mapping is not None:
-        given.setdefault("mapping", mapping)
-    # One typed object from here to the read threads: the checks below use the same values
-    # the reader will (a dtype_policy or header_reads given in reader_options included).
-    options = read_options(**given)
+    options = _options(
+        options,
+        process_group=process_group,
+        thread_count=thread_count,
+        exchange=exchange,
+        dtype_policy=dtype_policy,
+        progress=progress,
+        mapping=mapping,
+        reader_options=reader_options,
+    )
+    _check_arguments(path, planner, allow_missing)
+    process_group = options.process_group
     # A refusal on one rank must stop every rank, or the others wait in collectives.
     try:
-        described, mapped, wanted, skipped = _validate(
+        mapped, wanted, skipped = _validate(
             state_dict, path, allow_missing, options.mapping, process_group, options.header_reads
         )
         layout = mapped.layout
@@ -184,8 +204,8 @@ def load(
         except CheckpointError as err:
             failure = err
         agree(failure, process_group, _refused)
-    reader = reader_for(layout.kind)(path, options=options)
-    reader.described = described  # validated above: read_metadata reads no header again
+    # Described, validated and mapped above: read_metadata reads no header and maps nothing.
+    reader = reader_for(layout.kind)(path, options=options, layout=mapped)
     with warnings.catch_warnings():
         # One process without a process group is a supported use here, not a mistake.
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
@@ -243,6 +263,39 @@ def load(
     )
 
 
+def _options(
+    options: ReadOptions | None,
+    *,
+    reader_options: Mapping[str, object] | None,
+    **keywords: object,
+) -> ReadOptions:
+    """The load's one :class:`ReadOptions`: ``options`` with the keyword options (and the
+    deprecated ``reader_options``) set in it, each option given once."""
+    given = keyword_options(**keywords)
+    if reader_options is not None:
+        given += reader_options_given(reader_options)
+    return one_options(options, given)
+
+
+def _check_arguments(path: object, planner: object, allow_missing: object) -> None:
+    """Refuse arguments of a wrong type before anything is read."""
+    check_path("path", path)
+    check_type("planner", planner, (DcpLoadPlanner, type(None)), "a DCP LoadPlanner or None")
+    if isinstance(allow_missing, bool):
+        return
+    if isinstance(allow_missing, (str, bytes)) or not isinstance(allow_missing, Collection):
+        raise TypeError(
+            f"allow_missing must be True, False or a collection of state-dict keys such as "
+            f"{{'lm_head.weight'}}, got {type(allow_missing).__name__}"
+        )
+    odd = [key for key in allow_missing if not isinstance(key, str)]
+    if odd:
+        raise TypeError(
+            f"allow_missing must hold state-dict keys (strings), got {odd[0]!r} of type "
+            f"{type(odd[0]).__name__}"
+        )
+
+
 def _validate(
     state_dict: Mapping[str, torch.Tensor],
     path: str | os.PathLike[str],
@@ -250,9 +303,9 @@ def _validate(
     mapping: _Mapping | None,
     group: dist.ProcessGroup | None,
     header_reads: HeaderReads,
-) -> tuple[CheckpointLayout, MappedLayout, dict[str, torch.Tensor], list[str]]:
-    """The validated layout as described and as mapped, the entries to load, and the keys
-    skipped as allowed.
+) -> tuple[MappedLayout, dict[str, torch.Tensor], list[str]]:
+    """The validated layout as mapped (the one place a load applies its mapping), the
+    entries to load, and the keys skipped as allowed.
 
     Under torch.distributed one rank reads the headers (unless ``header_reads`` says
     otherwise) and the others ``stat`` their files.
@@ -297,7 +350,7 @@ def _validate(
                 file=_file_of(layout, name),
                 origin=_made_of(mapped, name),
             )
-    return described, mapped, wanted, skipped
+    return mapped, wanted, skipped
 
 
 def _refused(failure: Failure) -> CheckpointError:

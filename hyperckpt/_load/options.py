@@ -1,33 +1,71 @@
-"""``ReadOptions``: every knob of a load, validated once, one name from the API to the threads."""
+"""``ReadOptions``: every knob of a load, checked once, one object from the API to the threads.
+
+The readers and :func:`hyperckpt.load` take one ``options=`` object; their keyword options
+are a convenience that sets fields of it, and an option given two ways is refused, naming
+both (:func:`one_options`).  The deprecated spellings (``reader_options``,
+``broadcast_replicated``) warn and then count as one more way of giving an option.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+from collections import abc
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any, Final
 
 import torch.distributed as dist
 
+from hyperckpt._arguments import (
+    MAX_BYTES,
+    THREADS,
+    Limits,
+    check_callable,
+    check_flag,
+    check_number,
+    check_type,
+)
+from hyperckpt._deprecate import warn_deprecated
 from hyperckpt._dist.headers import HeaderReads, check_header_reads
 from hyperckpt._exchange.costs import CostModel
 from hyperckpt._exchange.strategy import Exchange, exchange_option
-from hyperckpt._layout.mapping import Mapping, MappingLike, as_mapping
+from hyperckpt._layout.mapping import Mapping, as_mapping
 from hyperckpt._read.dtype_policy import DtypePolicy, check_policy
 from hyperckpt._read.engine import DEFAULT_STAGING_BYTES
 from hyperckpt._read.tracker import ProgressCallback
 
-__all__ = ["ReadOptions", "options_given", "read_options"]
+__all__ = [
+    "STAGING_BYTES",
+    "Given",
+    "ReadOptions",
+    "broadcast_alias",
+    "keyword_options",
+    "one_options",
+    "options_given",
+    "reader_options_given",
+]
+
+#: Staging bytes a load may use: at least room for a few elements of the widest dtype in a
+#: host buffer and a pinned slot (a small budget reads with fewer threads, never fails).
+STAGING_BYTES: Final = Limits(64, MAX_BYTES, unit="bytes")
+#: An option given other than in ``options=``: how the caller spelled it
+#: (``"thread_count="``, ``"reader_options['thread_count']"``), the field it sets, the value.
+Given = tuple[str, str, object]
 
 
 @dataclass(frozen=True, slots=True)
 class ReadOptions:
     """How a reader loads: the options of the readers and of :func:`hyperckpt.load`.
 
-    Validated when made; the reader keeps it as ``reader.options`` and hands the same object
-    to its read engine, whose thread pool reads ``thread_count`` and ``staging_bytes`` from
-    it.  Change one with :func:`dataclasses.replace` (validated again).
+    Every field is checked when the object is made (and again by
+    :func:`dataclasses.replace`), so a wrong value is refused with its name before anything
+    is read.  The readers and :func:`hyperckpt.load` take it as ``options=``; their keyword
+    options set fields of it, and an option given both ways is refused.  The reader keeps it
+    as ``reader.options`` and hands the same object to its read engine, whose thread pool
+    reads ``thread_count`` and ``staging_bytes`` from it.
 
     Attributes:
-        thread_count: Reads in flight per rank, at least 1; ``None`` (the default) is the
+        thread_count: Reads in flight per rank, an int from 1 to 1024; ``None`` (the default) is the
             host's usable cores shared among its ranks, at most 8.  The ranks of a host are
             ``LOCAL_WORLD_SIZE`` where the launcher sets it, else counted from the host
             names in the ranks' plans (so ``torch.multiprocessing`` ranks do not
@@ -35,7 +73,9 @@ class ReadOptions:
         staging_bytes: Bytes of memory, all read threads together, for staging reads that
             cannot land in place (dtype conversion, non-contiguous or non-CPU
             destinations); also the most bytes of replicated slices or stripes exchanged
-            per round.  At least 1.
+            per round.  An int from 64 to 2**62: a budget too small for every read
+            thread reads with fewer threads, and buffers are never larger than the load
+            needs.
         exchange: How ranks share the reading (see :doc:`broadcast`): ``"off"``, every rank
             reads its own requests; ``"replicated"``, a slice several ranks need
             (``Replicate``, HSDP replicas) is read by one of them and sent to the others;
@@ -65,9 +105,13 @@ class ReadOptions:
             ``None`` is the default group.
 
     Raises:
-        ValueError: ``thread_count`` or ``staging_bytes`` below 1, or an unknown
-            ``exchange``, ``dtype_policy``, ``header_reads`` or mapping preset.
-        TypeError: ``mapping`` is none of the kinds a mapping can be given as.
+        ValueError: ``thread_count`` or ``staging_bytes`` out of range, an unknown
+            ``exchange``, ``dtype_policy``, ``header_reads`` or mapping preset; the message
+            names the field.
+        TypeError: A number that is not an int (``True``, ``2.0``, ``"4"``), a
+            ``cost_model`` that is not a :class:`hyperckpt.CostModel`, a ``progress`` that
+            cannot be called, a ``process_group`` that is not a ``ProcessGroup``, or a
+            ``mapping`` of none of the kinds a mapping can be given as.
     """
 
     thread_count: int | None = None
@@ -81,48 +125,114 @@ class ReadOptions:
     process_group: dist.ProcessGroup | None = None
 
     def __post_init__(self) -> None:
-        if self.thread_count is not None and self.thread_count < 1:
-            raise ValueError(f"thread_count must be at least 1, got {self.thread_count}")
-        if self.staging_bytes < 1:
-            raise ValueError(f"staging_bytes must be positive, got {self.staging_bytes}")
-        object.__setattr__(self, "exchange", exchange_option(self.exchange, None))
-        check_policy(self.dtype_policy)
-        if self.mapping is not None:
-            object.__setattr__(self, "mapping", as_mapping(self.mapping))
+        if self.thread_count is not None:
+            self._set("thread_count", check_number("thread_count", self.thread_count, THREADS))
+        self._set("staging_bytes", check_number("staging_bytes", self.staging_bytes, STAGING_BYTES))
+        self._set("exchange", exchange_option(self.exchange))
         check_header_reads(self.header_reads)
+        check_type("cost_model", self.cost_model, (CostModel, type(None)), _COST_MODEL)
+        check_policy(self.dtype_policy)
+        check_callable("progress", self.progress)
+        if self.mapping is not None:
+            self._set("mapping", as_mapping(self.mapping))
+        check_type("process_group", self.process_group, (dist.ProcessGroup, type(None)), _GROUP)
+
+    def _set(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)
 
 
-def read_options(
-    *,
-    thread_count: int | None = None,
-    staging_bytes: int = DEFAULT_STAGING_BYTES,
-    exchange: Exchange | None = None,
-    process_group: dist.ProcessGroup | None = None,
-    dtype_policy: DtypePolicy = "convert",
-    progress: ProgressCallback | None = None,
-    mapping: MappingLike | None = None,
-    header_reads: HeaderReads = "auto",
-    cost_model: CostModel | None = None,
-    broadcast_replicated: bool | None = None,
-) -> ReadOptions:
-    """The options the readers' keyword arguments stand for (see :class:`ReadOptions`);
-    ``broadcast_replicated`` is the deprecated alias of ``exchange``.
+_COST_MODEL: Final = "a hyperckpt.CostModel or None"
+_GROUP: Final = "a torch.distributed.ProcessGroup or None"
+_FIELDS: Final = tuple(field.name for field in dataclasses.fields(ReadOptions))
+_DEFAULTS: Final = ReadOptions()
+
+
+def one_options(options: object, given: Iterable[Given]) -> ReadOptions:
+    """The one :class:`ReadOptions` of a call: ``options`` with the options given another
+    way set in it.
+
+    A field of ``options`` counts as given when it differs from its default.  An option
+    given twice is refused even when both values agree: there is no silent winner.
+
+    Args:
+        options: The call's ``options=``; ``None`` is :class:`ReadOptions`'s defaults.
+        given: Each option given another way (see :data:`Given`).
 
     Raises:
-        ValueError: A value :class:`ReadOptions` refuses, or both ``exchange`` and
-            ``broadcast_replicated`` given.
+        TypeError: ``options`` is not a :class:`ReadOptions`, or a value is of a wrong type.
+        ValueError: An option is given twice (the message names both spellings), or a value
+            is refused (see :class:`ReadOptions`).
     """
-    return ReadOptions(
-        thread_count=thread_count,
-        staging_bytes=staging_bytes,
-        exchange=exchange_option(exchange, broadcast_replicated),
-        header_reads=header_reads,
-        cost_model=cost_model,
-        dtype_policy=dtype_policy,
-        progress=progress,
-        mapping=None if mapping is None else as_mapping(mapping),
-        process_group=process_group,
+    if options is None:
+        options = _DEFAULTS
+    elif not isinstance(options, ReadOptions):
+        raise TypeError(
+            f"options must be a hyperckpt.ReadOptions or None, got {type(options).__name__}; "
+            f"build one with hyperckpt.ReadOptions(thread_count=..., ...)"
+        )
+    spellings: dict[str, list[str]] = {name: [f"options.{name}"] for name in options_given(options)}
+    values: dict[str, Any] = {}
+    for spelling, name, value in given:
+        spellings.setdefault(name, []).append(spelling)
+        values[name] = value
+    twice = [(name, ways) for name, ways in spellings.items() if len(ways) > 1]
+    if twice:
+        named = "; ".join(f"{name} as {' and as '.join(ways)}" for name, ways in twice)
+        first = twice[0][0]
+        raise ValueError(
+            f"an option is given two ways: {named}; give each option once (to change a field "
+            f"of options, use dataclasses.replace(options, {first}=...))"
+        )
+    return dataclasses.replace(options, **values) if values else options
+
+
+def keyword_options(**keywords: object) -> list[Given]:
+    """The keyword options a call was given: those not ``None`` (``None`` is "not given")."""
+    return [(f"{name}=", name, value) for name, value in keywords.items() if value is not None]
+
+
+def broadcast_alias(value: object, spelling: str = "broadcast_replicated=") -> Given:
+    """The deprecated ``broadcast_replicated`` as the ``exchange`` it stands for; warns.
+
+    Raises:
+        TypeError: ``value`` is not ``True`` or ``False``.
+    """
+    check_flag("broadcast_replicated", value)
+    warn_deprecated(
+        spelling, instead="exchange='replicated' (for True) or exchange='off' (for False)"
     )
+    return spelling, "exchange", "replicated" if value else "off"
+
+
+def reader_options_given(reader_options: object) -> list[Given]:
+    """The options of the deprecated ``reader_options`` dict of :func:`hyperckpt.load`; warns.
+
+    Raises:
+        TypeError: ``reader_options`` is not a mapping, or names no option of
+            :class:`ReadOptions`.
+    """
+    warn_deprecated(
+        "hyperckpt.load(reader_options=...)",
+        instead="options=hyperckpt.ReadOptions(...) or load's own keyword options",
+    )
+    if not isinstance(reader_options, abc.Mapping):
+        raise TypeError(
+            f"reader_options must be a dict of option names to values, got "
+            f"{type(reader_options).__name__}"
+        )
+    given: list[Given] = []
+    for key, value in reader_options.items():
+        spelling = f"reader_options[{key!r}]"
+        if key == "broadcast_replicated":
+            given.append(broadcast_alias(value, spelling))
+        elif isinstance(key, str) and key in _FIELDS:
+            given.append((spelling, key, value))
+        else:
+            raise TypeError(
+                f"reader_options has no option {key!r}; the options are the fields of "
+                f"hyperckpt.ReadOptions: {', '.join(_FIELDS)}"
+            )
+    return given
 
 
 def options_given(options: ReadOptions) -> list[str]:

@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
+from hyperckpt._arguments import check_path, check_type
 from hyperckpt._dist.headers import HeaderReads, host_name, reader_layout
 from hyperckpt._exchange.costs import CostModel, choose_exchange
 from hyperckpt._exchange.exchange import ExchangeStats, load_exchanged
@@ -36,9 +37,9 @@ from hyperckpt._exchange.strategy import Exchange, plan_exchange
 from hyperckpt._exchange.stripes import StripeSchedule
 from hyperckpt._layout.directory import huggingface_layout, torch_sharded_layout
 from hyperckpt._layout.gcpause import collector_paused
-from hyperckpt._layout.mapping import Mapping, MappingLike
+from hyperckpt._layout.mapping import MappedLayout, Mapping, MappingLike
 from hyperckpt._layout.model import TORCH_SHARDED, CheckpointLayout, Kind
-from hyperckpt._load.options import ReadOptions, options_given, read_options
+from hyperckpt._load.options import ReadOptions, broadcast_alias, keyword_options, one_options
 from hyperckpt._planner.plain_call import plan_to_read
 from hyperckpt._read.dtype_policy import (
     Conversion,
@@ -47,7 +48,7 @@ from hyperckpt._read.dtype_policy import (
     plan_conversions,
 )
 from hyperckpt._read.dtypes import to_torch_dtype, to_torch_shape
-from hyperckpt._read.engine import DEFAULT_STAGING_BYTES, ReadEngine
+from hyperckpt._read.engine import ReadEngine
 from hyperckpt._read.progress import log_load_summary
 from hyperckpt._read.stats import LoadStats
 from hyperckpt._read.storage_info import StorageInfo
@@ -111,7 +112,6 @@ class _SafetensorsReader(FileSystemReader):
     rank = _PerThread()
     use_collectives = _PerThread()
     layout = _PerThread()
-    described = _PerThread()
     mapped = _PerThread()
     metadata = _PerThread()
 
@@ -119,25 +119,29 @@ class _SafetensorsReader(FileSystemReader):
         self,
         path: str | os.PathLike[str],
         *,
+        options: ReadOptions | None = None,
         thread_count: int | None = None,
-        staging_bytes: int = DEFAULT_STAGING_BYTES,
+        staging_bytes: int | None = None,
         exchange: Exchange | None = None,
         process_group: dist.ProcessGroup | None = None,
-        dtype_policy: DtypePolicy = "convert",
+        dtype_policy: DtypePolicy | None = None,
         progress: ProgressCallback | None = None,
         mapping: MappingLike | None = None,
-        header_reads: HeaderReads = "auto",
+        header_reads: HeaderReads | None = None,
         cost_model: CostModel | None = None,
         broadcast_replicated: bool | None = None,
-        options: ReadOptions | None = None,
+        layout: MappedLayout | None = None,
     ) -> None:
         """Point the reader at a checkpoint; nothing is read until DCP asks.
 
         The options are the fields of :class:`~hyperckpt.ReadOptions`, where each is
-        described in full; given as keywords or as one ``options`` object.
+        described in full: given as one ``options`` object, as keywords, or both; a keyword
+        left at ``None`` is not given (``options``, else the field's default, decides), and
+        an option given both ways is refused.
 
         Args:
             path: The checkpoint directory.
+            options: The options as one :class:`~hyperckpt.ReadOptions`.
             thread_count: Reads in flight per rank; by default the host's cores shared among
                 its ranks, at most 8.
             staging_bytes: Staging memory in bytes, all read threads together; also the most
@@ -155,17 +159,23 @@ class _SafetensorsReader(FileSystemReader):
             header_reads: Who reads the headers: ``"auto"`` (the default), ``"once"``,
                 ``"per-host"`` or ``"every-rank"``.
             cost_model: What ``exchange="auto"`` assumes (a :class:`hyperckpt.CostModel`).
-            broadcast_replicated: Deprecated alias of ``exchange``: ``True`` is
-                ``"replicated"``, ``False`` is ``"off"``.
-            options: All of the above as one :class:`~hyperckpt.ReadOptions`, instead of
-                the keywords (which must then stay at their defaults).
+            broadcast_replicated: Deprecated (removed in 0.3.0) alias of ``exchange``:
+                ``True`` is ``"replicated"``, ``False`` is ``"off"``; warns with
+                :class:`hyperckpt.HyperckptDeprecationWarning`.
+            layout: The checkpoint already described and mapped (with this reader's
+                ``mapping``) for the next load, as :func:`hyperckpt.load` hands it over:
+                the next ``read_metadata`` of ``path`` uses it instead of reading the
+                headers and applying the mapping again.
 
         Raises:
             ValueError: An option's value is refused (see :class:`~hyperckpt.ReadOptions`),
-                or ``options`` is given together with other keyword options.
+                or an option is given two ways (the message names both).
+            TypeError: ``options`` is not a :class:`~hyperckpt.ReadOptions`, ``layout`` not
+                a :class:`~hyperckpt.MappedLayout`, or an option's type is wrong.
         """
+        check_path("path", path)
         super().__init__(path)
-        keywords = read_options(
+        given = keyword_options(
             thread_count=thread_count,
             staging_bytes=staging_bytes,
             exchange=exchange,
@@ -175,25 +185,22 @@ class _SafetensorsReader(FileSystemReader):
             mapping=mapping,
             header_reads=header_reads,
             cost_model=cost_model,
-            broadcast_replicated=broadcast_replicated,
         )
-        if options is not None and (both := options_given(keywords)):
-            raise ValueError(
-                f"give options= or keyword options, not both: {', '.join(both)} given as well "
-                f"as options=; use dataclasses.replace(options, ...) to change a field"
-            )
+        if broadcast_replicated is not None:
+            given.append(broadcast_alias(broadcast_replicated))
         #: Every option of this reader's loads, validated (the engine reads it too).
-        self.options: ReadOptions = keywords if options is None else options
+        self.options: ReadOptions = one_options(options, given)
+        check_type("layout", layout, (MappedLayout, type(None)), "a hyperckpt.MappedLayout or None")
         self.last_conversions: tuple[Conversion, ...] = ()
-        #: A layout already validated for this load (``hyperckpt.load`` sets it), used
-        #: by the next ``read_metadata`` instead of reading the headers again.
-        self.described = None
         self.mapped = None
         self.layout = None
         self.metadata = None
         self.last_stats: LoadStats | None = None
         self.last_broadcast: ExchangeStats | None = None
         self._per_thread = threading.local()  # from here on, a load's state is per thread
+        # Used once, by the first read_metadata of this path in any thread.
+        self._given = None if layout is None else (os.fspath(self.path), layout)
+        self._given_lock = threading.Lock()
 
     # The options as they were known before ``options`` held them all (read-only).
 
@@ -252,22 +259,32 @@ class _SafetensorsReader(FileSystemReader):
             CheckpointError: The checkpoint breaks a rule, or does not fit the mapping; the
                 message stands on its own.
         """
-        layout = self.described
-        self.described = None
-        if layout is None:
+        given = self._take_given()
+        if given is not None:
+            self.mapped = given
+            layout = given.layout
+        else:
             layout = reader_layout(
                 self.path,
                 self._describe,
                 header_reads=self.options.header_reads,
                 group=self.options.process_group,
             )
-        if self.options.mapping is not None:
-            self.mapped = self.options.mapping.apply(layout)
-            layout = self.mapped.layout
+            if self.options.mapping is not None:
+                self.mapped = self.options.mapping.apply(layout)
+                layout = self.mapped.layout
         self.layout = layout  # this thread's load
         metadata = to_metadata(layout)
         metadata.storage_meta = StorageMeta(checkpoint_id=str(self.path), load_id=self.load_id)
         return metadata
+
+    def _take_given(self) -> MappedLayout | None:
+        """The layout given to the constructor, once, if the reader still points at its path."""
+        with self._given_lock:
+            given, self._given = self._given, None
+        if given is None or given[0] != os.fspath(self.path):
+            return None
+        return given[1]
 
     def set_up_storage_reader(
         self, metadata: Metadata, is_coordinator: bool, *args: object, **kwargs: object

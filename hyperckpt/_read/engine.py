@@ -82,6 +82,9 @@ MAX_GAP = 16 * 2**10
 #: Bytes of whole rows one :attr:`~hyperckpt._read.columns.Strategy.STAGE` read brings into
 #: staging: small enough that the copy out of it finds the rows still in the core's cache.
 STAGE_BLOCK = 2**20
+#: Staging bytes each read thread needs at least: two elements of the widest dtype (8 bytes),
+#: in its host buffer and in each of its two pinned slots.  Smaller budgets use fewer threads.
+MIN_THREAD_STAGING = 16
 _MAX_SLOT = 16 * 2**20
 #: Cold detection and read-ahead hints work on windows of this many bytes of a file.
 COLD_WINDOW = 64 * 2**20
@@ -322,7 +325,15 @@ class _Load:
         host_staged = bool(staged) or any(not r.box.is_one_run() for r in device)
         share = budget - scratch_bytes
         ring_bytes = (share // 2 if host_staged else share) if device else 0
-        self._host_block = max(1, (share - ring_bytes) // self._threads)
+        # A budget too small for a buffer of a few elements per thread reads with fewer
+        # threads; a thread's host buffer holds the widest span a request needs, never more:
+        # a large budget is a ceiling, not an allocation.
+        rooms = [ring_bytes // 2] if device else []  # two pinned slots a thread
+        if ring_bytes < share or not device:
+            rooms.append(share - ring_bytes)  # one host buffer a thread
+        self._threads = max(1, min(self._threads, min(rooms) // MIN_THREAD_STAGING))
+        widest = max((r.box.span()[1] for r in requests if r.box.nbytes), default=1)
+        self._host_block = max(1, min((share - ring_bytes) // self._threads, widest))
         jobs: list[tuple[str, int, _Job]] = []
         if direct or strided:
             # Kept on the load: jobs hold its address only.

@@ -18,9 +18,11 @@ import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Final
 
 import torch
 
+from hyperckpt._arguments import THREADS, Limits, check_callable, check_number, check_path
 from hyperckpt._format.header import FileStamp, TensorEntry
 from hyperckpt._format.preview import preview
 from hyperckpt._layout.directory import describe_directory as describe
@@ -37,6 +39,8 @@ logger = logging.getLogger(__name__)
 
 #: Bytes each worker reads, hashes and scans at a time.
 DEFAULT_CHUNK_BYTES = 32 * 2**20
+#: Bytes each thread reads at a time: at least a page, at most 1 GiB.
+CHUNK_BYTES: Final = Limits(4096, 2**30, unit="bytes")
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
@@ -249,8 +253,9 @@ def verify(
         path: The checkpoint directory (or a single ``.safetensors`` file).
         checksums: A ``sha256sum``-format file; its paths are relative to the checkpoint
             directory.  Files it lists beyond the checkpoint's are hashed too.
-        threads: Files read at once; by default as many as the read engine uses.
-        chunk_bytes: Bytes each thread reads at a time (memory is ``threads x chunk_bytes``).
+        threads: Files read at once, 1 to 1024; by default as many as the read engine uses.
+        chunk_bytes: Bytes each thread reads at a time, from 4096 to 2**30 (memory is
+            ``threads x chunk_bytes``).
         progress: Called with a :class:`~hyperckpt.Progress` at most ten times a second
             and once at the end, from one thread at a time.
 
@@ -262,11 +267,15 @@ def verify(
         CheckpointError: A header breaks a rule, the checksum file is malformed, or a file
             cannot be read.
         CheckpointChangedError: A file changed while it was being read.
+        ValueError: ``threads`` or ``chunk_bytes`` is out of range (the message names it).
+        TypeError: An argument's type is wrong (the message names it).
     """
-    if chunk_bytes < 4096:
-        raise ValueError(f"chunk_bytes must be at least 4096, got {chunk_bytes}")
-    if threads is not None and threads < 1:
-        raise ValueError(f"threads must be at least 1, got {threads}")
+    check_path("path", path)
+    check_path("checksums", checksums, optional=True)
+    if threads is not None:
+        threads = int(check_number("threads", threads, THREADS))
+    chunk_bytes = int(check_number("chunk_bytes", chunk_bytes, CHUNK_BYTES))
+    check_callable("progress", progress)
     layout = describe(path)
     listed = {} if checksums is None else read_checksums(checksums)
     jobs, missing = _jobs(layout, listed, whole_directory=os.path.isdir(path))

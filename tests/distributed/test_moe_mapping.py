@@ -5,9 +5,9 @@ and projection; Mixtral's ``block_sparse_moe``/``w1 w3 w2`` names), then loaded 
 gloo ranks into the same model class sharded with ``fully_shard`` (fused experts
 ``gate_up_proj [E, 2I, H]`` sharded over experts), its local shards poisoned.  Each rank's
 shards must equal those of ``from_pretrained``'s model sharded the same way, and each rank
-must read exactly the bytes of its own shards: with no room for over-reading gaps
-(``staging_bytes=16``), ``bytes_read`` equals the local shards' bytes.  The 4-rank run
-also loads the fused experts of one layer in tensor-parallel layouts: packed
+must read exactly the bytes of its own shards: with almost no room for over-reading gaps
+(``staging_bytes=64``, the smallest), ``bytes_read`` equals the local shards' bytes.  The
+4-rank run also loads the fused experts of one layer in tensor-parallel layouts: packed
 ``_StridedShard`` rows, experts x rows on a 2x2 mesh, and ``down_proj`` by columns.
 """
 
@@ -99,7 +99,8 @@ def _run(rank: int, world_size: int, paths: dict[str, str]) -> dict[str, object]
         got = model.state_dict()
         for value in got.values():
             poison_(value.to_local())
-        report = hyperckpt.load(got, path, mapping=name, reader_options={"staging_bytes": 16})
+        options = hyperckpt.ReadOptions(staging_bytes=64)
+        report = hyperckpt.load(got, path, mapping=name, options=options)
         local_bytes = sum(v.to_local().nbytes for v in got.values())
         stats[name] = (report.bytes_read[rank], local_bytes, report.unused)
         for key, value in got.items():

@@ -109,8 +109,9 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], sample: Path) -
     status, _, err = run(capsys, "plan", sample, "--world", "3", "--layout", "fsdp-tp")
     assert status == 2
     assert "divisible" in err
-    status, _, err = run(capsys, "plan", sample, "--world", "0", "--layout", "fsdp")
-    assert status == 2
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", str(sample), "--world", "0", "--layout", "fsdp"])
+    assert exit_info.value.code == 2
 
 
 def test_every_command_has_help(capsys: pytest.CaptureFixture[str]) -> None:

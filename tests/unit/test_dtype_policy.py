@@ -85,13 +85,13 @@ def test_exact_accepts_destinations_of_the_stored_dtypes(tmp_path: Path) -> None
     assert all(mismatch(state[n], t) is None for n, t in model.items())
 
 
-def test_a_policy_given_in_reader_options_is_the_one_load_checks_first(tmp_path: Path) -> None:
+def test_a_policy_given_in_options_is_the_one_load_checks_first(tmp_path: Path) -> None:
     # One typed ReadOptions from hyperckpt.load to the reader: the early, typed check and the
     # reader's use the same policy, wherever the caller put it.
     checkpoint(tmp_path, torch.float32)
     state = {"a": poison_(torch.empty(6, 4, dtype=torch.bfloat16)), "same": poison_(torch.empty(3))}
     with pytest.raises(CheckpointError, match="dtype_policy='exact' refuses 1") as caught:
-        hyperckpt.load(state, tmp_path, reader_options={"dtype_policy": "exact"})
+        hyperckpt.load(state, tmp_path, options=hyperckpt.ReadOptions(dtype_policy="exact"))
     # Refused by load's own check before dcp.load ran, not translated from DCP's exception.
     assert caught.value.__cause__ is None
     assert caught.value.tensor == "a"

@@ -30,11 +30,18 @@ def test_exchange_accepts_its_four_values_and_refuses_others(tmp_path: Path) -> 
 
 def test_broadcast_replicated_is_a_deprecated_alias_of_exchange(tmp_path: Path) -> None:
     for value, expected in ((True, "replicated"), (False, "off")):
-        with pytest.warns(DeprecationWarning, match="exchange='replicated'"):
+        with pytest.warns(hyperckpt.HyperckptDeprecationWarning, match="exchange='replicated'"):
             reader = TorchShardedSafetensorsReader(tmp_path, broadcast_replicated=value)
         assert reader.exchange == expected
-    with pytest.raises(ValueError, match="give exchange= only"):
+    with (
+        pytest.warns(hyperckpt.HyperckptDeprecationWarning),
+        pytest.raises(
+            ValueError, match="exchange as exchange= and as broadcast_replicated=; give each"
+        ),
+    ):
         HuggingFaceStorageReader(tmp_path, exchange="off", broadcast_replicated=True)
+    with pytest.raises(TypeError, match="broadcast_replicated must be True or False, got 'yes'"):
+        HuggingFaceStorageReader(tmp_path, broadcast_replicated="yes")  # type: ignore[arg-type]
 
 
 def test_header_reads_refuses_unknown_values(tmp_path: Path) -> None:

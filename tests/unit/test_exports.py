@@ -28,6 +28,7 @@ PUBLIC = [
     "FileHeader",
     "FileStamp",
     "HuggingFaceStorageReader",
+    "HyperckptDeprecationWarning",
     "LoadPlanner",
     "LoadReport",
     "LoadStats",

@@ -12,6 +12,7 @@ from torch.distributed.checkpoint import HuggingFaceStorageWriter
 
 import hyperckpt
 from hyperckpt import CheckpointError, CheckpointNotFoundError, LoadPlanner, LoadReport
+from hyperckpt._load.readers import reader_for
 
 
 def _model() -> dict[str, torch.Tensor]:
@@ -208,18 +209,47 @@ def test_a_failure_inside_dcp_load_is_our_error_not_torchs_base_exception(
     assert "dcp.load failed: KeyError" in str(caught)
 
 
-def test_load_accepts_a_planner_and_reader_options(tmp_path: Path) -> None:
+def test_load_hands_its_planner_and_options_to_dcp_load_and_the_reader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Fails if load ignored the options or the planner: both are checked where they arrive.
     model = _model()
     write_hf_checkpoint(tmp_path, model)
     state = _destinations(model)
-    hyperckpt.load(
-        state,
-        tmp_path,
-        planner=LoadPlanner(strided_layout="dtensor"),
-        reader_options={"staging_bytes": 64},
-    )
+    readers: list[dcp.FileSystemReader] = []
+    planners: list[object] = []
+
+    def recording(kind: str) -> type:
+        cls = reader_for(kind)
+
+        class Recording(cls):  # type: ignore[misc,valid-type]
+            def __init__(self, *args: object, **kwargs: object) -> None:
+                super().__init__(*args, **kwargs)
+                readers.append(self)
+
+            def read_data(self, plan, planner):  # type: ignore[no-untyped-def]
+                planners.append(planner)
+                return super().read_data(plan, planner)
+
+        return Recording
+
+    monkeypatch.setattr("hyperckpt._load.api.reader_for", recording)
+    planner = LoadPlanner(strided_layout="dtensor")
+    options = hyperckpt.ReadOptions(staging_bytes=64, thread_count=3)
+    hyperckpt.load(state, tmp_path, planner=planner, options=options)
     for name, tensor in model.items():
         assert mismatch(state[name], tensor) is None, name
+    [reader] = readers
+    assert reader.options is options
+    assert planners == [planner]
+    assert reader.last_stats is not None
+    assert reader.last_stats.threads == 3
+    # The deprecated dict still arrives, with a warning of our own.
+    readers.clear()
+    with pytest.warns(hyperckpt.HyperckptDeprecationWarning, match="removed in 0.3.0"):
+        hyperckpt.load(_destinations(model), tmp_path, reader_options={"staging_bytes": 64})
+    [reader] = readers
+    assert reader.options.staging_bytes == 64
 
 
 def test_load_planner_refuses_an_unknown_strided_layout() -> None:

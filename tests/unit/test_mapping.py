@@ -114,8 +114,8 @@ def test_load_with_a_preset_is_bit_exact_and_reports_unused_by_checkpoint_names(
     expected = _fused(tensors)
     wanted = {k: v for k, v in _poisoned(expected).items() if "down_proj" not in k}
     # Tiny staging: no gap between two ranges is read over, so bytes read are bytes needed.
-    options = {"staging_bytes": 16}
-    report = hyperckpt.load(wanted, tmp_path, mapping="qwen3-moe", reader_options=options)
+    options = hyperckpt.ReadOptions(staging_bytes=64)
+    report = hyperckpt.load(wanted, tmp_path, mapping="qwen3-moe", options=options)
     _assert_equal(wanted, {k: expected[k] for k in wanted})
     assert report.unused == tuple(
         sorted(f"model.layers.0.mlp.experts.{e}.down_proj.weight" for e in range(E))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import pytest
@@ -12,13 +13,16 @@ from helpers import poison_, write_hf_checkpoint
 
 import hyperckpt
 from hyperckpt import HuggingFaceStorageReader, Mapping, ReadOptions, TorchShardedSafetensorsReader
-from hyperckpt._read.engine import ReadEngine
+from hyperckpt._read.engine import DEFAULT_STAGING_BYTES, ReadEngine
 
 
 def test_bad_values_are_refused_when_the_options_are_made() -> None:
     cases = [
-        ({"thread_count": 0}, "thread_count must be at least 1, got 0"),
-        ({"staging_bytes": 0}, "staging_bytes must be positive, got 0"),
+        ({"thread_count": 0}, "thread_count must be an int from 1 to 1024, got 0"),
+        (
+            {"staging_bytes": 0},
+            "staging_bytes must be an int from 64 to 2\\*\\*62 \\(bytes\\), got 0",
+        ),
         ({"exchange": "sideways"}, "exchange must be one of auto, off, replicated, striped"),
         ({"dtype_policy": "loose"}, "dtype_policy must be one of 'convert', 'exact'"),
         ({"header_reads": "twice"}, "header_reads must be one of auto, once"),
@@ -27,8 +31,32 @@ def test_bad_values_are_refused_when_the_options_are_made() -> None:
     for fields, message in cases:
         with pytest.raises(ValueError, match=message):
             ReadOptions(**fields)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="thread_count must be at least 1"):
+    with pytest.raises(ValueError, match="thread_count must be an int from 1"):
         dataclasses.replace(ReadOptions(), thread_count=-1)
+
+
+@pytest.mark.parametrize(
+    ("fields", "error", "message"),
+    [
+        ({"thread_count": math.nan}, TypeError, "thread_count must be an int .* got nan"),
+        ({"thread_count": math.inf}, TypeError, "thread_count must be an int .* got inf"),
+        ({"thread_count": 2.0}, TypeError, "thread_count must be an int .* of type float"),
+        ({"thread_count": True}, TypeError, "thread_count must be an int .* got True"),
+        ({"thread_count": 10**30}, ValueError, "thread_count must be an int from 1 to 1024"),
+        ({"staging_bytes": math.nan}, TypeError, "staging_bytes must be an int"),
+        ({"staging_bytes": "64"}, TypeError, "staging_bytes must be an int .* of type str"),
+        ({"cost_model": "fast"}, TypeError, "cost_model must be a hyperckpt.CostModel or None"),
+        ({"progress": 3}, TypeError, "progress must be a function \\(or None\\), got 3"),
+        ({"process_group": "world"}, TypeError, "process_group must be a torch.distributed"),
+        ({"exchange": ["off"]}, ValueError, "exchange must be one of"),
+        ({"mapping": 3}, TypeError, "mapping must be a hyperckpt.Mapping"),
+    ],
+)
+def test_hostile_values_are_refused_by_name_when_made(
+    fields: dict[str, object], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        ReadOptions(**fields)  # type: ignore[arg-type]
 
 
 def test_the_options_are_frozen_and_a_mapping_is_held_as_a_mapping() -> None:
@@ -54,11 +82,76 @@ def test_keywords_and_options_make_the_same_reader(
     assert (keywords.thread_count, keywords.staging_bytes, keywords.exchange) == (2, 4096, "off")
 
 
-def test_options_and_keywords_together_are_refused_naming_the_keywords(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="thread_count, exchange given as well as options="):
+def test_keywords_set_fields_of_options_and_an_option_given_twice_is_refused(
+    tmp_path: Path,
+) -> None:
+    base = ReadOptions(staging_bytes=4096)
+    reader = HuggingFaceStorageReader(tmp_path, options=base, thread_count=2, exchange="off")
+    assert reader.options == ReadOptions(staging_bytes=4096, thread_count=2, exchange="off")
+    # Twice, even with the same value or the default's: there is no silent winner.
+    for keywords in ({"staging_bytes": 4096}, {"staging_bytes": DEFAULT_STAGING_BYTES}):
+        with pytest.raises(
+            ValueError,
+            match=r"an option is given two ways: staging_bytes as options.staging_bytes and as "
+            r"staging_bytes=; give each option once",
+        ):
+            HuggingFaceStorageReader(tmp_path, options=base, **keywords)  # type: ignore[arg-type]
+    with pytest.raises(
+        ValueError, match=r"thread_count as options.thread_count and as thread_count=; exchange"
+    ):
         HuggingFaceStorageReader(
-            tmp_path, options=ReadOptions(), thread_count=2, exchange="striped"
+            tmp_path,
+            options=ReadOptions(thread_count=4, exchange="striped"),
+            thread_count=2,
+            exchange="striped",
         )
+    with pytest.raises(
+        TypeError, match=r"options must be a hyperckpt.ReadOptions or None, got dict"
+    ):
+        HuggingFaceStorageReader(tmp_path, options={"thread_count": 2})  # type: ignore[arg-type]
+
+
+def test_load_refuses_an_option_given_twice_before_reading(tmp_path: Path) -> None:
+    # Was: reader_options silently won over load's own keyword.
+    options = ReadOptions(thread_count=4)
+    with pytest.raises(
+        ValueError, match=r"thread_count as options.thread_count and as thread_count="
+    ):
+        hyperckpt.load({}, tmp_path / "nowhere", options=options, thread_count=2)
+    with (
+        pytest.warns(hyperckpt.HyperckptDeprecationWarning, match="reader_options"),
+        pytest.raises(
+            ValueError,
+            match=r"thread_count as thread_count= and as reader_options\['thread_count'\]",
+        ),
+    ):
+        hyperckpt.load({}, tmp_path, thread_count=2, reader_options={"thread_count": 4})
+    with (
+        pytest.warns(hyperckpt.HyperckptDeprecationWarning),
+        pytest.raises(TypeError, match="reader_options has no option 'threads'"),
+    ):
+        hyperckpt.load({}, tmp_path, reader_options={"threads": 4})
+
+
+def test_the_deprecated_spellings_warn_naming_the_replacement_and_the_removal(
+    tmp_path: Path,
+) -> None:
+    with pytest.warns(hyperckpt.HyperckptDeprecationWarning) as caught:
+        HuggingFaceStorageReader(tmp_path, broadcast_replicated=True)
+    [warning] = caught
+    assert str(warning.message) == (
+        "broadcast_replicated= is deprecated since hyperckpt 0.1.0 and will be removed in "
+        "0.3.0; use exchange='replicated' (for True) or exchange='off' (for False) instead"
+    )
+    assert warning.filename == __file__  # the caller's line, not ours
+    write_hf_checkpoint(tmp_path, {"w": torch.ones(2)})
+    with pytest.warns(hyperckpt.HyperckptDeprecationWarning) as caught:
+        hyperckpt.load({}, tmp_path, reader_options={})
+    [warning] = caught
+    assert "use options=hyperckpt.ReadOptions(...)" in str(warning.message)
+    assert "removed in 0.3.0" in str(warning.message)
+    assert warning.filename == __file__
+    assert issubclass(hyperckpt.HyperckptDeprecationWarning, FutureWarning)
 
 
 @pytest.fixture
@@ -91,14 +184,14 @@ def test_the_reader_hands_its_options_object_to_the_engine(
     assert reader.last_stats.threads == 3
 
 
-def test_load_passes_its_keywords_and_reader_options_as_one_object(
+def test_load_passes_its_keywords_and_options_as_one_object(
     tmp_path: Path, engines: list[ReadEngine]
 ) -> None:
     tensors = {"w": torch.randn(8, 4)}
     write_hf_checkpoint(tmp_path, tensors)
     out = {"w": poison_(torch.empty(8, 4, dtype=torch.float64))}
     hyperckpt.load(
-        out, tmp_path, thread_count=2, exchange="off", reader_options={"staging_bytes": 64}
+        out, tmp_path, thread_count=2, exchange="off", options=ReadOptions(staging_bytes=64)
     )
     assert torch.equal(out["w"], tensors["w"].double())
     [engine] = engines
@@ -106,3 +199,51 @@ def test_load_passes_its_keywords_and_reader_options_as_one_object(
     assert dataclasses.replace(engine.options, progress=None) == ReadOptions(
         thread_count=2, staging_bytes=64, exchange="off"
     )
+
+
+def test_load_applies_the_mapping_once_and_hands_the_reader_the_mapped_layout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_hf_checkpoint(tmp_path, {"model.w": torch.randn(4, 2)})
+    applied: list[Mapping] = []
+    apply = Mapping.apply
+
+    def counting(self: Mapping, layout: hyperckpt.CheckpointLayout) -> hyperckpt.MappedLayout:
+        applied.append(self)
+        return apply(self, layout)
+
+    monkeypatch.setattr(Mapping, "apply", counting)
+    out = {"w": poison_(torch.empty(4, 2))}
+    hyperckpt.load(out, tmp_path, mapping="strip-model-prefix")
+    assert applied == [Mapping.preset("strip-model-prefix")]
+
+
+def test_a_reader_given_a_layout_reads_no_header_for_its_first_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tensors = {"w": torch.randn(4, 2)}
+    write_hf_checkpoint(tmp_path, tensors)
+    mapped = Mapping(()).apply(hyperckpt.describe(tmp_path))
+    reader = HuggingFaceStorageReader(tmp_path, layout=mapped)
+    reads: list[object] = []
+    monkeypatch.setattr(
+        "hyperckpt._load.readers.reader_layout", lambda *args, **kwargs: reads.append(args)
+    )
+    out = {"w": poison_(torch.empty(4, 2))}
+    dcp.load(out, storage_reader=reader)
+    assert torch.equal(out["w"], tensors["w"])
+    assert reads == []
+    assert reader.layout is mapped.layout
+    with pytest.raises(TypeError, match=r"layout must be a hyperckpt.MappedLayout or None"):
+        HuggingFaceStorageReader(tmp_path, layout=mapped.layout)  # type: ignore[arg-type]
+
+
+def test_the_largest_staging_budget_is_a_ceiling_not_an_allocation(tmp_path: Path) -> None:
+    tensors = {"w": torch.randn(64, 8)}
+    write_hf_checkpoint(tmp_path, tensors)
+    out = {"w": poison_(torch.empty(64, 8, dtype=torch.float64))}  # staged: converted
+    reader = HuggingFaceStorageReader(tmp_path, staging_bytes=2**62, thread_count=1024)
+    dcp.load(out, storage_reader=reader)
+    assert torch.equal(out["w"], tensors["w"].double())
+    assert reader.last_stats is not None
+    assert reader.last_stats.staging_peak <= 64 * 8 * 4 + 2**20
