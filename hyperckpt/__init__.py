@@ -37,6 +37,7 @@ from hyperckpt._read.stats import LoadStats
 from hyperckpt._read.storage_info import StorageInfo
 from hyperckpt._read.tracker import Progress
 from hyperckpt._sample import write_sample
+from hyperckpt._save import HuggingFaceStorageWriter, SaveReport, save
 from hyperckpt._verify import FileCheck, TensorCheck, VerifyReport, verify
 from hyperckpt.errors import CheckpointChangedError, CheckpointError, CheckpointNotFoundError
 
@@ -54,6 +55,7 @@ __all__ = [
     "FileStamp",
     "Fuse",
     "HuggingFaceStorageReader",
+    "HuggingFaceStorageWriter",
     "LoadPlanner",
     "LoadReport",
     "LoadStats",
@@ -63,6 +65,7 @@ __all__ = [
     "Progress",
     "ReadOptions",
     "Rename",
+    "SaveReport",
     "Replace",
     "StorageInfo",
     "StripPrefix",
@@ -76,6 +79,7 @@ __all__ = [
     "describe",
     "load",
     "release_pinned_memory",
+    "save",
     "verify",
     "write_sample",
 ]

@@ -28,6 +28,8 @@ PUBLIC = [
     "FileHeader",
     "FileStamp",
     "HuggingFaceStorageReader",
+    "HuggingFaceStorageWriter",
+    "SaveReport",
     "LoadPlanner",
     "LoadReport",
     "LoadStats",
@@ -47,6 +49,7 @@ PUBLIC = [
     "write_sample",
     "verify",
     "release_pinned_memory",
+    "save",
 ]
 
 
@@ -76,6 +79,7 @@ def test_the_readers_and_planner_plug_into_torch_distributed_checkpoint() -> Non
     assert issubclass(hyperckpt.HuggingFaceStorageReader, dcp.FileSystemReader)
     assert issubclass(hyperckpt.TorchShardedSafetensorsReader, dcp.FileSystemReader)
     assert issubclass(hyperckpt.LoadPlanner, DefaultLoadPlanner)
+    assert issubclass(hyperckpt.HuggingFaceStorageWriter, dcp.StorageWriter)
 
 
 def test_errors_are_value_errors_and_not_found_is_also_a_file_not_found_error() -> None:
