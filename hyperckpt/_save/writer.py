@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.planner import (
     SavePlan,
     SavePlanner,
@@ -102,8 +102,9 @@ class HuggingFaceStorageWriter(StorageWriter):
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         """DTensor pieces as opaque items, so DCP's chunk check cannot refuse a strided one."""
+        # One index per name (no offsets): DCP keeps one of the ranks' identical items.
         items = [
-            WriteItem(index=item.index, type=WriteItemType.BYTE_IO)
+            WriteItem(index=MetadataIndex(item.index.fqn), type=WriteItemType.BYTE_IO)
             if item.type == WriteItemType.SHARD
             else item
             for item in plan.items
