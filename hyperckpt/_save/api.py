@@ -34,7 +34,7 @@ from hyperckpt._dist.agreement import Failure, agree, distributed
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
 from hyperckpt._save import files
 from hyperckpt._save.plan import WritePlan, plan_writes
-from hyperckpt._save.summary import TensorSummary, flatten, merge, summarize, unalias
+from hyperckpt._save.summary import LocalTensor, TensorSummary, flatten, merge, summarize, unalias
 from hyperckpt._save.write import audit_boxes, write_boxes
 from hyperckpt.errors import CheckpointError
 
@@ -183,7 +183,7 @@ def save(
     widest dtype first, then by name).  Under ``torch.distributed`` every rank of the group
     calls it at once and writes only its own boxes of each tensor; boxes several ranks hold
     (``Replicate``, HSDP, plain tensors) are written once.  ``_StridedShard`` layouts
-    (FSDP×TP, packed ``gate_up_proj``) land in the right rows.  Storage must be shared by
+    (FSDPxTP, packed ``gate_up_proj``) land in the right rows.  Storage must be shared by
     the ranks (checked before writing).
 
     Args:
@@ -272,7 +272,7 @@ def stage(
     where = str(target)
     failure: BaseException | None = None
     summaries: list[TensorSummary] = []
-    held = {}
+    held: dict[str, LocalTensor] = {}
     built: SaveOptions | None = None
     try:
         built = options()
@@ -315,16 +315,7 @@ def stage(
     tracker = ProgressTracker(progress)
     try:
         try:
-            if not staged.temp.is_dir():
-                raise CheckpointError(
-                    f"{where}: rank {rank} does not see the temporary directory "
-                    f"{staged.temp.name} that rank 0 created beside it: the ranks do not share "
-                    f"this storage.  Save to a file system every rank sees, or save per rank "
-                    f"with torch's HuggingFaceStorageWriter(save_distributed=True) and join the "
-                    f"pieces with `hyperckpt consolidate`",
-                    path=where,
-                    rule="save.not_shared",
-                )
+            check_shared(staged.temp, rank, where)
             for file in plan.files_of(rank):
                 files.create_sized(staged.temp / file.name, file.size, file.header)
         except _FAILURES as err:
@@ -333,9 +324,7 @@ def stage(
         mine = plan.boxes_of(rank)
         digests: dict[int, int] = {}
         try:
-            digests = write_boxes(
-                mine, held, staged.temp, threads=built.threads, progress=tracker
-            )
+            digests = write_boxes(mine, held, staged.temp, threads=built.threads, progress=tracker)
             tracker.finish()
         except _FAILURES as err:
             failure = err
@@ -350,7 +339,9 @@ def stage(
         written = sum(b.nbytes for b in mine) + sum(len(f.header) for f in plan.files_of(rank))
         facts = cast(
             list[tuple[int, float]],
-            _agree(failure, staged.group, staged.target, "auditing", value=(written, audit_seconds)),
+            _agree(
+                failure, staged.group, staged.target, "auditing", value=(written, audit_seconds)
+            ),
         )
     except BaseException:
         abandon(staged)
@@ -387,6 +378,34 @@ def abandon(staged: Staged) -> None:
         logger.warning("hyperckpt: could not remove %s after a failed save: %s", staged.temp, err)
 
 
+def check_shared(temp: Path, rank: int, where: str) -> None:
+    """Refuse storage the ranks do not share: ``temp`` (made by rank 0) must be visible.
+
+    Raises:
+        CheckpointError: This rank does not see ``temp`` (``save.not_shared``).
+    """
+    if not temp.is_dir():
+        raise CheckpointError(
+            f"{where}: rank {rank} does not see the temporary directory {temp.name} that "
+            f"rank 0 created beside it: the ranks do not share this storage.  Save to a file "
+            f"system every rank sees, or save per rank with torch's "
+            f"HuggingFaceStorageWriter(save_distributed=True) and join the pieces with "
+            f"`hyperckpt consolidate`",
+            path=where,
+            rule="save.not_shared",
+        )
+
+
+def rank_lost(target: Path, step: str, err: BaseException) -> CheckpointError:
+    """The error of a rank whose peers stopped answering (killed, or disconnected)."""
+    return CheckpointError(
+        f"{target}: a rank stopped answering while {step} ({err}); it was killed or lost its "
+        f"connection; nothing was published at {target}: save again",
+        path=str(target),
+        rule="save.rank_lost",
+    )
+
+
 def _check_target(target: Path, *, overwrite: bool) -> None:
     if files.exists(target) and not overwrite:
         raise CheckpointError(
@@ -411,12 +430,7 @@ def _agree(
     except RuntimeError as err:
         if err is failure or getattr(err, "heard", False):
             raise
-        raise CheckpointError(
-            f"{target}: a rank stopped answering while {step} ({err}); it was killed or "
-            f"lost its connection; nothing was published at {target}: save again",
-            path=str(target),
-            rule="save.rank_lost",
-        ) from err
+        raise rank_lost(target, step, err) from err
 
 
 def _heard(failure: Failure) -> Exception:
@@ -432,5 +446,5 @@ def _heard(failure: Failure) -> Exception:
         err = RuntimeError(text)
     else:
         err = OSError(text)
-    err.heard = True  # type: ignore[attr-defined]
+    setattr(err, "heard", True)  # noqa: B010 - marks an error heard, not raised here
     return err

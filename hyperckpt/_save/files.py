@@ -25,8 +25,8 @@ __all__ = [
     "publish",
     "pwrite_all",
     "remove_tree",
-    "sync_directory",
     "sync_and_close",
+    "sync_directory",
     "write_small",
 ]
 

@@ -79,9 +79,7 @@ class WritePlan:
 
     def files_of(self, rank: int) -> list[OutputFile]:
         """The files ``rank`` creates."""
-        return [
-            f for f, w in zip(self.output.files, self.header_writers, strict=True) if w == rank
-        ]
+        return [f for f, w in zip(self.output.files, self.header_writers, strict=True) if w == rank]
 
     def boxes_of(self, rank: int) -> list[BoxWrite]:
         """The boxes ``rank`` writes."""
@@ -115,16 +113,16 @@ def plan_writes(
     for tensor in tensors:
         code = code_of(getattr(torch, tensor.dtype))
         assert code is not None, "summarize refused dtypes without a code"
-        if dtype is not None and refuse_narrowing and code in CONVERTIBLE and code != dtype:
-            if not is_widening(code, to_torch_dtype(dtype)):
-                raise CheckpointError(
-                    f"{path}: tensor {tensor.name!r} is {tensor.dtype} and dtype={dtype} would "
-                    f"narrow it (values would be rounded); drop refuse_narrowing to convert "
-                    f"anyway, or choose a dtype at least as wide",
-                    path=path,
-                    tensor=tensor.name,
-                    rule="save.narrowing",
-                )
+        narrows = dtype is not None and code in CONVERTIBLE and code != dtype
+        if refuse_narrowing and narrows and not is_widening(code, to_torch_dtype(str(dtype))):
+            raise CheckpointError(
+                f"{path}: tensor {tensor.name!r} is {tensor.dtype} and dtype={dtype} would "
+                f"narrow it (values would be rounded); drop refuse_narrowing to convert "
+                f"anyway, or choose a dtype at least as wide",
+                path=path,
+                tensor=tensor.name,
+                rule="save.narrowing",
+            )
         layouts[tensor.name] = TensorLayout(tensor.name, code, _code_shape(code, tensor.shape), ())
     output = plan_output(layouts, max_shard_size=max_shard_size, dtype=dtype)
     where = {t.name: (f.name, t.start, t.dtype) for f in output.files for t in f.tensors}
@@ -133,9 +131,7 @@ def plan_writes(
     for tensor in tensors:
         file, start, target = where[tensor.name]
         width = max(1, DTYPES[target].bits // 8)
-        held = sorted(
-            tensor.holders, key=lambda item: (-math.prod(item[0][1]), item[0][0])
-        )
+        held = sorted(tensor.holders, key=lambda item: (-math.prod(item[0][1]), item[0][0]))
         for box, ranks in held:
             writer = min(ranks, key=lambda r: (loads[r], r))
             nbytes = math.prod(box[1]) * width
@@ -163,4 +159,3 @@ def _code_shape(code: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     if code == "F4" and shape:
         return (*shape[:-1], shape[-1] * 2)
     return shape
-

@@ -13,13 +13,20 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import torch
 from torch.distributed.tensor import DTensor
 
 from hyperckpt._format.header import DTYPES, METADATA_KEY
-from hyperckpt._planner.regions import DTENSOR, FSDP, Region, local_regions, orders_differ
+from hyperckpt._planner.regions import (
+    DTENSOR,
+    FSDP,
+    Order,
+    Region,
+    local_regions,
+    orders_differ,
+)
 from hyperckpt.errors import CheckpointError
 
 __all__ = [
@@ -110,7 +117,7 @@ def flatten(state_dict: Mapping[str, object], *, path: str) -> dict[str, object]
     """
     flat: dict[str, object] = {}
 
-    def walk(prefix: str, mapping: Mapping[object, object]) -> None:
+    def walk(prefix: str, mapping: Mapping[Any, object]) -> None:
         for key, value in mapping.items():
             if not isinstance(key, str):
                 raise CheckpointError(
@@ -156,7 +163,7 @@ def summarize(
         _check_name(name, path)
         if not isinstance(value, torch.Tensor):
             raise CheckpointError(
-                f"{path}: state-dict entry {name!r} is a {type(value).__name__}, not a tensor; "
+                f"{path}: state-dict entry {name!r} is of type {type(value).__name__}, not a tensor; "
                 f"a Hugging Face checkpoint holds tensors only: save it separately or drop it",
                 path=path,
                 tensor=name,
@@ -290,9 +297,7 @@ def _describe(name: str, value: torch.Tensor, path: str) -> tuple[TensorSummary,
         offsets = {box: (0,) * len(shape) for box in whole}
         _check_contiguous(name, local, path)
         return (
-            TensorSummary(
-                name, _dtype(value), shape, (whole, whole), (True, True), None, "tensor"
-            ),
+            TensorSummary(name, _dtype(value), shape, (whole, whole), (True, True), None, "tensor"),
             LocalTensor(local, (offsets, offsets)),
         )
     mesh = value.device_mesh
@@ -310,7 +315,9 @@ def _describe(name: str, value: torch.Tensor, path: str) -> tuple[TensorSummary,
     coordinate = mesh.get_coordinate()
     assert coordinate is not None, "a DTensor's local rank is in its mesh"
     mesh_shape = tuple(mesh.shape)
-    orders = [DTENSOR, FSDP] if orders_differ(shape, mesh_shape, placements) else [DTENSOR]
+    orders: list[Order] = (
+        [DTENSOR, FSDP] if orders_differ(shape, mesh_shape, placements) else [DTENSOR]
+    )
     found = [local_regions(shape, mesh_shape, placements, coordinate, order=o) for o in orders]
     if len(found) == 1:
         found.append(found[0])
@@ -391,7 +398,11 @@ def _same_names(first: list[str], other: list[str], rank: int, path: str) -> Non
     only_other = [n for n in other if n not in set(first)]
     if only_first or only_other:
         name = (only_first or only_other)[0]
-        where = "rank 0 holds it, rank %d does not" if only_first else "rank %d holds it, rank 0 does not"
+        where = (
+            "rank 0 holds it, rank %d does not"
+            if only_first
+            else "rank %d holds it, rank 0 does not"
+        )
         detail = where % rank
     else:
         name = next(a for a, b in zip(first, other, strict=True) if a != b)
@@ -412,7 +423,9 @@ def _order(views: Sequence[TensorSummary]) -> int:
     return 1 if all(v.fits[1] for v in views) else 0
 
 
-def _tile(head: TensorSummary, views: Sequence[TensorSummary], order: int, path: str) -> MergedTensor:
+def _tile(
+    head: TensorSummary, views: Sequence[TensorSummary], order: int, path: str
+) -> MergedTensor:
     holders: dict[Box, list[int]] = {}
     for rank, view in enumerate(views):
         for box in view.boxes[order]:
@@ -424,7 +437,9 @@ def _tile(head: TensorSummary, views: Sequence[TensorSummary], order: int, path:
         problem = f"the ranks' boxes hold {volume} of its {math.prod(head.shape)} elements"
     else:
         for a, b in _overlapping(boxes):
-            problem = f"rank {holders[a][0]}'s box {_show(a)} overlaps rank {holders[b][0]}'s {_show(b)}"
+            problem = (
+                f"rank {holders[a][0]}'s box {_show(a)} overlaps rank {holders[b][0]}'s {_show(b)}"
+            )
             break
     if problem is not None:
         raise CheckpointError(

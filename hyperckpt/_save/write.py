@@ -19,7 +19,7 @@ import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Final
+from typing import Final, cast
 
 import torch
 
@@ -77,7 +77,7 @@ def write_boxes(
                 progress.deliver([(n, length)])
             return n, crc
 
-        digests = dict(_map(one, range(len(boxes)), threads))
+        digests = dict(cast(list[tuple[int, int]], list(_map(one, range(len(boxes)), threads))))
         synced = list(fds.items())
         fds.clear()
         for _, fd in synced:
@@ -147,7 +147,7 @@ def _geometry(box: BoxWrite) -> tuple[int, int, tuple[int, ...]]:
     """(d, run elements, the global strides): ``d`` is the last dimension the box narrows
     (``-1`` when it is the whole tensor)."""
     shape = box.shape
-    offsets, sizes = box.box
+    sizes = box.box[1]
     narrowed = [k for k in range(len(shape)) if sizes[k] != shape[k]]
     d = narrowed[-1] if narrowed else -1
     run = math.prod(sizes[max(d, 0) :]) if shape else 1

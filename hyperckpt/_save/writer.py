@@ -141,7 +141,10 @@ class HuggingFaceStorageWriter(StorageWriter):
         )
         future: Future[list[WriteResult]] = Future()
         future.set_result(
-            [WriteResult(index=item.index, size_in_bytes=0, storage_data=None) for item in plan.items]
+            [
+                WriteResult(index=item.index, size_in_bytes=0, storage_data=None)
+                for item in plan.items
+            ]
         )
         return future
 

@@ -121,7 +121,8 @@ def _every_layout(rank: int, world: int, root: str) -> list[str]:
     state = {e[0]: _held(e, originals[e[0]], meshes) for e in LAYOUTS}
     problems: list[str] = []
     report = hyperckpt.save(state, base / "save", max_shard_size=300)
-    assert report.indexed and len(report.files) > 1
+    assert report.indexed
+    assert len(report.files) > 1
     assert sum(report.bytes_written) >= report.total_size
     writer = hyperckpt.HuggingFaceStorageWriter(base / "dcp")
     dcp.save(state, storage_writer=writer)
@@ -218,7 +219,9 @@ def _entries(draw: st.DrawFn) -> list[Entry]:
             kind = draw(st.sampled_from(["S", "SS", "R"]))
             dim = draw(st.integers(0, ndim - 1))
             split = draw(st.integers(2, 3))
-            placements.append(("R",) if kind == "R" else ("S", dim) if kind == "S" else ("SS", dim, split))
+            placements.append(
+                ("R",) if kind == "R" else ("S", dim) if kind == "S" else ("SS", dim, split)
+            )
         out.append((f"t{n}", mesh, tuple(placements), shape, dtype))
     return out
 
