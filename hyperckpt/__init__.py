@@ -38,6 +38,7 @@ from hyperckpt._read.stats import LoadStats
 from hyperckpt._read.storage_info import StorageInfo
 from hyperckpt._read.tracker import Progress
 from hyperckpt._sample import write_sample
+from hyperckpt._save import HuggingFaceStorageWriter, SaveReport, save
 from hyperckpt._verify import FileCheck, TensorCheck, VerifyReport, verify
 from hyperckpt.errors import CheckpointChangedError, CheckpointError, CheckpointNotFoundError
 
@@ -55,6 +56,7 @@ __all__ = [
     "FileStamp",
     "Fuse",
     "HuggingFaceStorageReader",
+    "HuggingFaceStorageWriter",
     "HyperckptDeprecationWarning",
     "LoadPlanner",
     "LoadReport",
@@ -66,6 +68,7 @@ __all__ = [
     "ReadOptions",
     "Rename",
     "Replace",
+    "SaveReport",
     "StorageInfo",
     "StripPrefix",
     "TensorCheck",
@@ -78,6 +81,7 @@ __all__ = [
     "describe",
     "load",
     "release_pinned_memory",
+    "save",
     "verify",
     "write_sample",
 ]

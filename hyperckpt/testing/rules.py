@@ -21,6 +21,7 @@ from hyperckpt._layout.directory import huggingface_layout, torch_sharded_layout
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
 from hyperckpt.testing._directories import INDEX_NAME, shard_file, write_files
 from hyperckpt.testing._files import Pairs, encode_file
+from hyperckpt.testing._save_rules import SAVE_RULES
 
 __all__ = ["RULES", "Rule", "provoke", "render_rules_page"]
 
@@ -216,7 +217,7 @@ _E = CheckpointError
 _NF = CheckpointNotFoundError
 
 #: Every rule, in the order the checks run: one file, then the directory kinds.
-RULES: tuple[Rule, ...] = (
+_READ_RULES: tuple[Rule, ...] = (
     Rule("file.too_small", "A file holds at least the 8-byte header length.", _E,
          r"is too small for a safetensors file", _raw_file(b"\x02\0\0")),
     Rule("header.too_long", "The header length is at most 100,000,000 bytes.", _E,
@@ -420,6 +421,10 @@ RULES: tuple[Rule, ...] = (
          "means a shard file is probably missing (`hyperckpt.load`, `hyperckpt.LoadPlanner`).", _E,
          r"a shard file is probably missing \(the one holding", _shape_larger),
 )  # fmt: skip
+RULES: tuple[Rule, ...] = (
+    *_READ_RULES,
+    *(Rule(rule_id, text, _E, pattern, trigger) for rule_id, text, pattern, trigger in SAVE_RULES),
+)
 
 
 def provoke(rule: Rule) -> CheckpointError:
@@ -463,7 +468,9 @@ matching error is raised.  Each example message is real: this page is generated 
 `tests/unit/test_rules_doc.py` fails when it is stale.  The checkpoint directory in the
 examples is `ckpt`.  The `mapping.*` rules are checked, from the headers too, when a mapping
 is applied (`mapping=` of the readers and `hyperckpt.load`, `Mapping.apply`, `hyperckpt
-inspect --mapping`).
+inspect --mapping`).  The `save.*` rules are checked by `hyperckpt.save` and
+`hyperckpt.HuggingFaceStorageWriter` before a byte is written (the audit and a lost rank
+after writing, before anything is published); raised on every rank.
 
 What the data holds (checksums, NaN and infinities) and which dtype conversions a load may
 make are checked by `hyperckpt validate --data` and `dtype_policy`: see

@@ -28,7 +28,9 @@ PUBLIC = [
     "FileHeader",
     "FileStamp",
     "HuggingFaceStorageReader",
+    "HuggingFaceStorageWriter",
     "HyperckptDeprecationWarning",
+    "SaveReport",
     "LoadPlanner",
     "LoadReport",
     "LoadStats",
@@ -48,6 +50,7 @@ PUBLIC = [
     "write_sample",
     "verify",
     "release_pinned_memory",
+    "save",
 ]
 
 
@@ -77,6 +80,7 @@ def test_the_readers_and_planner_plug_into_torch_distributed_checkpoint() -> Non
     assert issubclass(hyperckpt.HuggingFaceStorageReader, dcp.FileSystemReader)
     assert issubclass(hyperckpt.TorchShardedSafetensorsReader, dcp.FileSystemReader)
     assert issubclass(hyperckpt.LoadPlanner, DefaultLoadPlanner)
+    assert issubclass(hyperckpt.HuggingFaceStorageWriter, dcp.StorageWriter)
 
 
 def test_errors_are_value_errors_and_not_found_is_also_a_file_not_found_error() -> None:

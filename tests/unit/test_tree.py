@@ -23,6 +23,7 @@ STAGES = [
     "hyperckpt._load",  # the public entry points: options, readers, describe, load
     "hyperckpt._verify",
     "hyperckpt._consolidate",
+    "hyperckpt._save",  # writing: reuses the consolidation's file planning
     "hyperckpt._sample",
     "hyperckpt._cli",
 ]

@@ -1,0 +1,6 @@
+"""Saving a state dict of any DTensor layout as a Hugging Face checkpoint, every rank its bytes."""
+
+from hyperckpt._save.api import SaveReport, save
+from hyperckpt._save.writer import HuggingFaceStorageWriter
+
+__all__ = ["HuggingFaceStorageWriter", "SaveReport", "save"]

@@ -1,0 +1,450 @@
+"""``hyperckpt.save``: check, plan, write every rank's bytes, audit, agree, publish.
+
+Every step that may fail on some ranks ends in one agreement (``_dist.agreement.agree``), so
+every rank raises together, naming the rank that failed:
+
+1. every rank checks and describes its state dict; the summaries are shared;
+2. every rank computes the same plan (files, offsets, who writes what);
+3. the coordinator refuses an existing path (unless ``overwrite``) and creates a temporary
+   directory beside it; every rank checks it sees that directory (shared storage);
+4. each file is created by one rank, its header written;
+5. every rank writes its boxes at their final offsets and syncs the files;
+6. every rank re-reads its boxes and compares their digests (the audit);
+7. the coordinator writes the index, syncs, and renames the directory to ``path``.
+
+Until step 7 nothing is at ``path``; after a failure the coordinator removes the temporary
+directory (a killed coordinator leaves it, under a name no reader takes for a checkpoint).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final, cast
+
+import torch
+import torch.distributed as dist
+
+from hyperckpt._consolidate.assign import output_dtype_code, parse_size
+from hyperckpt._dist.agreement import Failure, agree, distributed
+from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
+from hyperckpt._save import files
+from hyperckpt._save.plan import WritePlan, plan_writes
+from hyperckpt._save.summary import LocalTensor, TensorSummary, flatten, merge, summarize, unalias
+from hyperckpt._save.write import audit_boxes, write_boxes
+from hyperckpt.errors import CheckpointError
+
+__all__ = ["DEFAULT_MAX_SHARD_SIZE", "SaveOptions", "SaveReport", "Staged", "save"]
+
+logger = logging.getLogger("hyperckpt")
+
+#: ``save_pretrained``'s classic split (transformers 4); pass ``"50GB"`` for transformers 5's.
+DEFAULT_MAX_SHARD_SIZE: Final = "5GB"
+_FAILURES: Final = (CheckpointError, OSError, ValueError, RuntimeError)
+
+
+@dataclass(frozen=True, slots=True)
+class SaveOptions:
+    """Every option of a save, checked once.
+
+    Attributes:
+        max_shard_size: Most bytes of tensor data per file (a larger tensor alone in one).
+        dtype: The safetensors code float tensors are written as, or ``None`` (as held).
+        refuse_narrowing: Refuse a ``dtype`` that would round some tensor's values.
+        keep_aliases: Write every name of tensors that share storage (tied weights).
+        overwrite: Replace what is at the path.
+        audit: Re-read every written box and compare its digest before publishing.
+        threads: Boxes written at the same time per rank.
+    """
+
+    max_shard_size: int
+    dtype: str | None = None
+    refuse_narrowing: bool = False
+    keep_aliases: bool = False
+    overwrite: bool = False
+    audit: bool = True
+    threads: int = 4
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+        dtype: str | torch.dtype | None = None,
+        refuse_narrowing: bool = False,
+        keep_aliases: bool = False,
+        overwrite: bool = False,
+        audit: bool = True,
+        thread_count: int | None = None,
+    ) -> SaveOptions:
+        """The options from the public spelling.
+
+        Raises:
+            ValueError: A size, dtype or thread count is malformed.
+        """
+        threads = min(4, os.cpu_count() or 1) if thread_count is None else thread_count
+        if threads < 1:
+            raise ValueError(f"thread_count must be at least 1, got {thread_count}")
+        return cls(
+            max_shard_size=parse_size(max_shard_size),
+            dtype=None if dtype is None else output_dtype_code(str(dtype)),
+            refuse_narrowing=refuse_narrowing,
+            keep_aliases=keep_aliases,
+            overwrite=overwrite,
+            audit=audit,
+            threads=threads,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SaveReport:
+    """What a save wrote.
+
+    Attributes:
+        path: The checkpoint directory.
+        files: The safetensors files, in name order.
+        indexed: Whether ``model.safetensors.index.json`` was written.
+        tensors: Tensors written.
+        total_size: Bytes of tensor data (the index's ``metadata.total_size``).
+        dropped_aliases: ``(dropped, kept)`` names of tensors sharing storage with an
+            earlier entry, written once under the kept name (as ``save_pretrained``).
+        converted: Tensors written in another dtype than held, sorted.
+        bytes_written: Bytes each rank wrote (boxes and headers), by rank.
+        audit_seconds: Seconds each rank spent re-reading its boxes, by rank (0 when off).
+        seconds: Wall time on this rank, in seconds.
+    """
+
+    path: str
+    files: tuple[str, ...]
+    indexed: bool
+    tensors: int
+    total_size: int
+    dropped_aliases: tuple[tuple[str, str], ...]
+    converted: tuple[str, ...]
+    bytes_written: tuple[int, ...]
+    audit_seconds: tuple[float, ...]
+    seconds: float
+
+
+@dataclass(slots=True)
+class Staged:
+    """A save written and audited on every rank, not yet published (steps 1-6)."""
+
+    target: Path
+    temp: Path
+    plan: WritePlan
+    dropped: tuple[tuple[str, str], ...]
+    begin: float
+    rank: int
+    group: dist.ProcessGroup | None
+    bytes_written: tuple[int, ...] = ()
+    audit_seconds: tuple[float, ...] = ()
+    published: bool = field(default=False)
+
+    def report(self) -> SaveReport:
+        """The report of this save (once published)."""
+        output = self.plan.output
+        return SaveReport(
+            path=str(self.target),
+            files=tuple(f.name for f in output.files),
+            indexed=output.indexed,
+            tensors=len(output.weight_map),
+            total_size=output.total_size,
+            dropped_aliases=self.dropped,
+            converted=output.converted,
+            bytes_written=self.bytes_written,
+            audit_seconds=self.audit_seconds,
+            seconds=time.perf_counter() - self.begin,
+        )
+
+
+def save(
+    state_dict: Mapping[str, object],
+    path: str | os.PathLike[str],
+    *,
+    process_group: dist.ProcessGroup | None = None,
+    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+    dtype: str | torch.dtype | None = None,
+    refuse_narrowing: bool = False,
+    keep_aliases: bool = False,
+    overwrite: bool = False,
+    audit: bool = True,
+    thread_count: int | None = None,
+    progress: ProgressCallback | None = None,
+) -> SaveReport:
+    """Save a state dict of tensors and DTensors (any layout) as a Hugging Face checkpoint.
+
+    Writes ``model.safetensors``, or ``model-0000i-of-0000N.safetensors`` files and
+    ``model.safetensors.index.json``, in safetensors' own layout (``{"format": "pt"}``,
+    widest dtype first, then by name).  Under ``torch.distributed`` every rank of the group
+    calls it at once and writes only its own boxes of each tensor; boxes several ranks hold
+    (``Replicate``, HSDP, plain tensors) are written once.  ``_StridedShard`` layouts
+    (FSDPxTP, packed ``gate_up_proj``) land in the right rows.  Storage must be shared by
+    the ranks (checked before writing).
+
+    Args:
+        state_dict: Name to tensor or DTensor; nested mappings are joined with ``"."``.
+        path: The checkpoint directory to create.
+        process_group: The ranks taking part; the default group when initialized.
+        max_shard_size: Most bytes of tensor data per file (``"5GB"`` = 5 * 10**9).
+        dtype: Write float tensors (F16, BF16, F32, F64) as this dtype, e.g. ``"bf16"``.
+        refuse_narrowing: With ``dtype``, refuse instead of rounding a wider tensor.
+        keep_aliases: Write both names of tensors sharing storage (tied embeddings); by
+            default the later name is dropped, as ``save_pretrained`` does, and reported.
+        overwrite: Replace an existing ``path`` (the old one is removed once the new one is
+            in place); without it an existing ``path`` is refused.
+        audit: Re-read every box after writing and compare its CRC-32 before publishing.
+        thread_count: Boxes written at the same time per rank (default up to 4).
+        progress: Called with a :class:`~hyperckpt.Progress` of this rank's writing.
+
+    Returns:
+        A :class:`SaveReport`, the same on every rank except ``seconds``.
+
+    Raises:
+        CheckpointError: The state dict or the path is refused (each with a rule id), or
+            the audit failed; raised on every rank when any rank failed, before anything is
+            at ``path``.
+        ValueError: An option is malformed.
+        OSError: The files cannot be written.
+    """
+    group = process_group if distributed() else None
+    target = Path(path)
+    staged = stage(
+        state_dict,
+        target,
+        group=group,
+        progress=progress,
+        options=lambda: SaveOptions.build(
+            max_shard_size=max_shard_size,
+            dtype=dtype,
+            refuse_narrowing=refuse_narrowing,
+            keep_aliases=keep_aliases,
+            overwrite=overwrite,
+            audit=audit,
+            thread_count=thread_count,
+        ),
+        flat=False,
+    )
+    failure: BaseException | None = None
+    if staged.rank == 0:
+        try:
+            commit(staged, overwrite=overwrite)
+        except _FAILURES as err:
+            failure = err
+    _agree(failure, staged.group, staged.target, "publishing")
+    report = staged.report()
+    logger.info(
+        "hyperckpt: saved %d tensors into %d file(s) at %s in %.2f s",
+        report.tensors,
+        len(report.files),
+        target,
+        report.seconds,
+    )
+    return report
+
+
+def stage(
+    state_dict: Mapping[str, object],
+    target: Path,
+    *,
+    group: dist.ProcessGroup | None,
+    progress: ProgressCallback | None,
+    options: Callable[[], SaveOptions],
+    flat: bool,
+) -> Staged:
+    """Steps 1-6 on every rank: everything but publishing (see the module's steps).
+
+    Args:
+        state_dict: This rank's state dict.
+        target: Where the checkpoint is published.
+        group: The process group, ``None`` for the default one (or none).
+        progress: This rank's progress callback.
+        options: Builds the options (its errors are agreed on like the state dict's).
+        flat: Whether ``state_dict`` is already flat (DCP's planner flattened it).
+    """
+    begin = time.perf_counter()
+    rank = dist.get_rank(group) if distributed() else 0
+    world = dist.get_world_size(group) if distributed() else 1
+    where = str(target)
+    failure: BaseException | None = None
+    summaries: list[TensorSummary] = []
+    held: dict[str, LocalTensor] = {}
+    built: SaveOptions | None = None
+    try:
+        built = options()
+        flat_dict = dict(state_dict) if flat else flatten(state_dict, path=where)
+        summaries, held = summarize(flat_dict, path=where)
+        if built.keep_aliases:
+            summaries = unalias(summaries)
+    except _FAILURES as err:
+        failure = err
+    every = cast(
+        list[list[TensorSummary]],
+        _agree(failure, group, target, "describing the state dict", value=summaries),
+    )
+    assert built is not None
+    plan: WritePlan | None = None
+    dropped: list[tuple[str, str]] = []
+    try:
+        merged, dropped = merge(every, path=where)
+        plan = plan_writes(
+            merged,
+            world,
+            max_shard_size=built.max_shard_size,
+            dtype=built.dtype,
+            refuse_narrowing=built.refuse_narrowing,
+            path=where,
+        )
+    except _FAILURES as err:
+        failure = err
+    _agree(failure, group, target, "planning")
+    assert plan is not None
+    temp_name = ""
+    if rank == 0:
+        try:
+            _check_target(target, overwrite=built.overwrite)
+            temp_name = str(files.make_temp_dir(target))
+        except _FAILURES as err:
+            failure = err
+    names = _agree(failure, group, target, "preparing the directory", value=temp_name)
+    staged = Staged(target, Path(cast(str, names[0])), plan, tuple(dropped), begin, rank, group)
+    tracker = ProgressTracker(progress)
+    try:
+        try:
+            check_shared(staged.temp, rank, where)
+            for file in plan.files_of(rank):
+                files.create_sized(staged.temp / file.name, file.size, file.header)
+        except _FAILURES as err:
+            failure = err
+        _agree(failure, staged.group, staged.target, "creating the files")
+        mine = plan.boxes_of(rank)
+        digests: dict[int, int] = {}
+        try:
+            digests = write_boxes(mine, held, staged.temp, threads=built.threads, progress=tracker)
+            tracker.finish()
+        except _FAILURES as err:
+            failure = err
+        _agree(failure, staged.group, staged.target, "writing")
+        audit_begin = time.perf_counter()
+        try:
+            if built.audit:
+                audit_boxes(mine, digests, staged.temp, path=where, threads=built.threads)
+        except _FAILURES as err:
+            failure = err
+        audit_seconds = time.perf_counter() - audit_begin if built.audit else 0.0
+        written = sum(b.nbytes for b in mine) + sum(len(f.header) for f in plan.files_of(rank))
+        facts = cast(
+            list[tuple[int, float]],
+            _agree(
+                failure, staged.group, staged.target, "auditing", value=(written, audit_seconds)
+            ),
+        )
+    except BaseException:
+        abandon(staged)
+        raise
+    staged.bytes_written = tuple(w for w, _ in facts)
+    staged.audit_seconds = tuple(s for _, s in facts)
+    return staged
+
+
+def commit(staged: Staged, *, overwrite: bool) -> None:
+    """Step 7, on the coordinator: the index, then the rename to the target.
+
+    The temporary directory is removed when this fails.
+    """
+    try:
+        output = staged.plan.output
+        if output.indexed:
+            files.write_small(staged.temp / "model.safetensors.index.json", output.index_bytes())
+        files.sync_directory(staged.temp)
+        files.publish(staged.temp, staged.target, overwrite=overwrite)
+        staged.published = True
+    except BaseException:
+        abandon(staged)
+        raise
+
+
+def abandon(staged: Staged) -> None:
+    """On the coordinator, remove the temporary directory of a save that failed."""
+    if staged.rank != 0 or staged.published:
+        return
+    try:
+        files.remove_tree(staged.temp)
+    except OSError as err:  # the save's own error matters more; say what is left
+        logger.warning("hyperckpt: could not remove %s after a failed save: %s", staged.temp, err)
+
+
+def check_shared(temp: Path, rank: int, where: str) -> None:
+    """Refuse storage the ranks do not share: ``temp`` (made by rank 0) must be visible.
+
+    Raises:
+        CheckpointError: This rank does not see ``temp`` (``save.not_shared``).
+    """
+    if not temp.is_dir():
+        raise CheckpointError(
+            f"{where}: rank {rank} does not see the temporary directory {temp.name} that "
+            f"rank 0 created beside it: the ranks do not share this storage.  Save to a file "
+            f"system every rank sees, or save per rank with torch's "
+            f"HuggingFaceStorageWriter(save_distributed=True) and join the pieces with "
+            f"`hyperckpt consolidate`",
+            path=where,
+            rule="save.not_shared",
+        )
+
+
+def rank_lost(target: Path, step: str, err: BaseException) -> CheckpointError:
+    """The error of a rank whose peers stopped answering (killed, or disconnected)."""
+    return CheckpointError(
+        f"{target}: a rank stopped answering while {step} ({err}); it was killed or lost its "
+        f"connection; nothing was published at {target}: save again",
+        path=str(target),
+        rule="save.rank_lost",
+    )
+
+
+def _check_target(target: Path, *, overwrite: bool) -> None:
+    if files.exists(target) and not overwrite:
+        raise CheckpointError(
+            f"{target}: already exists; pass overwrite=True to replace it (the old one is "
+            f"removed only once the new checkpoint is complete), or choose another path",
+            path=str(target),
+            rule="save.path_exists",
+        )
+
+
+def _agree(
+    failure: BaseException | None,
+    group: dist.ProcessGroup | None,
+    target: Path,
+    step: str,
+    *,
+    value: object = None,
+) -> list[object]:
+    """``agree``, with a rank that stopped answering turned into a :class:`CheckpointError`."""
+    try:
+        return agree(failure, group, _heard, value=value)
+    except RuntimeError as err:
+        if err is failure or getattr(err, "heard", False):
+            raise
+        raise rank_lost(target, step, err) from err
+
+
+def _heard(failure: Failure) -> Exception:
+    """What the other ranks raise when ``failure.rank`` failed: an error of the same kind."""
+    text = f"rank {failure.rank} of the save failed ({failure.kind}): {failure.message}"
+    kind = failure.checkpoint_type
+    err: Exception
+    if kind is not None:
+        err = kind(text, path=failure.path, tensor=failure.tensor, rule=failure.rule)
+    elif failure.kind == "ValueError":
+        err = ValueError(text)
+    elif failure.kind == "RuntimeError":
+        err = RuntimeError(text)
+    else:
+        err = OSError(text)
+    setattr(err, "heard", True)  # noqa: B010 - marks an error heard, not raised here
+    return err

@@ -1,0 +1,151 @@
+"""Every file and directory the save creates, writes, syncs, renames or removes: one seam.
+
+The rest of ``hyperckpt._save`` asks this module, never ``os`` directly, so a guarded
+storage layer (exclusive, no-follow creation; fsync-and-rename) can replace it in one place.
+Outputs are created exclusively and never through a symlink.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Final
+
+__all__ = [
+    "TEMP_MARK",
+    "close",
+    "create_sized",
+    "exists",
+    "make_temp_dir",
+    "open_for_reading",
+    "open_for_writing",
+    "pread_exact",
+    "publish",
+    "pwrite_all",
+    "remove_tree",
+    "sync_and_close",
+    "sync_directory",
+    "write_small",
+]
+
+#: Part of every temporary directory's name: ``.<name>.hyperckpt-save-<hex>`` beside the target.
+TEMP_MARK: Final = ".hyperckpt-save-"
+_NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
+
+
+def make_temp_dir(target: Path) -> Path:
+    """Create a fresh, empty temporary directory beside ``target`` (its parent is created).
+
+    The name is unique per call, so a rerun never collides with what a failed run left.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temp = target.parent / f".{target.name}{TEMP_MARK}{uuid.uuid4().hex[:12]}"
+    temp.mkdir(mode=0o755)
+    return temp
+
+
+def create_sized(path: Path, size: int, header: bytes) -> None:
+    """Create ``path`` exclusively (no symlink followed), ``size`` bytes long, ``header`` first."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o644)
+    try:
+        os.ftruncate(fd, size)
+        pwrite_all(fd, header, 0)
+    finally:
+        os.close(fd)
+
+
+def open_for_writing(path: Path) -> int:
+    """A descriptor for positional writes into an existing output file (no symlink followed)."""
+    return os.open(path, os.O_WRONLY | _NOFOLLOW | _CLOEXEC)
+
+
+def open_for_reading(path: Path) -> int:
+    """A descriptor to re-read an output file for the audit (no symlink followed)."""
+    return os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+
+
+def pwrite_all(fd: int, data: bytes | memoryview | bytearray, offset: int) -> None:
+    """Write all of ``data`` at ``offset`` (positional; short writes continued)."""
+    view = memoryview(data).cast("B")
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], offset + done)
+
+
+def pread_exact(fd: int, length: int, offset: int) -> bytes:
+    """``length`` bytes at ``offset``; fewer only when the file ends first."""
+    parts = []
+    done = 0
+    while done < length:
+        chunk = os.pread(fd, length - done, offset + done)
+        if not chunk:
+            break
+        parts.append(chunk)
+        done += len(chunk)
+    return b"".join(parts)
+
+
+def close(fd: int) -> None:
+    """Close a descriptor this module opened."""
+    os.close(fd)
+
+
+def sync_and_close(fd: int) -> None:
+    """Make a written file durable, then close it."""
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_small(path: Path, data: bytes) -> None:
+    """Create ``path`` exclusively with ``data`` (the index), durable before it returns."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o644)
+    try:
+        pwrite_all(fd, data, 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_directory(path: Path) -> None:
+    """Make the entries of directory ``path`` (creations, renames) durable."""
+    fd = os.open(path, os.O_RDONLY | _CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish(temp: Path, target: Path, *, overwrite: bool) -> None:
+    """Rename the finished ``temp`` directory to ``target``, durably.
+
+    With ``overwrite``, an existing ``target`` is first renamed aside and removed after the
+    new one is in place; without it an existing ``target`` fails the rename.
+    """
+    aside: Path | None = None
+    if overwrite and os.path.lexists(target):
+        aside = target.parent / f".{target.name}{TEMP_MARK}old-{uuid.uuid4().hex[:12]}"
+        os.rename(target, aside)
+    if os.path.lexists(target):
+        raise FileExistsError(f"{target}: appeared while the checkpoint was being written")
+    os.rename(temp, target)
+    sync_directory(target.parent)
+    if aside is not None:
+        remove_tree(aside)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a temporary directory this save made (or a directory set aside by ``publish``)."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+def exists(path: Path) -> bool:
+    """Whether anything (a symlink included) is at ``path``."""
+    return os.path.lexists(path)

@@ -1,0 +1,161 @@
+"""Which file holds each tensor, who writes each header and each box: pure planning.
+
+From the merged summaries alone (no tensor data, no process group) every rank computes the
+same :class:`WritePlan`: the files, names and offsets as ``save_pretrained`` would lay them
+out (``_consolidate.assign`` decides them), the rank that creates each file and writes its
+header, and for every distinct box of every tensor the one rank that writes it.  A box
+several ranks hold (``Replicate``, HSDP, plain tensors) goes to the holder with the fewest
+bytes so far, largest boxes first, so replicated bytes are written once and spread evenly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from hyperckpt._consolidate.assign import (
+    CONVERTIBLE,
+    OutputFile,
+    OutputPlan,
+    assign_ranks,
+    plan_output,
+)
+from hyperckpt._format.header import DTYPES
+from hyperckpt._layout.model import TensorLayout
+from hyperckpt._read.dtype_policy import is_widening
+from hyperckpt._read.dtypes import to_torch_dtype
+from hyperckpt._save.summary import Box, MergedTensor, code_of
+from hyperckpt.errors import CheckpointError
+
+__all__ = ["BoxWrite", "WritePlan", "plan_writes"]
+
+
+@dataclass(frozen=True, slots=True)
+class BoxWrite:
+    """One box of one tensor, written by one rank.
+
+    Attributes:
+        tensor: The tensor's name.
+        file: The output file's name.
+        start: The tensor's first byte, absolute in the file.
+        shape: The tensor's global shape, in torch's elements.
+        source: The torch dtype name it is held in.
+        target: The safetensors code it is written as.
+        order: Which order's local offsets locate the box (see ``MergedTensor.order``).
+        box: The box: (offsets, sizes) in elements.
+        writer: The rank that writes it.
+        nbytes: Bytes it occupies in the file.
+    """
+
+    tensor: str
+    file: str
+    start: int
+    shape: tuple[int, ...]
+    source: str
+    target: str
+    order: int
+    box: Box
+    writer: int
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class WritePlan:
+    """Everything every rank writes.
+
+    Attributes:
+        output: The files and index (names, headers, sizes, weight map).
+        header_writers: The rank that creates each file of ``output.files`` and writes its
+            header, in the same order.
+        boxes: Every box write, in file then offset order.
+    """
+
+    output: OutputPlan
+    header_writers: tuple[int, ...]
+    boxes: tuple[BoxWrite, ...]
+
+    def files_of(self, rank: int) -> list[OutputFile]:
+        """The files ``rank`` creates."""
+        return [f for f, w in zip(self.output.files, self.header_writers, strict=True) if w == rank]
+
+    def boxes_of(self, rank: int) -> list[BoxWrite]:
+        """The boxes ``rank`` writes."""
+        return [b for b in self.boxes if b.writer == rank]
+
+
+def plan_writes(
+    tensors: Sequence[MergedTensor],
+    world_size: int,
+    *,
+    max_shard_size: int,
+    dtype: str | None,
+    refuse_narrowing: bool,
+    path: str,
+) -> WritePlan:
+    """The files, header writers and box writers of a save.
+
+    Args:
+        tensors: The merged tensors, in the state dict's order.
+        world_size: Ranks in the group.
+        max_shard_size: Most bytes of tensor data per file (one larger tensor excepted).
+        dtype: A code of ``CONVERTIBLE`` to write float tensors as, or ``None``.
+        refuse_narrowing: Refuse a ``dtype`` that would lose values of some tensor.
+        path: The checkpoint path, for messages.
+
+    Raises:
+        CheckpointError: ``dtype`` narrows a tensor and ``refuse_narrowing`` is set
+            (``save.narrowing``).
+    """
+    layouts = {}
+    for tensor in tensors:
+        code = code_of(getattr(torch, tensor.dtype))
+        assert code is not None, "summarize refused dtypes without a code"
+        narrows = dtype is not None and code in CONVERTIBLE and code != dtype
+        if refuse_narrowing and narrows and not is_widening(code, to_torch_dtype(str(dtype))):
+            raise CheckpointError(
+                f"{path}: tensor {tensor.name!r} is {tensor.dtype} and dtype={dtype} would "
+                f"narrow it (values would be rounded); drop refuse_narrowing to convert "
+                f"anyway, or choose a dtype at least as wide",
+                path=path,
+                tensor=tensor.name,
+                rule="save.narrowing",
+            )
+        layouts[tensor.name] = TensorLayout(tensor.name, code, _code_shape(code, tensor.shape), ())
+    output = plan_output(layouts, max_shard_size=max_shard_size, dtype=dtype)
+    where = {t.name: (f.name, t.start, t.dtype) for f in output.files for t in f.tensors}
+    loads = [0] * world_size
+    boxes: list[BoxWrite] = []
+    for tensor in tensors:
+        file, start, target = where[tensor.name]
+        width = max(1, DTYPES[target].bits // 8)
+        held = sorted(tensor.holders, key=lambda item: (-math.prod(item[0][1]), item[0][0]))
+        for box, ranks in held:
+            writer = min(ranks, key=lambda r: (loads[r], r))
+            nbytes = math.prod(box[1]) * width
+            loads[writer] += nbytes
+            boxes.append(
+                BoxWrite(
+                    tensor.name,
+                    file,
+                    start,
+                    tensor.shape,
+                    tensor.dtype,
+                    target,
+                    tensor.order,
+                    box,
+                    writer,
+                    nbytes,
+                )
+            )
+    boxes.sort(key=lambda b: (b.file, b.start, b.box[0]))
+    return WritePlan(output, assign_ranks(output.files, world_size), tuple(boxes))
+
+
+def _code_shape(code: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A torch shape in the header's elements: ``F4`` packs two a byte in torch."""
+    if code == "F4" and shape:
+        return (*shape[:-1], shape[-1] * 2)
+    return shape

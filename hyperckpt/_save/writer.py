@@ -1,0 +1,168 @@
+"""``hyperckpt.HuggingFaceStorageWriter``: ``dcp.save`` into a Hugging Face checkpoint.
+
+DCP builds its metadata from the chunk each DTensor reports, and under ``_StridedShard`` that
+chunk is not what the rank holds (DESIGN §9): torch's default planner then refuses the plan
+("overlapping chunks") before any writer sees it.  This writer does not write from DCP's
+items: in ``write_data`` it takes the state dict from the planner and runs the same steps as
+:func:`hyperckpt.save` (its own regions, checks and agreements), and ``finish`` publishes on
+the coordinator.  So that the plain call reaches ``write_data`` for every layout,
+``prepare_local_plan`` hands DCP each DTensor piece as an opaque item (no chunk to check);
+the ``Metadata`` that ``dcp.save`` returns therefore lists DTensors as bytes entries.  The
+files, not that object, are the checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
+from torch.distributed.checkpoint.planner import (
+    SavePlan,
+    SavePlanner,
+    WriteItem,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
+from torch.futures import Future
+
+from hyperckpt._dist.agreement import distributed
+from hyperckpt._read.tracker import ProgressCallback
+from hyperckpt._save.api import DEFAULT_MAX_SHARD_SIZE, SaveOptions, Staged, commit, stage
+from hyperckpt.errors import CheckpointError
+
+__all__ = ["HuggingFaceStorageWriter"]
+
+
+class HuggingFaceStorageWriter(StorageWriter):
+    """A DCP ``StorageWriter`` that saves straight into a Hugging Face checkpoint.
+
+    ``dcp.save(state_dict, storage_writer=hyperckpt.HuggingFaceStorageWriter(path))`` with
+    the default planner: every layout (``Shard``, ``Replicate``, HSDP, ``_StridedShard``,
+    plain tensors) is written right, or refused on every rank before a byte is written.
+    The options are those of :func:`hyperckpt.save`.
+
+    Args:
+        path: The checkpoint directory to create (``checkpoint_id`` of ``dcp.save``
+            replaces it when given).
+        process_group: Must be the group passed to ``dcp.save`` (default: the default group).
+        max_shard_size: See :func:`hyperckpt.save`.
+        dtype: See :func:`hyperckpt.save`.
+        refuse_narrowing: See :func:`hyperckpt.save`.
+        keep_aliases: See :func:`hyperckpt.save`.
+        overwrite: See :func:`hyperckpt.save`.
+        audit: See :func:`hyperckpt.save`.
+        thread_count: See :func:`hyperckpt.save`.
+        progress: See :func:`hyperckpt.save`.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        process_group: dist.ProcessGroup | None = None,
+        max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+        dtype: str | torch.dtype | None = None,
+        refuse_narrowing: bool = False,
+        keep_aliases: bool = False,
+        overwrite: bool = False,
+        audit: bool = True,
+        thread_count: int | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self._options = SaveOptions.build(
+            max_shard_size=max_shard_size,
+            dtype=dtype,
+            refuse_narrowing=refuse_narrowing,
+            keep_aliases=keep_aliases,
+            overwrite=overwrite,
+            audit=audit,
+            thread_count=thread_count,
+        )
+        self._group = process_group
+        self._progress = progress
+        self._staged: Staged | None = None
+        self.is_coordinator = False
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        """Forget a previous save; ``checkpoint_id`` is the new path when given."""
+        if checkpoint_id is not None:
+            self.path = Path(checkpoint_id)
+        self._staged = None
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: object, **kwargs: object) -> None:
+        """Remember whether this rank publishes (DCP's coordinator)."""
+        self.is_coordinator = is_coordinator
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        """DTensor pieces as opaque items, so DCP's chunk check cannot refuse a strided one."""
+        # One index per name (no offsets): DCP keeps one of the ranks' identical items.
+        items = [
+            WriteItem(index=MetadataIndex(item.index.fqn), type=WriteItemType.BYTE_IO)
+            if item.type == WriteItemType.SHARD
+            else item
+            for item in plan.items
+        ]
+        return dataclasses.replace(plan, items=items)
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        """Unchanged: who writes what is decided from the state dicts in ``write_data``."""
+        return plans
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        """Check, plan, write this rank's boxes and audit them (every rank at once).
+
+        Raises:
+            CheckpointError: As :func:`hyperckpt.save`; on every rank when any failed.
+        """
+        state_dict = getattr(planner, "state_dict", None)
+        if not isinstance(state_dict, Mapping):
+            raise CheckpointError(
+                f"{self.path}: the save planner {type(planner).__name__} keeps no state_dict "
+                f"attribute, which HuggingFaceStorageWriter writes from; use torch's "
+                f"DefaultSavePlanner (the default) or hyperckpt.save",
+                path=str(self.path),
+            )
+        group = self._group if distributed() else None
+        options = self._options
+        self._staged = stage(
+            state_dict,
+            self.path,
+            group=group,
+            progress=self._progress,
+            options=lambda: options,
+            flat=True,
+        )
+        future: Future[list[WriteResult]] = Future()
+        future.set_result(
+            [
+                WriteResult(index=item.index, size_in_bytes=0, storage_data=None)
+                for item in plan.items
+            ]
+        )
+        return future
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        """On the coordinator, once every rank wrote and audited: the index, the rename."""
+        assert self._staged is not None, "finish follows write_data"
+        commit(self._staged, overwrite=self._options.overwrite)
+
+    def storage_meta(self) -> StorageMeta | None:
+        """The checkpoint's path as DCP's checkpoint id."""
+        return StorageMeta(checkpoint_id=str(self.path))
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        """Any local path names a checkpoint to write."""
+        return isinstance(checkpoint_id, str | os.PathLike)
+
+    @property
+    def report(self) -> object:
+        """The last save's :class:`~hyperckpt.SaveReport` (after ``dcp.save`` returned)."""
+        return None if self._staged is None else self._staged.report()
