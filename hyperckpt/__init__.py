@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from hyperckpt._consolidate import ConsolidateReport, consolidate
 from hyperckpt._exchange.costs import CostModel
-from hyperckpt._format.header import FileHeader, FileStamp, TensorEntry
+from hyperckpt._format.header import FileHeader, TensorEntry
 from hyperckpt._layout.mapping import (
     AddPrefix,
     Fuse,
@@ -37,6 +37,7 @@ from hyperckpt._read.stats import LoadStats
 from hyperckpt._read.storage_info import StorageInfo
 from hyperckpt._read.tracker import Progress
 from hyperckpt._sample import write_sample
+from hyperckpt._storage.stamp import FileStamp
 from hyperckpt._verify import FileCheck, TensorCheck, VerifyReport, verify
 from hyperckpt.errors import CheckpointChangedError, CheckpointError, CheckpointNotFoundError
 

@@ -12,6 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "hyperckpt"
 #: The stages in pipeline order; a module may import from its own stage and those before it.
 STAGES = [
     "hyperckpt.errors",
+    "hyperckpt._storage",  # the seam: the only code that opens, creates or stats a file
     "hyperckpt._format",
     "hyperckpt._layout",
     "hyperckpt._dist",  # across ranks (agreement, headers once, spawning), below the planner
@@ -26,7 +27,7 @@ STAGES = [
 ]
 
 #: Stages that promise not to import torch, directly or through what they import.
-TORCH_FREE = {"hyperckpt.errors", "hyperckpt._format", "hyperckpt._layout"}
+TORCH_FREE = {"hyperckpt.errors", "hyperckpt._storage", "hyperckpt._format", "hyperckpt._layout"}
 
 
 def _module_name(path: Path) -> str:
