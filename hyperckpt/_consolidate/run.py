@@ -176,7 +176,7 @@ def consolidate(
     assert plan is not None
     if rank == 0:
         try:
-            _prepare(storage, Path(source), layout, plan, overwrite=overwrite)
+            _prepare(storage, Path(source), layout, overwrite=overwrite)
         except _FAILURES as err:
             failure = err
     agree(failure, group, _failed)
@@ -245,7 +245,6 @@ def _prepare(
     output: LocalStorage,
     source: Path,
     layout: CheckpointLayout,
-    plan: OutputPlan,
     *,
     overwrite: bool,
 ) -> None:
@@ -256,7 +255,9 @@ def _prepare(
     consolidation (a regular file: a link there is refused, never followed).  With
     ``overwrite``, or after an interruption, the safetensors files, the index and temporary
     files in it are removed first (links themselves, never their targets); other files are
-    kept.  Nothing that is an input, or that an input's name passes through, is removed.
+    kept.  Nothing that is an input, or that an input's name passes through, is removed, and
+    a directory or a FIFO under a safetensors or index name is refused, never kept beside
+    the files written.
     """
     output.make_root()
     entries = output.names()
@@ -272,7 +273,6 @@ def _prepare(
             f"replace the safetensors files and index in it (other files are kept), or choose "
             f"an empty directory"
         )
-    written = {f.name for f in plan.files} | {INDEX_NAME}
     doomed = []
     for name in entries:
         if not (name.endswith(".safetensors") or name == INDEX_NAME or _LEFTOVER.fullmatch(name)):
@@ -280,8 +280,8 @@ def _prepare(
         entry = output.entry(name)
         if entry is not None and entry.kind in ("file", "link"):
             doomed.append(entry)
-        elif entry is not None and name in written:
-            _refuse_entry(output, name, entry.kind, f"consolidate writes {name}")
+        elif entry is not None:  # beside the files written it would pass for one of them
+            _refuse_entry(output, name, entry.kind, "consolidate replaces safetensors files")
     _check_no_input(output, doomed, LocalStorage(layout.root), layout.files)
     for entry in doomed:
         output.remove(entry.name)

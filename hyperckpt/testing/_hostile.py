@@ -353,9 +353,12 @@ def trap_output(source: Path, output: Path, victim: Path, kind: str) -> str:
     return moved.name
 
 
-def named_shard_files(names: Sequence[str], *, files: int = 1) -> dict[str, bytes]:
+def named_shard_files(
+    names: Sequence[str], *, files: int = 1, rng: random.Random | None = None
+) -> dict[str, bytes]:
     """A torch sharded directory of whole U8 ``[2]`` tensors with the given names, dealt
-    over ``files`` shard files: long names make long output headers and a long index."""
+    over ``files`` shard files: long names make long output headers and a long index.
+    Data random when ``rng`` is given, zeros otherwise."""
     shards: dict[str, bytes] = {}
     for number in range(files):
         mine = list(names[number::files])
@@ -370,7 +373,8 @@ def named_shard_files(names: Sequence[str], *, files: int = 1) -> dict[str, byte
                 "data_offsets": [2 * position, 2 * position + 2],
             }
         name = f"shard-{number + 1:05d}-model-00001-of-00001.safetensors"
-        shards[name] = encode_file(header, bytes(2 * len(mine)))
+        data = rng.randbytes(2 * len(mine)) if rng is not None else bytes(2 * len(mine))
+        shards[name] = encode_file(header, data)
     return shards
 
 
