@@ -506,8 +506,8 @@ RULES: tuple[Rule, ...] = (
     Rule("output.exists", "A file hyperckpt writes is created where nothing is, never through "
          "a link.", _E, r"files are only created where nothing is", _planted_link),
     Rule("output.not_regular", "What consolidate resumes or replaces in its output is a "
-         "regular file: a link as its marker, or a directory where it writes a file, is "
-         "refused.", _E, r"it was not left by a consolidation", _marker_link),
+         "regular file: a link as its marker, or a directory or FIFO under a safetensors or "
+         "index name, is refused.", _E, r"it was not left by a consolidation", _marker_link),
     Rule("output.holds_input", "Consolidate never removes an input: an output file that is "
          "an input (a link's target, a hard link) is refused.", _E,
          r"replacing it would lose input", _input_in_output),
