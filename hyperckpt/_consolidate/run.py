@@ -33,7 +33,8 @@ from hyperckpt._dist.agreement import Failure, agree, distributed
 from hyperckpt._layout.directory import torch_sharded_layout
 from hyperckpt._layout.model import INDEX_NAME, CheckpointLayout
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
-from hyperckpt._storage.files import Entry, LocalStorage, Storage
+from hyperckpt._storage.files import LocalStorage
+from hyperckpt._storage.protocol import Entry, Storage
 from hyperckpt.errors import CheckpointError
 
 __all__ = ["MARKER_NAME", "ConsolidateReport", "consolidate"]

@@ -1,11 +1,12 @@
 """Streaming the pieces of a torch sharded directory into Hugging Face files, atomically.
 
-Each output file is created exclusively under a temporary name (never through a link,
-never over anything there), written with positional writes at the final offsets, synced,
-then renamed; inputs are opened through the guarded opener and checked unchanged.  A tensor whose pieces are each one contiguous run of the
-output is copied file to file (``copy_file_range``, no user memory); any other tensor
-(column pieces, 2-D meshes, a dtype conversion) goes through fixed staging buffers in
-blocks of whole output rows, so memory never depends on a tensor's size.
+Each output file is created exclusively under a temporary name (never through a link, never
+over anything there), written with positional writes at the final offsets, synced, then
+renamed; inputs are opened through the guarded opener and checked unchanged. A tensor whose
+pieces are each one contiguous run of the output is copied file to file
+(``copy_file_range``, no user memory); any other tensor (column pieces, 2-D meshes, a dtype
+conversion) goes through fixed staging buffers in blocks of whole output rows, so memory
+never depends on a tensor's size.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from hyperckpt._layout.model import Piece
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.sysio import IOV_MAX, read_table
 from hyperckpt._read.tracker import ProgressTracker
-from hyperckpt._storage.files import NewFile, Storage, StorageFile, temporary_name
+from hyperckpt._storage.files import temporary_name
 from hyperckpt._storage.opener import truncated
+from hyperckpt._storage.protocol import NewFile, Storage, StorageFile
 from hyperckpt.errors import CheckpointError
 
 __all__ = [

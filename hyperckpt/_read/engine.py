@@ -54,7 +54,8 @@ from hyperckpt._read.stats import LoadStats
 from hyperckpt._read.storage_info import StorageInfo
 from hyperckpt._read.threads import local_ranks, threads_per_rank, usable_cores
 from hyperckpt._read.tracker import ProgressTracker
-from hyperckpt._storage.files import LocalStorage, StorageFile
+from hyperckpt._storage.files import LocalStorage
+from hyperckpt._storage.protocol import StorageFile
 from hyperckpt._storage.stamp import FileStamp
 from hyperckpt.errors import CheckpointError
 

@@ -1,13 +1,14 @@
-"""The seam to storage: a checkpoint's files by name, read, stamped and created one way.
+"""Local storage: a directory of the local file system behind the storage protocols.
 
-Every stage above asks a :class:`Storage` for names, stamps, byte ranges and new files; none
-turns a name into a path and opens it.  :class:`LocalStorage` is the one implementation,
-a directory of the local file system: names are relative to its root and never lead out of
-it, reads go through the guarded opener (:mod:`hyperckpt._storage.opener`), and every file
-is created exclusively (``O_CREAT | O_EXCL | O_NOFOLLOW``: never through a link, never over
-anything already there).  A file users may load later is written under a temporary name,
-synced and renamed when complete, and the directory is synced after the rename.  A second
-kind of storage (an object store) implements the same protocols.  No torch.
+Every stage above asks a :class:`~hyperckpt._storage.protocol.Storage` for names, stamps,
+byte ranges and new files; none turns a name into a path and opens it. :class:`LocalStorage`
+is the one implementation, a directory of the local file system: names are relative to its
+root and never lead out of it, reads go through the guarded opener
+(:mod:`hyperckpt._storage.opener`), and every file is created exclusively (``O_CREAT |
+O_EXCL | O_NOFOLLOW``: never through a link, never over anything already there). A file
+users may load later is written under a temporary name, synced and renamed when complete,
+and the directory is synced after the rename. A second kind of storage (an object store)
+implements the same protocols. No torch.
 """
 
 from __future__ import annotations
@@ -18,24 +19,13 @@ import os
 import posixpath
 import stat
 from collections.abc import Iterable
-from dataclasses import dataclass
-from types import TracebackType
-from typing import Literal, Protocol
 
 from hyperckpt._storage.opener import LocalFile, open_regular, read_regular
+from hyperckpt._storage.protocol import Entry, EntryKind
 from hyperckpt._storage.stamp import FileStamp
 from hyperckpt.errors import CheckpointChangedError, CheckpointError, CheckpointNotFoundError
 
-__all__ = [
-    "CREATE_FLAGS",
-    "Entry",
-    "LocalNewFile",
-    "LocalStorage",
-    "NewFile",
-    "Storage",
-    "StorageFile",
-    "temporary_name",
-]
+__all__ = ["CREATE_FLAGS", "LocalNewFile", "LocalStorage", "temporary_name"]
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -47,149 +37,11 @@ _DIRECTORY_FLAGS = (
 )
 #: Most symlinks followed when finding what a name passes through (the kernel's limit).
 _MAX_LINKS = 40
-EntryKind = Literal["file", "link", "directory", "other"]
 
 
 def temporary_name(name: str) -> str:
     """The name a file is written under until it is complete: ``<name>.tmp-<pid>``."""
     return f"{name}.tmp-{os.getpid()}"
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """One name in a storage directory, as it is there (a link is not followed).
-
-    Attributes:
-        name: The name, relative to the storage's root.
-        kind: ``"file"`` (a regular file), ``"link"``, ``"directory"`` or ``"other"``
-            (FIFO, socket, device).
-        stamp: The entry's own identity (a link's, not its target's).
-    """
-
-    name: str
-    kind: EntryKind
-    stamp: FileStamp
-
-
-class StorageFile(Protocol):
-    """A file open for reading: its identity when opened, exact byte ranges."""
-
-    @property
-    def name(self) -> str:
-        """How messages name the file."""
-
-    @property
-    def stamp(self) -> FileStamp:
-        """Its identity when it was opened."""
-
-    @property
-    def size(self) -> int:
-        """Bytes in the file when it was opened."""
-
-    def read_exact(self, offset: int, length: int) -> bytes:
-        """Exactly ``length`` bytes from ``offset``; a file that ends early is refused."""
-
-    def readinto(self, offset: int, buffer: memoryview) -> None:
-        """Fill ``buffer`` from ``offset``; a file that ends early is refused."""
-
-    def fileno(self) -> int:
-        """A descriptor for positional scatter reads and kernel copies (the read engine's
-        fast path)."""
-
-    def check_unchanged(self, expected: FileStamp, *, when: str, again: str) -> None:
-        """Refuse a file that is no longer the one ``expected`` describes."""
-
-    def close(self) -> None:
-        """Release it."""
-
-    def __enter__(self) -> StorageFile:
-        """The file itself, closed when the block ends."""
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        """Close it."""
-
-
-class NewFile(Protocol):
-    """A file being created: positional writes, then :meth:`commit` or :meth:`discard`."""
-
-    @property
-    def name(self) -> str:
-        """Its name while written, relative to the storage's root."""
-
-    def fileno(self) -> int:
-        """A descriptor for positional writes and kernel copies."""
-
-    def reserve(self, size: int) -> None:
-        """Make it ``size`` bytes long (holes until written)."""
-
-    def write_at(self, offset: int, data: bytes | bytearray | memoryview) -> None:
-        """Write all of ``data`` at ``offset``."""
-
-    def commit(self, final: str | None = None) -> None:
-        """Sync it, close it, rename it to ``final`` if given, and sync the directory."""
-
-    def discard(self) -> None:
-        """Close and remove it (what was written is lost); after a commit, nothing."""
-
-
-class Storage(Protocol):
-    """Where a checkpoint's files are: names relative to a root, nothing outside it."""
-
-    @property
-    def root(self) -> str:
-        """The root, for messages."""
-
-    def resolve(self, name: str) -> str:
-        """``name`` as this storage addresses it; refused when it leads out of the root."""
-
-    def names(self) -> list[str]:
-        """The names directly in the root, sorted."""
-
-    def entry(self, name: str) -> Entry | None:
-        """What is at ``name`` (a link not followed), or ``None`` when nothing is."""
-
-    def stamp(self, name: str) -> FileStamp:
-        """The identity of the file at ``name`` (a link followed)."""
-
-    def passes_through(self, name: str) -> frozenset[tuple[int, int]]:
-        """``(device, inode)`` of every entry ``name`` passes through as it resolves."""
-
-    def open(
-        self, name: str, *, expected: str, not_regular_rule: str | None = "file.not_regular"
-    ) -> StorageFile:
-        """The regular file at ``name``, open for reading."""
-
-    def open_unchanged(self, name: str, stamp: FileStamp, *, again: str) -> StorageFile:
-        """The file whose header was read when ``stamp`` was taken, checked unchanged."""
-
-    def read_whole(
-        self,
-        name: str,
-        *,
-        expected: str,
-        limit: int,
-        over_limit: str,
-        not_regular_rule: str | None = None,
-        over_limit_rule: str | None = None,
-    ) -> bytes:
-        """The whole file, refused from its size when over ``limit``."""
-
-    def create_exclusive(self, name: str) -> NewFile:
-        """A new file at ``name``, where nothing may be yet."""
-
-    def write_atomically(self, name: str, chunks: Iterable[bytes | memoryview]) -> int:
-        """Write ``name`` whole under a temporary name, then rename it; the bytes written."""
-
-    def remove(self, name: str) -> None:
-        """Remove the entry ``name`` (a link itself, never its target)."""
-
-    def sync(self) -> None:
-        """Make the root's entries durable (renames, creations, removals)."""
 
 
 class LocalNewFile:

@@ -26,7 +26,8 @@ from hyperckpt._layout.directory import describe_directory as describe
 from hyperckpt._layout.model import INDEX_NAME, CheckpointLayout, Kind
 from hyperckpt._read.engine import default_threads
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
-from hyperckpt._storage.files import LocalStorage, Storage, StorageFile
+from hyperckpt._storage.files import LocalStorage
+from hyperckpt._storage.protocol import Storage, StorageFile
 from hyperckpt._storage.stamp import FileStamp
 from hyperckpt._verify.checksums import Expected, GitBlobHash, cache_blob_digest, read_checksums
 from hyperckpt._verify.scan import FLOAT_CODES, ScanCounts, Scanner
