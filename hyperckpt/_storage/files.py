@@ -213,7 +213,7 @@ class LocalStorage:
             path = os.path.join(os.path.dirname(path), os.readlink(path))
         return frozenset(seen)
 
-    def open(
+    def open_file(
         self, name: str, *, expected: str, not_regular_rule: str | None = "file.not_regular"
     ) -> LocalFile:
         """The regular file at ``name``, open for reading (see
@@ -236,7 +236,7 @@ class LocalStorage:
                 from ``stamp``.
         """
         try:
-            file = self.open(name, expected="a safetensors file")
+            file = self.open_file(name, expected="a safetensors file")
         except CheckpointError as err:
             # A FIFO, a device or a directory swapped in is refused here, never read.
             raise CheckpointChangedError(

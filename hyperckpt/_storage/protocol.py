@@ -124,7 +124,7 @@ class Storage(Protocol):
     def passes_through(self, name: str) -> frozenset[tuple[int, int]]:
         """``(device, inode)`` of every entry ``name`` passes through as it resolves."""
 
-    def open(
+    def open_file(
         self, name: str, *, expected: str, not_regular_rule: str | None = "file.not_regular"
     ) -> StorageFile:
         """The regular file at ``name``, open for reading."""

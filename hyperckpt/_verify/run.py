@@ -378,7 +378,7 @@ def _open(storage: Storage, job: _FileJob) -> StorageFile:
     """The file, opened the one guarded way: no FIFO waits, regular files only, and (for
     the checkpoint's own files) the same file whose header was read."""
     if job.stamp is None:
-        return storage.open(job.name, expected="a regular file to hash")
+        return storage.open_file(job.name, expected="a regular file to hash")
     return storage.open_unchanged(job.name, job.stamp, again=_AGAIN)
 
 
