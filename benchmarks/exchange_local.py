@@ -10,7 +10,7 @@ the bytes each rank read from the files, the read calls, the bytes received from
 ranks and the wall time of the slowest rank.
 
 Header reads are measured too: the bytes of header each rank read (every header read
-goes through ``hyperckpt._format.header._pread_exact``) and the ``rchar`` of ``/proc/self/io``
+goes through the file ``open_regular`` gives ``read_header``) and the ``rchar`` of ``/proc/self/io``
 around ``hyperckpt.describe(..., process_group=...)`` with ``header_reads="once"`` and
 ``"every-rank"``.
 
@@ -59,14 +59,32 @@ def _placements(layout: str, spec: Spec) -> tuple[tuple[int, ...], tuple[Placeme
 
 def _header_reads(root: Path) -> dict[str, Any]:
     counted = {"bytes": 0}
-    original = header_format._pread_exact
+    original = header_format.open_regular
 
-    def counting(fd: int, length: int, offset: int, name: str) -> bytes:
-        data = original(fd, length, offset, name)
-        counted["bytes"] += len(data)
-        return data
+    class Counted:
+        """The file ``read_header`` opened, counting the bytes it reads."""
 
-    header_format._pread_exact = counting
+        def __init__(self, file: Any) -> None:
+            self._file = file
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._file, name)
+
+        def __enter__(self) -> Counted:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self._file.close()
+
+        def read_exact(self, offset: int, length: int) -> bytes:
+            data: bytes = self._file.read_exact(offset, length)
+            counted["bytes"] += len(data)
+            return data
+
+    def counting(path: str, **kwargs: Any) -> Counted:
+        return Counted(original(path, **kwargs))
+
+    header_format.open_regular = counting  # type: ignore[assignment]
     result = {}
     try:
         for mode in ("once", "every-rank"):
@@ -78,7 +96,7 @@ def _header_reads(root: Path) -> dict[str, Any]:
                 "rchar": proc_io()["rchar"] - rchar,
             }
     finally:
-        header_format._pread_exact = original
+        header_format.open_regular = original
     return result
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from hyperckpt._consolidate import ConsolidateReport, consolidate
 from hyperckpt._deprecate import HyperckptDeprecationWarning
 from hyperckpt._exchange.costs import CostModel
-from hyperckpt._format.header import FileHeader, FileStamp, TensorEntry
+from hyperckpt._format.header import FileHeader, TensorEntry
 from hyperckpt._layout.mapping import (
     AddPrefix,
     Fuse,
@@ -39,6 +39,7 @@ from hyperckpt._read.storage_info import StorageInfo
 from hyperckpt._read.tracker import Progress
 from hyperckpt._sample import write_sample
 from hyperckpt._save import HuggingFaceStorageWriter, SaveReport, save
+from hyperckpt._storage.stamp import FileStamp
 from hyperckpt._verify import FileCheck, TensorCheck, VerifyReport, verify
 from hyperckpt.errors import CheckpointChangedError, CheckpointError, CheckpointNotFoundError
 

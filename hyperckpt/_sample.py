@@ -2,7 +2,8 @@
 
 The tensors come from seeded generators, so every process can rebuild the originals
 bit-exact without reading a file.  Files are written here, byte by byte, so the sample needs
-nothing beyond torch.
+nothing beyond torch; each is created exclusively under a temporary name and renamed when
+complete (:meth:`~hyperckpt._storage.files.LocalStorage.write_atomically`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Final
 
 import torch
+
+from hyperckpt._storage.files import LocalStorage
 
 __all__ = [
     "SIZES",
@@ -117,7 +120,8 @@ def write_sample(path: str | os.PathLike[str], size: str = "tiny") -> Path:
         raise ValueError(f"unknown sample size {size!r}; choose one of {', '.join(SIZES)}")
     dims = SIZES[size]
     root = Path(path)
-    root.mkdir(parents=True, exist_ok=True)
+    storage = LocalStorage(root)
+    storage.make_root()
     tensors = list(sample_tensors(dims))
     per_file = -(-len(tensors) // dims.files)
     weight_map: dict[str, str] = {}
@@ -125,10 +129,11 @@ def write_sample(path: str | os.PathLike[str], size: str = "tiny") -> Path:
     for number in range(dims.files):
         name = f"model-{number + 1:05d}-of-{dims.files:05d}.safetensors"
         chunk = tensors[number * per_file : (number + 1) * per_file]
-        total += _write_file(root / name, chunk)
+        total += _write_file(storage, name, chunk)
         weight_map.update((tensor, name) for tensor, _ in chunk)
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    text = json.dumps(index, indent=2) + "\n"
+    storage.write_atomically("model.safetensors.index.json", [text.encode()])
     return root
 
 
@@ -143,19 +148,23 @@ def write_shard_file(
     """
     info = {name: {"saved_offsets": list(offsets)} for name, _, offsets in pieces}
     metadata = {"DCP_SHARDING_INFO": json.dumps(info), "format": "pt"}
-    _write_file(Path(path), [(name, piece) for name, piece, _ in pieces], metadata)
+    target = Path(path)
+    tensors = [(name, piece) for name, piece, _ in pieces]
+    _write_file(LocalStorage(target.parent), target.name, tensors, metadata)
 
 
 def _write_file(
-    path: Path,
+    storage: LocalStorage,
+    name: str,
     tensors: list[tuple[str, torch.Tensor]],
     metadata: dict[str, str] | None = None,
 ) -> int:
+    """Write one safetensors file atomically; the bytes of tensor data in it."""
     header: dict[str, object] = {"__metadata__": metadata or {"format": "pt"}}
     offset = 0
-    for name, tensor in tensors:
+    for tensor_name, tensor in tensors:
         nbytes = tensor.numel() * tensor.element_size()
-        header[name] = {
+        header[tensor_name] = {
             "dtype": _CODES[tensor.dtype],
             "shape": list(tensor.shape),
             "data_offsets": [offset, offset + nbytes],
@@ -163,12 +172,10 @@ def _write_file(
         offset += nbytes
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    with open(path, "wb") as out:
-        out.write(struct.pack("<Q", len(text)))
-        out.write(text)
-        for _, tensor in tensors:
-            data = tensor.contiguous()
-            out.write(_bytes_of(data))
+    contiguous = [tensor.contiguous() for _, tensor in tensors]
+    chunks: list[bytes | memoryview] = [struct.pack("<Q", len(text)), text]
+    chunks += [_bytes_of(data) for data in contiguous]
+    storage.write_atomically(name, chunks)
     return offset
 
 

@@ -16,6 +16,8 @@ __all__ = [
 #: checker sees.  Each has an entry (what it checks, an example refusal) in
 #: ``hyperckpt.testing.rules`` and a row in ``docs/rules.md``; a test keeps the three equal.
 RuleId = Literal[
+    "checksums.not_regular",
+    "checksums.too_big",
     "dir.empty",
     "dir.not_directory",
     "dir.not_found",
@@ -30,6 +32,7 @@ RuleId = Literal[
     "f4.odd_last_dim",
     "file.missing",
     "file.not_regular",
+    "file.outside_checkpoint",
     "file.size_mismatch",
     "file.too_small",
     "header.not_json",
@@ -69,6 +72,11 @@ RuleId = Literal[
     "offsets.not_contiguous",
     "offsets.not_pair",
     "offsets.span",
+    "output.exists",
+    "output.header_too_long",
+    "output.holds_input",
+    "output.index_too_big",
+    "output.not_regular",
     "reader.f4_mid_byte",
     "save.audit_mismatch",
     "save.bad_name",

@@ -1,8 +1,11 @@
 """Which output file holds each tensor, where its bytes go, and which rank writes which file.
 
 Pure planning: a validated torch sharded layout in, the Hugging Face files to write out
-(names, headers, byte offsets) and their assignment to ranks.  No torch import, no I/O
-except reading the header or index of a ``like`` checkpoint.
+(names, headers, byte offsets) and their assignment to ranks.  Every file planned passes
+the rules hyperckpt reads by: a file's header stays within the format's limit (files are
+split by header size as well as by data size) and the index within the index limit; what
+cannot be split that way is refused before anything is written.  No torch import, no I/O
+except reading the header or index of a ``like`` checkpoint (through the guarded opener).
 """
 
 from __future__ import annotations
@@ -13,16 +16,22 @@ import math
 import os
 import re
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Final
 
 from hyperckpt._arguments import MAX_BYTES
-from hyperckpt._format.header import DTYPES, ByteSpan, decode_strict_json, read_header
+from hyperckpt._format.header import (
+    DTYPES,
+    MAX_HEADER_LENGTH,
+    ByteSpan,
+    decode_strict_json,
+    read_header,
+)
 from hyperckpt._format.preview import preview
-from hyperckpt._layout.index import check_plain_name
+from hyperckpt._layout.index import MAX_INDEX_BYTES, check_plain_name, read_index_text
 from hyperckpt._layout.model import INDEX_NAME, SINGLE_FILE_NAME, TensorLayout
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
 
@@ -45,6 +54,13 @@ DEFAULT_MAX_SHARD_SIZE: Final = 50 * 10**9
 #: Float codes ``dtype=`` converts between; every other tensor is written as stored.
 CONVERTIBLE: Final = frozenset({"F16", "BF16", "F32", "F64"})
 _FORMAT_METADATA: Final = {"format": "pt"}
+_PREFIX: Final = 8
+#: Header bytes of a file before its first entry: ``{"__metadata__":{"format":"pt"},``,
+#: the closing brace and at most 7 spaces of padding.
+_HEADER_BASE: Final = len(json.dumps({"__metadata__": _FORMAT_METADATA}, separators=(",", ":"))) + 8
+#: An entry's bytes besides its name, dtype code and numbers: ``:{"dtype":"","shape":[],
+#: "data_offsets":[,]},``.
+_ENTRY_PUNCTUATION: Final = len(':{"dtype":"","shape":[],"data_offsets":[,]},')
 _UNITS: Final = {
     "": 1,
     "B": 1,
@@ -160,14 +176,15 @@ class OutputPlan:
 
     def index_bytes(self) -> bytes:
         """The index file's content, formatted as transformers writes it."""
-        document = {
-            "metadata": {
-                "total_parameters": self.total_parameters,
-                "total_size": self.total_size,
-            },
-            "weight_map": dict(self.weight_map),
-        }
-        return (json.dumps(document, indent=2, sort_keys=True) + "\n").encode()
+        return _index_bytes(self.weight_map, self.total_size, self.total_parameters)
+
+
+def _index_bytes(weight_map: Mapping[str, str], total_size: int, total_parameters: int) -> bytes:
+    document = {
+        "metadata": {"total_parameters": total_parameters, "total_size": total_size},
+        "weight_map": dict(weight_map),
+    }
+    return (json.dumps(document, indent=2, sort_keys=True) + "\n").encode()
 
 
 def parse_size(value: int | str) -> int:
@@ -239,12 +256,9 @@ def read_like(path: str | os.PathLike[str]) -> tuple[dict[str, str], bool]:
         CheckpointError: The index is malformed.
     """
     root = Path(path)
-    index = root if root.is_file() and root.name.endswith(".json") else root / INDEX_NAME
-    if index.is_file():
-        try:
-            text = index.read_bytes().decode("utf-8")
-        except (OSError, UnicodeDecodeError) as err:
-            raise CheckpointError(f"{index}: cannot read as UTF-8: {err}", path=str(index)) from err
+    index = root if root.name.endswith(".json") and not root.is_dir() else root / INDEX_NAME
+    if index.exists():  # whatever is there: a FIFO or a device is refused, never read
+        text = read_index_text(index.parent, index.name)
         document = decode_strict_json(text, str(index), "index")
         weight_map = document.get("weight_map") if isinstance(document, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:
@@ -300,18 +314,23 @@ def plan_output(
 
     Raises:
         CheckpointError: ``like`` lacks some of the tensors or names tensors the input
-            lacks, or a tensor cannot be converted.
+            lacks, a tensor cannot be converted, a file's header would pass the format's
+            limit (``output.header_too_long``: only ``like`` or one giant name can make
+            one) or the index would pass the index limit (``output.index_too_big``).
     """
     out_dtype = {name: _converted(t.dtype, dtype) for name, t in tensors.items()}
     sizes = {name: _nbytes(out_dtype[name], t.shape) for name, t in tensors.items()}
     if like is not None:
-        weight_map, indexed = like
-        _check_like(tensors, weight_map)
+        assignment, indexed = like
+        _check_like(tensors, assignment)
         groups: dict[str, list[str]] = {}
-        for name in sorted(weight_map):
-            groups.setdefault(weight_map[name], []).append(name)
+        for name in sorted(assignment):
+            groups.setdefault(assignment[name], []).append(name)
     else:
-        shards = _greedy(sorted(tensors), sizes, max_shard_size)
+        entries = {
+            name: _entry_bound(name, out_dtype[name], t.shape) for name, t in tensors.items()
+        }
+        shards = _greedy(sorted(tensors), sizes, max_shard_size, entries)
         indexed = len(shards) > 1
         if not indexed:
             groups = {SINGLE_FILE_NAME: shards[0] if shards else []}
@@ -320,18 +339,31 @@ def plan_output(
                 f"model-{n + 1:05d}-of-{len(shards):05d}.safetensors": names
                 for n, names in enumerate(shards)
             }
+    weight_map = dict(sorted((name, file) for file, names in groups.items() for name in names))
+    total_size = sum(sizes.values())
+    total_parameters = sum(math.prod(t.shape) for t in tensors.values())
+    # Refused from the names alone when they are too long already, before JSON is built.
+    for file_name, names in groups.items():
+        least = _HEADER_BASE + _least_bytes(names)
+        _check_header_length(file_name, least, len(names), split_by_header=like is None, least=True)
+    if indexed:
+        least = _least_bytes(weight_map) + _least_bytes(weight_map.values())
+        _check_index_length(least, len(weight_map), least=True)
+        index = _index_bytes(weight_map, total_size, total_parameters)
+        _check_index_length(len(index), len(weight_map))
     files = tuple(
         _output_file(file, [(name, out_dtype[name], tensors[name]) for name in names])
         for file, names in sorted(groups.items())
     )
+    for file in files:
+        length = len(file.header) - _PREFIX
+        _check_header_length(file.name, length, len(file.tensors), split_by_header=like is None)
     return OutputPlan(
         files=files,
-        weight_map=MappingProxyType(
-            dict(sorted((t.name, f.name) for f in files for t in f.tensors))
-        ),
+        weight_map=MappingProxyType(weight_map),
         indexed=indexed,
-        total_size=sum(sizes.values()),
-        total_parameters=sum(math.prod(t.shape) for t in tensors.values()),
+        total_size=total_size,
+        total_parameters=total_parameters,
         converted=tuple(sorted(n for n, t in tensors.items() if out_dtype[n] != t.dtype)),
     )
 
@@ -370,25 +402,81 @@ def encode_header(entries: Mapping[str, tuple[str, tuple[int, ...], int, int]]) 
     return struct.pack("<Q", len(text)) + text
 
 
-def _greedy(names: list[str], sizes: Mapping[str, int], limit: int) -> list[list[str]]:
+def _greedy(
+    names: list[str], sizes: Mapping[str, int], limit: int, entries: Mapping[str, int]
+) -> list[list[str]]:
     """Hugging Face's split: in order, a new file when the next tensor would pass ``limit``;
-    a tensor over ``limit`` alone in a file, placed when it is met."""
+    a tensor over ``limit`` alone in a file, placed when it is met.  A file also ends
+    before its header (``entries``: each tensor's header bytes at most) would pass the
+    format's limit, which no real checkpoint reaches."""
     shards: list[list[str]] = []
     current: list[str] = []
     filled = 0
+    header = _HEADER_BASE
     for name in names:
         size = sizes[name]
         if size > limit:
             shards.append([name])
             continue
-        if filled + size > limit:
+        if current and (filled + size > limit or header + entries[name] > MAX_HEADER_LENGTH):
             shards.append(current)
-            current, filled = [], 0
+            current, filled, header = [], 0, _HEADER_BASE
         current.append(name)
         filled += size
+        header += entries[name]
     if current or not shards:
         shards.append(current)
     return shards
+
+
+def _entry_bound(name: str, code: str, shape: tuple[int, ...]) -> int:
+    """The most bytes ``name``'s entry takes in a header: its name, dtype and shape as
+    written, offsets of 20 digits each, punctuation and a comma."""
+    quoted = len(json.dumps(name, ensure_ascii=False).encode())
+    dims = sum(len(str(size)) + 1 for size in shape)
+    return quoted + len(code) + dims + 2 * 20 + _ENTRY_PUNCTUATION
+
+
+def _least_bytes(names: Iterable[str]) -> int:
+    """The fewest bytes a JSON text naming each of ``names`` once can take: each name's
+    UTF-8 bytes and its quotes (found without encoding it as JSON)."""
+    return sum(len(name.encode()) + 2 for name in names)
+
+
+def _check_header_length(
+    name: str, length: int, count: int, *, split_by_header: bool, least: bool = False
+) -> None:
+    """Refuse a file whose header (``length`` bytes, or at least that many) passes the
+    format's limit: describe and safe_open would refuse the file written."""
+    if length <= MAX_HEADER_LENGTH:
+        return
+    why = (
+        "one tensor's name is longer than a header can hold"
+        if split_by_header
+        else f"the like checkpoint puts {count} tensors in it: drop like= so that files are "
+        f"split by header size too, or give those tensors shorter names"
+    )
+    raise CheckpointError(
+        f"{name}: its header would be {'at least ' if least else ''}{length} bytes, over the "
+        f"format's limit of {MAX_HEADER_LENGTH} bytes, so describe and safetensors would "
+        f"refuse the file; {why}",
+        path=name,
+        rule="output.header_too_long",
+    )
+
+
+def _check_index_length(length: int, count: int, *, least: bool = False) -> None:
+    """Refuse an index of ``length`` bytes (or at least that many) over the limit hyperckpt
+    reads (an index cannot be split)."""
+    if length > MAX_INDEX_BYTES:
+        raise CheckpointError(
+            f"{INDEX_NAME}: would be {'at least ' if least else ''}{length} bytes, over the "
+            f"{MAX_INDEX_BYTES}-byte limit of an index, so describe would refuse the "
+            f"checkpoint written: the names of its {count} tensors are too long together "
+            f"for one index; give the tensors shorter names",
+            path=INDEX_NAME,
+            rule="output.index_too_big",
+        )
 
 
 def _output_file(name: str, members: list[tuple[str, str, TensorLayout]]) -> OutputFile:

@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, cast
@@ -42,6 +43,8 @@ from hyperckpt._dist.agreement import Failure, agree, distributed
 from hyperckpt._layout.directory import torch_sharded_layout
 from hyperckpt._layout.model import INDEX_NAME, CheckpointLayout
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
+from hyperckpt._storage.files import LocalStorage
+from hyperckpt._storage.protocol import Entry, Storage
 from hyperckpt.errors import CheckpointError
 
 __all__ = ["MARKER_NAME", "STAGING_BYTES", "ConsolidateReport", "consolidate"]
@@ -141,8 +144,11 @@ def consolidate(
 
     Raises:
         CheckpointNotFoundError: ``source`` or ``like`` does not exist.
-        CheckpointError: The input breaks a rule, ``like`` does not match it, or ``output``
-            is not empty; nothing was written.  :class:`CheckpointChangedError` when an
+        CheckpointError: The input breaks a rule, ``like`` does not match it, an output
+            would break one (a header or index over the format's limits), or ``output``
+            holds something not to be trusted: a marker that is not a regular file, a
+            directory where a file goes, a file that is one of the inputs (under another
+            name, or a link's target); nothing was written.  :class:`CheckpointChangedError` when an
             input file changed while it was read.  Raised on every rank when any rank fails
             (the others name that rank).
         ValueError: An option's value is refused (the message names it): a malformed
@@ -169,6 +175,7 @@ def consolidate(
     rank = dist.get_rank(group) if distributed() else 0
     world = dist.get_world_size(group) if distributed() else 1
     out = Path(output)
+    storage = LocalStorage(out)
     layout: CheckpointLayout | None = None
     plan: OutputPlan | None = None
     failure: BaseException | None = None
@@ -193,7 +200,7 @@ def consolidate(
     assert plan is not None
     if rank == 0:
         try:
-            _prepare(out, Path(source), overwrite=overwrite)
+            _prepare(storage, Path(source), layout, overwrite=overwrite)
         except _FAILURES as err:
             failure = err
     agree(failure, group, _failed)
@@ -206,7 +213,8 @@ def consolidate(
         staged = write_files(
             mine,
             layout.files,
-            out,
+            LocalStorage(layout.root),
+            storage,
             options=WriteOptions(staging_bytes=staging_bytes, thread_count=threads),
             progress=tracker,
         )
@@ -216,7 +224,7 @@ def consolidate(
     agree(failure, group, _failed)
     if rank == 0:
         try:
-            _commit(out, plan)
+            _commit(storage, plan)
         except _FAILURES as err:
             failure = err
     agree(failure, group, _failed)
@@ -284,56 +292,97 @@ def _check_places(source: Path, out: Path) -> None:
         )
 
 
-def _prepare(out: Path, source: Path, *, overwrite: bool) -> None:
-    """Create ``out`` or check it may be used; mark it as being written.
+def _prepare(
+    output: LocalStorage,
+    source: Path,
+    layout: CheckpointLayout,
+    *,
+    overwrite: bool,
+) -> None:
+    """Create ``output`` or check it may be used; mark it as being written.
 
-    ``out`` may be empty, hold only ``source`` (a ``sharded/`` folder consolidated into
+    ``output`` may be empty, hold only ``source`` (a ``sharded/`` folder consolidated into
     its parent, as torchtitan lays checkpoints out), or hold the marker of an interrupted
-    consolidation.  With ``overwrite``, or after an interruption, the safetensors files,
-    the index and temporary files in it are removed first; other files are kept.
+    consolidation (a regular file: a link there is refused, never followed).  With
+    ``overwrite``, or after an interruption, the safetensors files, the index and temporary
+    files in it are removed first (links themselves, never their targets); other files are
+    kept.  Nothing that is an input, or that an input's name passes through, is removed, and
+    a directory or a FIFO under a safetensors or index name is refused, never kept beside
+    the files written.
     """
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"{out}: exists and is not a directory; pass a directory")
-    out.mkdir(parents=True, exist_ok=True)
-    entries = sorted(os.listdir(out))
-    if source.resolve().parent == out.resolve():
+    output.make_root()
+    entries = output.names()
+    if source.resolve().parent == Path(output.root).resolve():
         entries = [e for e in entries if e != source.name]
-    resumed = MARKER_NAME in entries
-    if entries and not (overwrite or resumed):
+    marker = output.entry(MARKER_NAME) if MARKER_NAME in entries else None
+    if marker is not None and marker.kind != "file":
+        _refuse_entry(output, MARKER_NAME, marker.kind, "consolidate keeps its own marker")
+    if entries and not (overwrite or marker is not None):
         shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
         raise FileExistsError(
-            f"{out}: not empty (holds {shown}); pass --overwrite (overwrite=True) to replace "
-            f"the safetensors files and index in it (other files are kept), or choose an "
-            f"empty directory"
+            f"{output.root}: not empty (holds {shown}); pass --overwrite (overwrite=True) to "
+            f"replace the safetensors files and index in it (other files are kept), or choose "
+            f"an empty directory"
         )
-    for entry in entries:
-        weights = entry.endswith(".safetensors") or entry == INDEX_NAME
-        if (weights or _LEFTOVER.fullmatch(entry)) and (out / entry).is_file():
-            (out / entry).unlink()
-            logger.debug("hyperckpt consolidate: removed %s", out / entry)
-    (out / MARKER_NAME).write_text(json.dumps({"source": str(source), "pid": os.getpid()}))
-    _sync_directory(out)
+    doomed = []
+    for name in entries:
+        if not (name.endswith(".safetensors") or name == INDEX_NAME or _LEFTOVER.fullmatch(name)):
+            continue
+        entry = output.entry(name)
+        if entry is not None and entry.kind in ("file", "link"):
+            doomed.append(entry)
+        elif entry is not None:  # beside the files written it would pass for one of them
+            _refuse_entry(output, name, entry.kind, "consolidate replaces safetensors files")
+    _check_no_input(output, doomed, LocalStorage(layout.root), layout.files)
+    for entry in doomed:
+        output.remove(entry.name)
+        logger.debug("hyperckpt consolidate: removed %s", entry.name)
+    output.remove(MARKER_NAME)
+    marker_file = output.create_exclusive(MARKER_NAME)
+    marker_file.write_at(0, json.dumps({"source": str(source), "pid": os.getpid()}).encode())
+    marker_file.commit()
 
 
-def _commit(out: Path, plan: OutputPlan) -> None:
+def _refuse_entry(output: Storage, name: str, kind: str, why: str) -> None:
+    shown = {"link": "a symlink", "directory": "a directory"}.get(kind, "not a regular file")
+    raise CheckpointError(
+        f"{name}: {shown} in the output {output.root}, where {why}; it was not left by a "
+        f"consolidation and is not followed or replaced: remove it, or choose an empty "
+        f"directory",
+        path=name,
+        rule="output.not_regular",
+    )
+
+
+def _check_no_input(
+    output: Storage, doomed: list[Entry], source: Storage, inputs: Collection[str]
+) -> None:
+    """Refuse to remove an output entry that is an input file (a hard link to it, or its
+    symlink's target) or a link an input's name passes through."""
+    if not doomed:
+        return
+    held: dict[tuple[int, int], str] = {}
+    for name in inputs:
+        for identity in source.passes_through(name):
+            held.setdefault(identity, name)
+    for entry in doomed:
+        found = held.get((entry.stamp.device, entry.stamp.inode))
+        if found is not None:
+            raise CheckpointError(
+                f"{entry.name}: in the output {output.root}, is the input file {found} (or "
+                f"a link on its way there); replacing it would lose input: choose an output "
+                f"directory apart from the input's files",
+                path=entry.name,
+                rule="output.holds_input",
+            )
+
+
+def _commit(output: Storage, plan: OutputPlan) -> None:
     """Write the index (when there is one) atomically, then drop the marker."""
     if plan.indexed:
-        temporary = out / f"{INDEX_NAME}.tmp-{os.getpid()}"
-        with open(temporary, "wb") as handle:
-            handle.write(plan.index_bytes())
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, out / INDEX_NAME)
-    (out / MARKER_NAME).unlink(missing_ok=True)
-    _sync_directory(out)
-
-
-def _sync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        output.write_atomically(INDEX_NAME, [plan.index_bytes()])
+    output.remove(MARKER_NAME)
+    output.sync()
 
 
 def _failed(failure: Failure) -> Exception:

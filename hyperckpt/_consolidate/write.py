@@ -1,10 +1,12 @@
 """Streaming the pieces of a torch sharded directory into Hugging Face files, atomically.
 
-Each output file is written under a temporary name with positional writes at the final
-offsets, synced, then renamed.  A tensor whose pieces are each one contiguous run of the
-output is copied file to file (``copy_file_range``, no user memory); any other tensor
-(column pieces, 2-D meshes, a dtype conversion) goes through fixed staging buffers in
-blocks of whole output rows, so memory never depends on a tensor's size.
+Each output file is created exclusively under a temporary name (never through a link, never
+over anything there), written with positional writes at the final offsets, synced, then
+renamed; inputs are opened through the guarded opener and checked unchanged. A tensor whose
+pieces are each one contiguous run of the output is copied file to file
+(``copy_file_range``, no user memory); any other tensor (column pieces, 2-D meshes, a dtype
+conversion) goes through fixed staging buffers in blocks of whole output rows, so memory
+never depends on a tensor's size.
 """
 
 from __future__ import annotations
@@ -15,27 +17,27 @@ import logging
 import math
 import os
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Final
 
 import torch
 
 from hyperckpt._consolidate.assign import OutputFile, OutputTensor
-from hyperckpt._format.header import DTYPES, FileHeader, FileStamp
+from hyperckpt._format.header import DTYPES, FileHeader
 from hyperckpt._layout.model import Piece
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.sysio import IOV_MAX, read_table
 from hyperckpt._read.tracker import ProgressTracker
-from hyperckpt.errors import CheckpointChangedError, CheckpointError
+from hyperckpt._storage.files import temporary_name
+from hyperckpt._storage.opener import truncated
+from hyperckpt._storage.protocol import NewFile, Storage, StorageFile
+from hyperckpt.errors import CheckpointError
 
 __all__ = [
     "BLOCK_BYTES",
     "MIN_STAGING_BYTES",
-    "PAUSE_ENV",
     "SCATTER_RUN_BYTES",
     "Staging",
     "WriteOptions",
@@ -52,12 +54,13 @@ MIN_STAGING_BYTES: Final = 4096
 #: pieces 2-4x slower (fill from memory instead of cache, the whole budget faulted in, which
 #: on a loaded machine waits on reclaim).  Blocks of 4-8 MiB measured fastest.
 BLOCK_BYTES: Final = 8 * 2**20
-#: Test hook: when set to a path, the writer creates that file after its first output file
-#: is complete and the next one is partly written, then sleeps until killed.
-PAUSE_ENV: Final = "HYPERCKPT_TEST_PAUSE_AFTER_FIRST_FILE"
 #: Runs of a strided piece at least this long are read straight into place (``preadv``).
 SCATTER_RUN_BYTES: Final = 256
 _COPY_CHUNK: Final = 1 << 30
+#: What a changed input means for a consolidation, and what to do.
+_AGAIN: Final = (
+    "the output would mix old and new bytes; consolidate again once the input is complete"
+)
 _NO_COPY_FILE_RANGE: Final = frozenset(
     {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF, errno.ETXTBSY}
 )
@@ -111,7 +114,8 @@ class Staging:
 def write_files(
     files: Sequence[OutputFile],
     inputs: Mapping[str, FileHeader],
-    output: Path,
+    source: Storage,
+    output: Storage,
     *,
     options: WriteOptions,
     progress: ProgressTracker,
@@ -121,6 +125,7 @@ def write_files(
     Args:
         files: The files this rank writes.
         inputs: Every input file's header, keyed by its name relative to the input.
+        source: The input directory.
         output: The output directory (exists).
         options: Staging budget and threads.
         progress: Told about every byte written, keyed by ``(file name, tensor name)``.
@@ -130,11 +135,12 @@ def write_files(
 
     Raises:
         CheckpointChangedError: An input file changed while it was read.
+        CheckpointError: A temporary name is taken (``output.exists``).
         OSError: An output file could not be written; its temporary file is removed.
     """
     if not files:
         return 0
-    writer = _Writer(files, inputs, output, options, progress)
+    writer = _Writer(files, inputs, source, output, options, progress)
     try:
         writer.run()
     finally:
@@ -148,11 +154,10 @@ _Key = tuple[str, str]
 
 @dataclass(slots=True)
 class _Open:
-    """An output file being written: its descriptor and how many tensors are left."""
+    """An output file being written, and how many of its tensors are left."""
 
     file: OutputFile
-    temporary: Path
-    fd: int
+    new: NewFile
     left: int
 
 
@@ -161,19 +166,20 @@ class _Writer:
         self,
         files: Sequence[OutputFile],
         inputs: Mapping[str, FileHeader],
-        output: Path,
+        source: Storage,
+        output: Storage,
         options: WriteOptions,
         progress: ProgressTracker,
     ) -> None:
         self._files = files
         self._inputs = inputs
+        self._source = source
         self._output = output
         self._options = options
         self._progress = progress
         self._lock = threading.Lock()
-        self._fds: dict[str, int] = {}
+        self._sources: dict[str, StorageFile] = {}
         self._open: list[_Open] = []
-        self._done_files = 0
         self._stop = threading.Event()  # set when a thread fails: the others stop early
         self._copy_file_range = options.copy_file_range and hasattr(os, "copy_file_range")
         tasks = [(n, t) for n, f in enumerate(files) for t in f.tensors if t.nbytes]
@@ -208,14 +214,11 @@ class _Writer:
                 future.result()
 
     def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        for file in self._sources.values():
+            file.close()
+        self._sources.clear()
         for entry in self._open:
-            if entry.fd >= 0:
-                os.close(entry.fd)
-                entry.fd = -1
-                entry.temporary.unlink(missing_ok=True)
+            entry.new.discard()  # nothing once committed
 
     def _work(self, budget: int) -> None:
         staging: list[Staging] = []
@@ -238,9 +241,9 @@ class _Writer:
             try:
                 key = (entry.file.name, tensor.name)
                 if self._is_contiguous(tensor):
-                    self._copy_runs(tensor, entry.fd, buffers, key)
+                    self._copy_runs(tensor, entry.new, buffers, key)
                 else:
-                    self._stage(tensor, entry.fd, buffers(), key)
+                    self._stage(tensor, entry.new, buffers(), key)
                 finished = True
             finally:
                 if not finished:
@@ -252,59 +255,33 @@ class _Writer:
                 self._finish(entry)
 
     def _start(self, file: OutputFile) -> None:
-        temporary = self._output / f"{file.name}.tmp-{os.getpid()}"
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        entry = _Open(file, temporary, fd, sum(1 for t in file.tensors if t.nbytes))
-        self._open.append(entry)
-        os.ftruncate(fd, file.size)
-        _pwrite_all(fd, file.header, 0)
+        new = self._output.create_exclusive(temporary_name(file.name))
+        self._open.append(_Open(file, new, sum(1 for t in file.tensors if t.nbytes)))
+        new.reserve(file.size)
+        new.write_at(0, file.header)
 
     def _finish(self, entry: _Open) -> None:
         # The inputs read so far must still be what their headers described before the
         # file gets its final name (every input of this file is among them).
         with self._lock:
-            opened = list(self._fds.items())
-        for name, fd in opened:
-            self._check_stamp(name, fd, "while it was being read")
-        os.fsync(entry.fd)
-        os.close(entry.fd)
-        entry.fd = -1
-        os.replace(entry.temporary, self._output / entry.file.name)
+            opened = list(self._sources.items())
+        for name, file in opened:
+            file.check_unchanged(
+                self._inputs[name].stamp, when="while it was being read", again=_AGAIN
+            )
+        entry.new.commit(entry.file.name)
         logger.debug("hyperckpt consolidate: wrote %s", entry.file.name)
-        with self._lock:
-            self._done_files += 1
-        _maybe_pause(self._done_files, len(self._files))
 
     # -- inputs --------------------------------------------------------------------------
 
-    def _input(self, name: str) -> int:
+    def _input(self, name: str) -> StorageFile:
+        """The input file ``name``, opened once (guarded, checked unchanged)."""
         with self._lock:
-            fd = self._fds.get(name)
-            if fd is not None:
-                return fd
-            path = self._inputs[name].path
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except OSError as err:
-                raise CheckpointChangedError(
-                    f"{name}: cannot open for reading ({err.strerror or err}); it was there when "
-                    f"the input's headers were read, so it was deleted or changed since",
-                    path=name,
-                ) from err
-            self._fds[name] = fd
-        self._check_stamp(name, fd, "since its header was read")
-        return fd
-
-    def _check_stamp(self, name: str, fd: int, when: str) -> None:
-        now = FileStamp.of(os.fstat(fd))
-        then = self._inputs[name].stamp
-        if now != then:
-            raise CheckpointChangedError(
-                f"{name}: changed {when} (size {then.size} -> {now.size}, mtime_ns "
-                f"{then.mtime_ns} -> {now.mtime_ns}); the output would mix old and new bytes; "
-                f"consolidate again once the input is complete",
-                path=name,
-            )
+            file = self._sources.get(name)
+            if file is None:
+                file = self._source.open_unchanged(name, self._inputs[name].stamp, again=_AGAIN)
+                self._sources[name] = file
+        return file
 
     # -- contiguous pieces ---------------------------------------------------------------
 
@@ -324,7 +301,7 @@ class _Writer:
         return True
 
     def _copy_runs(
-        self, tensor: OutputTensor, fd: int, staging: Callable[[], Staging], key: _Key
+        self, tensor: OutputTensor, out: NewFile, staging: Callable[[], Staging], key: _Key
     ) -> None:
         source = tensor.source
         shape = _byte_shape(source.dtype, source.shape)
@@ -337,13 +314,13 @@ class _Writer:
             else:
                 offsets = _byte_offsets(source.dtype, piece)
                 target = tensor.start + sum(o * s for o, s in zip(offsets, strides, strict=True))
-            self._copy(piece.file, piece.start, fd, target, piece.nbytes, staging, key)
+            self._copy(piece.file, piece.start, out, target, piece.nbytes, staging, key)
 
     def _copy(
         self,
         name: str,
         start: int,
-        fd: int,
+        out: NewFile,
         target: int,
         length: int,
         staging: Callable[[], Staging],
@@ -354,7 +331,9 @@ class _Writer:
         while done < length and self._copy_file_range:
             count = min(length - done, _COPY_CHUNK)
             try:
-                got = os.copy_file_range(source, fd, count, start + done, target + done)
+                got = os.copy_file_range(
+                    source.fileno(), out.fileno(), count, start + done, target + done
+                )
             except OSError as err:
                 if err.errno not in _NO_COPY_FILE_RANGE:
                     raise
@@ -362,21 +341,21 @@ class _Writer:
                 self._copy_file_range = False
                 break
             if got == 0:
-                _truncated(name, start + done)
+                raise truncated(name, start + done, start + length)
             done += got
             self._progress.deliver([(key, got)])
         if done < length:
             buffer = memoryview(staging().block)
             while done < length:
                 count = min(length - done, len(buffer))
-                _pread_into(source, buffer[:count], start + done, name)
-                _pwrite_all(fd, buffer[:count], target + done)
+                source.readinto(start + done, buffer[:count])
+                out.write_at(target + done, buffer[:count])
                 done += count
                 self._progress.deliver([(key, count)])
 
     # -- staged blocks -------------------------------------------------------------------
 
-    def _stage(self, tensor: OutputTensor, fd: int, staging: Staging, key: _Key) -> None:
+    def _stage(self, tensor: OutputTensor, out: NewFile, staging: Staging, key: _Key) -> None:
         """Fill blocks of whole output rows from the pieces, convert, write each block."""
         source = tensor.source
         shape = _byte_shape(source.dtype, source.shape)
@@ -401,17 +380,17 @@ class _Writer:
                 view = staging.block_tensor[:block].view(last - first, *shape[depth + 1 :])
                 for piece, offsets, extent in pieces:
                     self._fill(piece, offsets, extent, prefix, first, last, view, staging)
-                out = base + first * strides[depth]
+                at = base + first * strides[depth]
                 data: memoryview
                 if tensor.dtype != source.dtype:
                     wide = block * dst_size // src_size
                     converted = staging.converted_tensor[:wide].view(to_torch_dtype(tensor.dtype))
                     converted.copy_(staging.block_tensor[:block].view(to_torch_dtype(source.dtype)))
                     data = memoryview(staging.converted)[:wide]
-                    out = out * dst_size // src_size
+                    at = at * dst_size // src_size
                 else:
                     data = memoryview(staging.block)[:block]
-                _pwrite_all(fd, data, tensor.start + out)
+                out.write_at(tensor.start + at, data)
                 self._progress.deliver([(key, len(data))])
 
     def _fill(
@@ -445,11 +424,8 @@ class _Writer:
         whole = view.shape[1:]
         if tuple(inner) == tuple(whole):
             row = math.prod(inner)
-            _pread_into(
-                self._input(piece.file),
-                memoryview(staging.block)[(low - first) * row : (high - first) * row],
-                start,
-                piece.file,
+            self._input(piece.file).readinto(
+                start, memoryview(staging.block)[(low - first) * row : (high - first) * row]
             )
             return
         for k, size in enumerate(inner):
@@ -460,11 +436,9 @@ class _Writer:
         split = max(k for k in range(region.dim()) if region.shape[k] != view.shape[k])
         run = math.prod(region.shape[split:])
         if run >= SCATTER_RUN_BYTES:
-            _scatter(self._input(piece.file), piece.file, start, region, split, run)
+            _scatter(self._input(piece.file).fileno(), piece.file, start, region, split, run)
             return
-        _pread_into(
-            self._input(piece.file), memoryview(staging.scratch)[:length], start, piece.file
-        )
+        self._input(piece.file).readinto(start, memoryview(staging.scratch)[:length])
         region.copy_(staging.scratch_tensor[:length].view(high - low, *inner))
 
 
@@ -506,38 +480,6 @@ def _strides(shape: Sequence[int]) -> tuple[int, ...]:
     for k in range(len(shape) - 2, -1, -1):
         strides[k] = strides[k + 1] * shape[k + 1]
     return tuple(strides)
-
-
-def _pread_into(fd: int, buffer: memoryview, offset: int, name: str) -> None:
-    done = 0
-    while done < len(buffer):
-        got = os.preadv(fd, [buffer[done:]], offset + done)
-        if got == 0:
-            _truncated(name, offset + done)
-        done += got
-
-
-def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
-    view = memoryview(data)
-    done = 0
-    while done < len(view):
-        done += os.pwrite(fd, view[done:], offset + done)
-
-
-def _truncated(name: str, offset: int) -> None:
-    raise CheckpointChangedError(
-        f"{name}: ends before byte {offset}, which its header promises; it was truncated "
-        f"after its header was read; consolidate again once the input is complete",
-        path=name,
-    )
-
-
-def _maybe_pause(done: int, total: int) -> None:
-    sentinel = os.environ.get(PAUSE_ENV)
-    if sentinel and done == 1 and total > 1:
-        Path(sentinel).touch()
-        while True:  # until the test kills the process
-            time.sleep(1)
 
 
 def check_sub_byte(tensor: OutputTensor) -> None:

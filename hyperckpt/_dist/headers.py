@@ -22,7 +22,7 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType, MappingProxyType
 from typing import Literal, cast
@@ -30,8 +30,10 @@ from typing import Literal, cast
 import torch.distributed as dist
 
 from hyperckpt._dist.agreement import Failure, agree
-from hyperckpt._format.header import FileHeader, FileStamp, TensorEntry
+from hyperckpt._format.header import FileHeader, TensorEntry
 from hyperckpt._layout.model import CheckpointLayout, Piece, TensorLayout
+from hyperckpt._storage.files import LocalStorage
+from hyperckpt._storage.stamp import FileStamp, stamp_changes
 from hyperckpt.errors import CheckpointChangedError, CheckpointError, CheckpointNotFoundError
 
 __all__ = [
@@ -289,10 +291,11 @@ def _with_own_stamps(layout: CheckpointLayout, rank: int) -> CheckpointLayout:
         CheckpointChangedError: A file is missing or differs in size, mtime, ctime or inode.
     """
     headers = {}
+    storage = LocalStorage(layout.root)
     for name, header in layout.files.items():
         try:
-            now = FileStamp.of(os.stat(header.path))
-        except FileNotFoundError as err:
+            now = storage.stamp(name)
+        except CheckpointNotFoundError as err:
             raise CheckpointNotFoundError(
                 f"{name}: rank {rank} cannot find it at {header.path}, though the rank that "
                 f"read the headers found it; every rank must see the same checkpoint (same "
@@ -300,13 +303,13 @@ def _with_own_stamps(layout: CheckpointLayout, rank: int) -> CheckpointLayout:
                 path=name,
                 rule="file.missing",
             ) from err
-        except OSError as err:
+        except CheckpointError as err:
             raise CheckpointChangedError(
-                f"{name}: rank {rank} cannot stat it ({err.strerror or err}); every rank must "
-                f"see the same checkpoint",
+                f"{name}: rank {rank} cannot examine it ({err}); every rank must see the same "
+                f"checkpoint",
                 path=name,
             ) from err
-        differs = _differences(header.stamp, now)
+        differs = stamp_changes(header.stamp, now, device=False, there=" there", here=" here")
         if differs:
             raise CheckpointChangedError(
                 f"{name}: rank {rank} sees another file than the rank that read the headers "
@@ -319,17 +322,6 @@ def _with_own_stamps(layout: CheckpointLayout, rank: int) -> CheckpointLayout:
             header.name, header.path, now, header.header_length, header.tensors, header.metadata
         )
     return CheckpointLayout(layout.kind, layout.root, MappingProxyType(headers), layout.tensors)
-
-
-def _differences(then: FileStamp, now: FileStamp) -> list[str]:
-    """What differs between two stamps, the device excepted (it differs between hosts)."""
-    fields: Sequence[tuple[str, int, int]] = (
-        ("size", then.size, now.size),
-        ("mtime_ns", then.mtime_ns, now.mtime_ns),
-        ("ctime_ns", then.ctime_ns, now.ctime_ns),
-        ("inode", then.inode, now.inode),
-    )
-    return [f"{field} {a} there, {b} here" for field, a, b in fields if a != b]
 
 
 def _rebuild(failure: Failure) -> CheckpointError:

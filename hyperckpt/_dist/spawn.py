@@ -22,7 +22,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -32,6 +31,9 @@ from torch.multiprocessing.spawn import (
     ProcessRaisedException,
     start_processes,
 )
+
+from hyperckpt._storage.files import LocalStorage
+from hyperckpt._storage.opener import read_pseudo
 
 __all__ = ["RankFailure", "spawn_ranks"]
 
@@ -45,6 +47,8 @@ STAGES = (
 )
 _JOINING, _RUNNING, _LEAVING, _FINISHED = 1, 2, 3, 4
 _PR_SET_PDEATHSIG = 1
+#: Most bytes of one rank's pickled result (results are this harness's own files).
+_RESULT_LIMIT = 2**40
 
 
 class RankFailure(RuntimeError):
@@ -119,8 +123,17 @@ def spawn_ranks(
                 f" ({listed}): something creates process groups or thread pools per call"
                 " and never releases them"
             )
+        results = LocalStorage(scratch)
         return [
-            pickle.loads(Path(scratch, f"result-{rank}").read_bytes()) for rank in range(world_size)
+            pickle.loads(
+                results.read_whole(
+                    f"result-{rank}",
+                    expected="a rank's pickled result",
+                    limit=_RESULT_LIMIT,
+                    over_limit="larger than any result",
+                )
+            )
+            for rank in range(world_size)
         ]
 
 
@@ -152,7 +165,8 @@ def _cpu_seconds(pids: Sequence[int]) -> float | None:
     ticks = 0
     for pid in pids:
         try:  # a rank that has exited and been reaped has no entry: it adds nothing
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            text = read_pseudo(f"/proc/{pid}/stat", limit=4096).decode(errors="replace")
+            fields = text.rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
         ticks += sum(int(field) for field in fields[11:15])  # utime stime cutime cstime
@@ -226,7 +240,7 @@ def _entry(
         result = fn(rank, world_size, *args)
         threads[rank] = _thread_count()
         stages[rank] = _LEAVING
-        Path(scratch, f"result-{rank}").write_bytes(pickle.dumps(result))
+        LocalStorage(scratch).write_atomically(f"result-{rank}", [pickle.dumps(result)])
         # Leave together: torch 2.13 sometimes aborts a rank at exit ("terminate called
         # without an active exception") when it tears gloo down while a peer still talks.
         dist.barrier()

@@ -17,7 +17,8 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 from hyperckpt._format.budget import check_budget
-from hyperckpt._format.opener import open_regular
+from hyperckpt._storage.opener import open_regular
+from hyperckpt._storage.stamp import FileStamp
 from hyperckpt.errors import CheckpointError, RuleId
 
 __all__ = [
@@ -27,7 +28,6 @@ __all__ = [
     "ByteSpan",
     "DtypeInfo",
     "FileHeader",
-    "FileStamp",
     "TensorEntry",
     "decode_strict_json",
     "is_unicode",
@@ -90,39 +90,6 @@ DTYPES: Mapping[str, DtypeInfo] = MappingProxyType(
 #: Sort key of a checked entry ``(key, dtype, shape, begin, end)``: its data offsets.
 _BEGIN_END = itemgetter(3, 4)
 _LOADABLE_BITS = {code: info.bits for code, info in DTYPES.items() if info.torch_name is not None}
-
-
-@dataclass(frozen=True, slots=True)
-class FileStamp:
-    """Identity of a file when its header was read, to notice a change before reading data.
-
-    A file rewritten in place, replaced by another (a rename over it, or deleted and
-    created again, even when the file system reuses the inode number) or changed in size
-    differs in at least one field.  ``ctime_ns`` is what catches a rewrite whose
-    modification time was set back (``os.utime``): the kernel sets it on every change of
-    content or metadata, and no call lets a process choose it.  It also changes on
-    ``chmod``, ``chown`` and new hard links, which count as changes too.
-
-    Attributes:
-        size: File size in bytes.
-        mtime_ns: Modification time in nanoseconds since the epoch.
-        inode: Inode number (a replaced file gets a new one).
-        device: Device number of the file system holding it (differs between hosts
-            mounting the same file system).
-        ctime_ns: Status-change time in nanoseconds since the epoch (a writer cannot set
-            it back the way it can set ``mtime``); 0 when unknown.
-    """
-
-    size: int
-    mtime_ns: int
-    inode: int
-    device: int
-    ctime_ns: int = 0
-
-    @classmethod
-    def of(cls, st: os.stat_result) -> FileStamp:
-        """The stamp of a ``stat`` result."""
-        return cls(st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_ctime_ns)
 
 
 class ByteSpan:
@@ -204,16 +171,12 @@ def read_header(path: str | os.PathLike[str], *, name: str | None = None) -> Fil
     """
     path = os.fspath(path)
     shown = path if name is None else name
-    fd, st = open_regular(path, shown=shown, expected="a safetensors file")
-    try:
-        size = st.st_size
-        prefix = _pread_exact(fd, min(size, _LENGTH_PREFIX), 0, shown)
-        length = _check_prefix(prefix, size, shown)
-        raw = _pread_exact(fd, length, _LENGTH_PREFIX, shown)
-    finally:
-        os.close(fd)
-    header = _parse(raw, size, name=shown, path=path)
-    return _with_stamp(header, FileStamp.of(st))
+    with open_regular(path, shown=shown, expected="a safetensors file") as file:
+        prefix = file.read_exact(0, min(file.size, _LENGTH_PREFIX))
+        length = _check_prefix(prefix, file.size, shown)
+        raw = file.read_exact(_LENGTH_PREFIX, length)
+    header = _parse(raw, file.size, name=shown, path=path)
+    return _with_stamp(header, file.stamp)
 
 
 def parse_header(data: bytes, file_size: int, *, name: str, path: str | None = None) -> FileHeader:
@@ -265,19 +228,6 @@ def _with_stamp(header: FileHeader, stamp: FileStamp) -> FileHeader:
     return FileHeader(
         header.name, header.path, stamp, header.header_length, header.tensors, header.metadata
     )
-
-
-def _pread_exact(fd: int, length: int, offset: int, name: str) -> bytes:
-    try:
-        chunk = os.pread(fd, length, offset)
-    except OSError as err:
-        raise CheckpointError(f"{name}: cannot read: {err.strerror or err}", path=name) from err
-    if len(chunk) != length:
-        raise CheckpointError(
-            f"{name}: file shrank while its header was read; is it still being written?",
-            path=name,
-        )
-    return chunk
 
 
 def _check_prefix(prefix: bytes, file_size: int, name: str) -> int:

@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Final
 
 from hyperckpt._format.header import FileHeader, decode_strict_json, is_unicode, read_header
-from hyperckpt._format.opener import read_regular
 from hyperckpt._layout.model import INDEX_NAME, SINGLE_FILE_NAME, Report, raise_problem
+from hyperckpt._storage.opener import read_regular
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
 
 __all__ = [
+    "MAX_INDEX_BYTES",
     "check_index_agreement",
     "check_plain_name",
     "check_single_file_beside_index",
@@ -27,22 +28,27 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-_MAX_INDEX_BYTES: Final = 100_000_000
+#: The largest index accepted: more than any real one.
+MAX_INDEX_BYTES: Final = 100_000_000
 
 
-def read_index_text(root: Path) -> str:
+def read_index_text(root: Path, name: str = INDEX_NAME) -> str:
     """The index's text, read through the guarded opener and refused from its size first.
+
+    Args:
+        root: The directory holding it.
+        name: Its file name (an index passed by path may be named otherwise).
 
     Raises:
         CheckpointNotFoundError: The index vanished (or is a broken symlink).
         CheckpointError: It is not a regular file, larger than any real index, or not UTF-8.
     """
     raw, _ = read_regular(
-        str(root / INDEX_NAME),
-        shown=INDEX_NAME,
+        str(root / name),
+        shown=name,
         expected="the index (a JSON file)",
-        limit=_MAX_INDEX_BYTES,
-        over_limit=f"more than any real index ({_MAX_INDEX_BYTES} at most); the file is "
+        limit=MAX_INDEX_BYTES,
+        over_limit=f"more than any real index ({MAX_INDEX_BYTES} at most); the file is "
         f"not a checkpoint index",
         not_regular_rule="index.not_regular",
         over_limit_rule="index.too_big",
@@ -51,8 +57,8 @@ def read_index_text(root: Path) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as err:
         raise CheckpointError(
-            f"{INDEX_NAME}: not valid UTF-8 (byte {err.start})",
-            path=INDEX_NAME,
+            f"{name}: not valid UTF-8 (byte {err.start})",
+            path=name,
             rule="index.not_utf8",
         ) from err
 

@@ -43,8 +43,6 @@ from typing import Protocol
 import torch
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlanner, ReadItem
 
-from hyperckpt._format.header import FileStamp
-from hyperckpt._format.opener import open_regular
 from hyperckpt._read import pagecache
 from hyperckpt._read import sysio as _sysio
 from hyperckpt._read.boxes import Box, narrow
@@ -56,7 +54,10 @@ from hyperckpt._read.stats import LoadStats
 from hyperckpt._read.storage_info import StorageInfo
 from hyperckpt._read.threads import local_ranks, threads_per_rank, usable_cores
 from hyperckpt._read.tracker import ProgressTracker
-from hyperckpt.errors import CheckpointChangedError, CheckpointError
+from hyperckpt._storage.files import LocalStorage
+from hyperckpt._storage.protocol import StorageFile
+from hyperckpt._storage.stamp import FileStamp
+from hyperckpt.errors import CheckpointError
 
 __all__ = [
     "CHUNK_BYTES",
@@ -94,6 +95,8 @@ COLD_THRESHOLD = 0.5
 COLD_CHUNK_BYTES = 32 * 2**20
 
 _Job = Callable[[], None]
+#: What a changed file means for a load, and what to do.
+_AGAIN = "its data no longer matches its header; load again once the checkpoint is complete"
 
 
 def default_threads(ranks_on_host: int | None = None) -> int:
@@ -171,6 +174,7 @@ class ReadEngine:
         page_cache_aware: bool = True,
     ) -> None:
         self.root = root
+        self.storage = LocalStorage(root)
         self.stamps = stamps
         self.options = options
         self.local_ranks = max(1, local_ranks)
@@ -207,7 +211,7 @@ class _Load:
 
     def __init__(self, engine: ReadEngine) -> None:
         self._progress = engine.progress
-        self._root = engine.root
+        self._storage = engine.storage
         self._stamps = engine.stamps
         self._threads = engine.threads
         self._local_ranks = engine.local_ranks
@@ -220,7 +224,8 @@ class _Load:
         self._count_lock = threading.Lock()
         self._local = threading.local()
         self._streams: list[torch.cuda.Stream] = []
-        self._fds: dict[str, int] = {}
+        self._files: dict[str, StorageFile] = {}
+        self._fds: dict[str, int] = {}  # each open file's descriptor, for positional reads
         self._ring: SlotRing[torch.Tensor] | None = None
         self._scratch: torch.Tensor | None = None
         self._host_block = 0
@@ -243,20 +248,25 @@ class _Load:
             requests.append(request)
         try:
             for name in sorted({request.name for request in requests}):
-                self._fds[name] = self._open(name)
+                self._files[name] = self._storage.open_unchanged(
+                    name, self._stamps[name], again=_AGAIN
+                )
+                self._fds[name] = self._files[name].fileno()
             if self._page_cache_aware:
                 self._find_cold(requests)
             self._execute(self._plan(requests))
             for stream in self._streams:
                 stream.synchronize()
-            for name, fd in self._fds.items():
-                self._check_stamp(name, fd, "while it was being read")
+            for name, file in self._files.items():
+                file.check_unchanged(
+                    self._stamps[name], when="while it was being read", again=_AGAIN
+                )
         finally:
             if self._ring is not None:
                 PINNED.give_back(self._ring.drain())  # kept for the next load
             self._ring = self._scratch = None
-            for fd in self._fds.values():
-                os.close(fd)
+            for file in self._files.values():
+                file.close()
         for item, target in resolved:
             planner.commit_tensor(item, target)
         return LoadStats(
@@ -651,36 +661,6 @@ class _Load:
             ):
                 return parts
             budget //= 2
-
-    def _open(self, name: str) -> int:
-        path = os.path.join(self._root, name)
-        try:
-            fd, _ = open_regular(path, shown=name, expected="a safetensors file")
-        except CheckpointError as err:
-            # A FIFO, a device or a directory swapped in is refused here, never read.
-            raise CheckpointChangedError(
-                f"{err}; it was a regular file when the checkpoint's headers were read, so it "
-                f"was deleted or replaced since; load again once the checkpoint is complete",
-                path=name,
-            ) from err
-        try:
-            self._check_stamp(name, fd, "since its header was read")
-        except CheckpointError:
-            os.close(fd)
-            raise
-        return fd
-
-    def _check_stamp(self, name: str, fd: int, when: str) -> None:
-        now = FileStamp.of(os.fstat(fd))
-        then = self._stamps[name]
-        if now != then:
-            raise CheckpointChangedError(
-                f"{name}: changed {when} (size {then.size} -> {now.size}, mtime_ns "
-                f"{then.mtime_ns} -> {now.mtime_ns}, ctime_ns {then.ctime_ns} -> "
-                f"{now.ctime_ns}, inode {then.inode} -> {now.inode}); its data no longer "
-                f"matches its header; load again once the checkpoint is complete",
-                path=name,
-            )
 
 
 def _per_job(pitch: int) -> int:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
-from hyperckpt.errors import CheckpointChangedError, CheckpointError
+from hyperckpt._storage.opener import read_error, truncated
 
 __all__ = ["IOV_MAX", "read_runs", "read_scatter", "read_table"]
 
@@ -107,11 +107,7 @@ def read_scatter(
         if got < 0:
             _raise_read_error(name, offset, want)
         if got == 0:
-            raise CheckpointChangedError(
-                f"{name}: ended at byte {offset} while its header promised {want} more bytes; "
-                f"the file was truncated after its header was read",
-                path=name,
-            )
+            raise truncated(name, offset, offset + want)
         offset += got
         pending = _skip(pending, got)
     return calls
@@ -131,8 +127,5 @@ def _skip(buffers: list[tuple[int, int]], done: int) -> list[tuple[int, int]]:
 
 def _raise_read_error(name: str, offset: int, want: int) -> None:
     code = ctypes.get_errno()
-    raise CheckpointError(
-        f"{name}: reading {want} bytes at byte {offset} failed: {os.strerror(code)}; "
-        f"the storage reported an error, check the file system and load again",
-        path=name,
-    ) from OSError(code, os.strerror(code))
+    failure = OSError(code, os.strerror(code))
+    raise read_error(name, offset, want, failure) from failure

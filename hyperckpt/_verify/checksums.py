@@ -17,14 +17,16 @@ import hashlib
 import os
 import posixpath
 import re
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from hyperckpt._storage.files import LocalStorage
+from hyperckpt._storage.opener import read_regular
 from hyperckpt.errors import CheckpointError
 
 __all__ = [
+    "MAX_CHECKSUMS_BYTES",
     "Expected",
     "GitBlobHash",
     "cache_blob_digest",
@@ -40,6 +42,8 @@ _HEX64: Final = re.compile(r"[0-9a-fA-F]{64}")
 _HEX40: Final = re.compile(r"[0-9a-fA-F]{40}")
 _GNU: Final = re.compile(r"^(\\?)([0-9a-fA-F]{64})( \*|  )(.+)$")
 _BSD: Final = re.compile(r"^(\\?)SHA256 \((.+)\) = ([0-9a-fA-F]{64})$")
+#: The largest checksum file read: about a million listed files.
+MAX_CHECKSUMS_BYTES: Final = 100_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,17 +145,31 @@ def parse_checksums(text: str, *, source: str) -> dict[str, Expected]:
 
 
 def read_checksums(path: str | os.PathLike[str]) -> dict[str, Expected]:
-    """:func:`parse_checksums` of a file.
+    """:func:`parse_checksums` of a file, read through the guarded opener: a FIFO, a device
+    or a directory is refused before any read, a file over :data:`MAX_CHECKSUMS_BYTES`
+    from its size.
 
     Raises:
-        CheckpointError: The file cannot be read, is not UTF-8, or a line is malformed.
+        CheckpointError: The file is not a regular file, too large, cannot be read, is not
+            UTF-8, or a line is malformed.
     """
     shown = os.fspath(path)
+    raw, _ = read_regular(
+        shown,
+        shown=shown,
+        expected="a checksum file (sha256sum format)",
+        limit=MAX_CHECKSUMS_BYTES,
+        over_limit=f"more than any checksum file ({MAX_CHECKSUMS_BYTES} at most); pass the "
+        f"file sha256sum wrote",
+        not_regular_rule="checksums.not_regular",
+        over_limit_rule="checksums.too_big",
+    )
     try:
-        with open(shown, encoding="utf-8") as handle:
-            text = handle.read()
-    except (OSError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{shown}: cannot read the checksum file: {err}", path=shown) from err
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise CheckpointError(
+            f"{shown}: cannot read the checksum file: not UTF-8 (byte {err.start})", path=shown
+        ) from err
     return parse_checksums(text, source=os.path.basename(shown))
 
 
@@ -168,26 +186,16 @@ def format_checksums(digests: Mapping[str, str]) -> str:
 
 
 def write_checksums(path: str | os.PathLike[str], digests: Mapping[str, str]) -> None:
-    """Write ``digests`` in ``sha256sum`` format atomically (temporary name, fsync, rename).
+    """Write ``digests`` in ``sha256sum`` format atomically (created exclusively under a
+    temporary name, synced, renamed over ``path``, never through a link).
 
     Args:
         path: The checksum file to create or replace.
         digests: Sha256 hex digests keyed by path relative to the checkpoint directory.
     """
-    target = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(target))
-    fd, temporary = tempfile.mkstemp(prefix=".checksums-", dir=directory)
-    replaced = False
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(format_checksums(digests))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, target)
-        replaced = True
-    finally:
-        if not replaced:
-            os.unlink(temporary)
+    target = os.path.abspath(os.fspath(path))
+    folder = LocalStorage(os.path.dirname(target))
+    folder.write_atomically(os.path.basename(target), [format_checksums(digests).encode()])
 
 
 def files_to_hash(names: Iterable[str], extra: Iterable[str]) -> list[str]:

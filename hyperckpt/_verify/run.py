@@ -13,7 +13,6 @@ import hashlib
 import logging
 import math
 import os
-import stat
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,15 +22,18 @@ from typing import Final
 import torch
 
 from hyperckpt._arguments import THREADS, Limits, check_callable, check_number, check_path
-from hyperckpt._format.header import FileStamp, TensorEntry
+from hyperckpt._format.header import TensorEntry
 from hyperckpt._format.preview import preview
 from hyperckpt._layout.directory import describe_directory as describe
 from hyperckpt._layout.model import INDEX_NAME, CheckpointLayout, Kind
 from hyperckpt._read.engine import default_threads
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
+from hyperckpt._storage.files import LocalStorage
+from hyperckpt._storage.protocol import Storage, StorageFile
+from hyperckpt._storage.stamp import FileStamp
 from hyperckpt._verify.checksums import Expected, GitBlobHash, cache_blob_digest, read_checksums
 from hyperckpt._verify.scan import FLOAT_CODES, ScanCounts, Scanner
-from hyperckpt.errors import CheckpointChangedError, CheckpointError, CheckpointNotFoundError
+from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "FileCheck", "TensorCheck", "VerifyReport", "verify"]
 
@@ -41,7 +43,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_CHUNK_BYTES = 32 * 2**20
 #: Bytes each thread reads at a time: at least a page, at most 1 GiB.
 CHUNK_BYTES: Final = Limits(4096, 2**30, unit="bytes")
-_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+#: What a changed file means for a verification, and what to do.
+_AGAIN = "its digest would not be the file's; verify again once the checkpoint is complete"
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,11 +217,16 @@ def _advice(mismatch: bool, nonfinite: bool) -> str:
 
 @dataclass(slots=True)
 class _FileJob:
-    """One file to read: where, what to expect, and the tensor pieces inside it."""
+    """One file to read: where, what to expect, and the tensor pieces inside it.
+
+    ``stamp`` is its identity when its header was read (``None`` for a file without one:
+    the index, a file a checksum file lists); ``size`` its size then.
+    """
 
     name: str
     path: str
     stamp: FileStamp | None
+    size: int
     entries: list[TensorEntry] = field(default_factory=list)
     git_size: bool = False
 
@@ -278,7 +286,8 @@ def verify(
     check_callable("progress", progress)
     layout = describe(path)
     listed = {} if checksums is None else read_checksums(checksums)
-    jobs, missing = _jobs(layout, listed, whole_directory=os.path.isdir(path))
+    storage = LocalStorage(layout.root)
+    jobs, missing = _jobs(storage, layout, listed, whole_directory=os.path.isdir(path))
     expected = {name: _expectations(job.path, listed.get(name)) for name, job in jobs.items()}
     for job in jobs.values():
         job.git_size = any(e.algorithm == "git-sha1" for e in expected[job.name])
@@ -287,10 +296,10 @@ def verify(
         _expect(tracker, job, layout)
     begin = time.perf_counter()
     workers = min(threads or default_threads(), max(1, len(jobs)))
-    ordered = sorted(jobs.values(), key=lambda job: (-_size(job), job.name))
+    ordered = sorted(jobs.values(), key=lambda job: (-job.size, job.name))
     results: dict[str, _FileResult] = {}
     with ThreadPoolExecutor(workers, thread_name_prefix="hyperckpt-verify") as pool:
-        futures = [pool.submit(_read_file, job, chunk_bytes, tracker) for job in ordered]
+        futures = [pool.submit(_read_file, storage, job, chunk_bytes, tracker) for job in ordered]
         for future in futures:
             result = future.result()
             results[result.name] = result
@@ -323,30 +332,40 @@ def verify(
 
 
 def _jobs(
-    layout: CheckpointLayout, listed: Mapping[str, Expected], *, whole_directory: bool
+    storage: Storage,
+    layout: CheckpointLayout,
+    listed: Mapping[str, Expected],
+    *,
+    whole_directory: bool,
 ) -> tuple[dict[str, _FileJob], list[str]]:
     """The files to read (the checkpoint's, its index unless one file was named, listed
-    extras) and the listed ones that are missing."""
-    root = layout.root
+    extras) and the listed ones that are missing.
+
+    Raises:
+        CheckpointError: A listed path leads out of the checkpoint directory
+            (``file.outside_checkpoint``).
+    """
     jobs = {
         name: _FileJob(
             name,
-            os.path.join(root, name),
+            storage.resolve(name),
             header.stamp,
+            header.stamp.size,
             sorted(header.tensors.values(), key=lambda entry: entry.start),
         )
         for name, header in layout.files.items()
     }
     extras = set(listed)
-    if whole_directory and os.path.lexists(os.path.join(root, INDEX_NAME)):
+    if whole_directory and storage.entry(INDEX_NAME) is not None:
         extras.add(INDEX_NAME)
     missing = []
     for name in sorted(extras - set(jobs)):
-        full = os.path.join(root, name)
-        if not os.path.exists(full):
+        try:
+            size = storage.stamp(name).size
+        except CheckpointNotFoundError:
             missing.append(name)
             continue
-        jobs[name] = _FileJob(name, full, None)
+        jobs[name] = _FileJob(name, storage.resolve(name), None, size)
     return jobs, missing
 
 
@@ -355,65 +374,29 @@ def _expectations(path: str, listed: Expected | None) -> tuple[Expected, ...]:
     return tuple(found)
 
 
-def _size(job: _FileJob) -> int:
-    return job.stamp.size if job.stamp is not None else 0
-
-
 def _expect(tracker: ProgressTracker, job: _FileJob, layout: CheckpointLayout) -> None:
     """Register a file's bytes: each tensor piece, and the rest of the file on its own."""
-    if job.stamp is None:
-        size = os.stat(job.path).st_size
-        tracker.expect(("file", job.name), size, tensor=False)
-        return
     tensor_bytes = 0
     for entry in job.entries:
         tracker.expect(("tensor", job.name, entry.name), entry.nbytes)
         tensor_bytes += entry.nbytes
-    tracker.expect(("file", job.name), job.stamp.size - tensor_bytes, tensor=False)
+    tracker.expect(("file", job.name), job.size - tensor_bytes, tensor=False)
 
 
-def _open_guarded(job: _FileJob) -> tuple[int, FileStamp]:
-    """Open a file for reading the one guarded way: no FIFO waits, regular files only, and
-    (for the checkpoint's own files) the same file whose header was read."""
-    try:
-        fd = os.open(job.path, os.O_RDONLY | _NONBLOCK)
-    except FileNotFoundError as err:
-        raise CheckpointNotFoundError(
-            f"{job.name}: no such file (or a broken symlink); it was there when the "
-            f"checkpoint was described, so it was deleted since",
-            path=job.name,
-            rule="file.missing",
-        ) from err
-    except OSError as err:
-        raise CheckpointError(
-            f"{job.name}: cannot open for reading: {err.strerror or err}", path=job.name
-        ) from err
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise CheckpointError(
-                f"{job.name}: not a regular file; only regular files are hashed",
-                path=job.name,
-                rule="file.not_regular",
-            )
-        now = FileStamp.of(st)
-        if job.stamp is not None and now != job.stamp:
-            raise CheckpointChangedError(
-                f"{job.name}: changed since its header was read (size {job.stamp.size} -> "
-                f"{now.size}); verify again once the checkpoint is complete",
-                path=job.name,
-            )
-    except CheckpointError:
-        os.close(fd)
-        raise
-    return fd, now
+def _open(storage: Storage, job: _FileJob) -> StorageFile:
+    """The file, opened the one guarded way: no FIFO waits, regular files only, and (for
+    the checkpoint's own files) the same file whose header was read."""
+    if job.stamp is None:
+        return storage.open_file(job.name, expected="a regular file to hash")
+    return storage.open_unchanged(job.name, job.stamp, again=_AGAIN)
 
 
-def _read_file(job: _FileJob, chunk_bytes: int, tracker: ProgressTracker) -> _FileResult:
+def _read_file(
+    storage: Storage, job: _FileJob, chunk_bytes: int, tracker: ProgressTracker
+) -> _FileResult:
     """One sequential pass: hash every byte, scan every tensor piece."""
-    fd, stamp = _open_guarded(job)
-    try:
-        size = stamp.size
+    with _open(storage, job) as file:
+        size = file.size
         sha = hashlib.sha256()
         git = GitBlobHash(size) if job.git_size else None
         buffer = bytearray(min(chunk_bytes, max(1, size)))
@@ -424,8 +407,8 @@ def _read_file(job: _FileJob, chunk_bytes: int, tracker: ProgressTracker) -> _Fi
         first = 0  # entries before this one end before the current chunk
         offset = 0
         while offset < size:
-            want = min(len(buffer), size - offset)
-            got = _pread_full(fd, view[:want], offset, job.name)
+            got = min(len(buffer), size - offset)
+            file.readinto(offset, view[:got])
             chunk = view[:got]
             sha.update(chunk)
             if git is not None:
@@ -448,15 +431,7 @@ def _read_file(job: _FileJob, chunk_bytes: int, tracker: ProgressTracker) -> _Fi
                 parts.append((("file", job.name), got - tensor_bytes))
             tracker.deliver(parts)
             offset = end
-        after = FileStamp.of(os.fstat(fd))
-        if after != stamp:
-            raise CheckpointChangedError(
-                f"{job.name}: changed while it was being read (size {stamp.size} -> "
-                f"{after.size}); verify again once the checkpoint is complete",
-                path=job.name,
-            )
-    finally:
-        os.close(fd)
+        file.check_unchanged(file.stamp, when="while it was being read", again=_AGAIN)
     return _FileResult(
         job.name,
         size,
@@ -464,28 +439,6 @@ def _read_file(job: _FileJob, chunk_bytes: int, tracker: ProgressTracker) -> _Fi
         None if git is None else git.hexdigest(),
         {name: scanner.finish() for name, scanner in scanners.items()},
     )
-
-
-def _pread_full(fd: int, into: memoryview, offset: int, name: str) -> int:
-    """Fill ``into`` from ``offset`` (the GIL is released while the kernel copies)."""
-    done = 0
-    while done < len(into):
-        try:
-            got = os.preadv(fd, [into[done:]], offset + done)
-        except OSError as err:
-            raise CheckpointError(
-                f"{name}: reading at byte {offset + done} failed: {err.strerror or err}; the "
-                f"storage reported an error",
-                path=name,
-            ) from err
-        if got == 0:
-            raise CheckpointChangedError(
-                f"{name}: ended at byte {offset + done}, before its size when opened; it was "
-                f"truncated while being read",
-                path=name,
-            )
-        done += got
-    return done
 
 
 def _file_check(result: _FileResult, expected: Sequence[Expected]) -> FileCheck:

@@ -15,6 +15,17 @@ from explicit sizes (so unit tests pin them):
 * every way ``os`` can change a file between ``read_metadata`` and ``read_data``
   (:func:`change_file`), ``os.utime`` to restore the old times included.
 
+Third round (what hyperckpt reads besides a checkpoint's headers, and what it writes):
+
+* class 1, opens that bypassed the guarded opener: a checksum file or a ``like`` index that
+  is not a regular file or is sparse and huge (:func:`make_hostile_file`), an input swapped
+  for anything but a regular file after validation (:func:`make_not_regular`);
+* class 2, writes that followed links or trusted what was there: a consolidation's output
+  directory booby-trapped before it runs (:func:`trap_output`);
+* class 4, output hyperckpt would refuse to read: tensors whose names make headers and the
+  index long (:func:`named_shard_files`);
+* class 8, checksum paths that lead out of the checkpoint (:func:`escaping_path`).
+
 No torch here.
 """
 
@@ -31,15 +42,22 @@ from hyperckpt.testing._files import encode_file
 __all__ = [
     "BOMB_KINDS",
     "CHANGE_KINDS",
+    "ESCAPE_KINDS",
+    "HOSTILE_FILE_KINDS",
     "NOT_REGULAR_KINDS",
+    "TRAP_KINDS",
     "change_file",
+    "escaping_path",
     "grid_tiling",
     "json_bomb",
+    "make_hostile_file",
     "make_not_regular",
     "many_files_index",
+    "named_shard_files",
     "staircase_columns",
     "staircase_tiling",
     "tiled_shard_files",
+    "trap_output",
 ]
 
 #: The kinds :func:`json_bomb` builds.
@@ -246,3 +264,135 @@ def tiled_shard_files(
         name = f"shard-{number + 1:05d}-model-00001-of-00001.safetensors"
         files[name] = encode_file(header, data)
     return files
+
+
+# ------------------------------------------------------------------------------ round 3
+
+#: What :func:`make_hostile_file` puts where a small file hyperckpt reads whole belongs (a
+#: checksum file, a ``like`` index): anything but a regular file, or a sparse file of 300 MB.
+HOSTILE_FILE_KINDS = (*NOT_REGULAR_KINDS, "sparse_huge")
+#: The traps :func:`trap_output` sets in a consolidation's output directory.
+TRAP_KINDS = (
+    "marker_link",
+    "marker_directory",
+    "marker_fifo",
+    "weights_directory",
+    "weights_link",
+    "index_link",
+    "leftover_link",
+    "input_link_to_output",
+    "input_hardlink_to_output",
+    "input_via_output_link",
+)
+#: The ways :func:`escaping_path` lists a file outside the checkpoint.
+ESCAPE_KINDS = ("symlinked_folder", "nested_symlinked_folder", "folder_to_parent", "dotdot")
+_MARKER = ".hyperckpt-consolidate-incomplete"
+
+
+def make_hostile_file(path: Path, kind: str) -> None:
+    """Replace ``path`` by something no small file read whole may be (see
+    :data:`HOSTILE_FILE_KINDS`): a FIFO, a device, a directory, a bad link, or a sparse
+    file of 300 MB (costs no disk; read whole it would cost the memory)."""
+    if kind == "sparse_huge":
+        if path.is_symlink() or path.exists():
+            path.unlink()
+        with open(path, "wb") as f:
+            f.truncate(300 * 2**20)
+        return
+    make_not_regular(path, kind)
+
+
+def trap_output(source: Path, output: Path, victim: Path, kind: str) -> str:
+    """Booby-trap the output directory of a consolidation of ``source`` (see
+    :data:`TRAP_KINDS`); links lead to ``victim``, a file outside both that must stay as it is.
+
+    The ``input_*`` kinds move the first input shard's bytes into ``output`` and leave the
+    input's name pointing there (a symlink, a hard link, or a link to a link in ``output``):
+    replacing that output file would lose the input.
+
+    Returns:
+        The name inside ``output`` the trap is set at.
+    """
+    output.mkdir(parents=True, exist_ok=True)
+    if kind.startswith("marker_"):
+        target = output / _MARKER
+        if kind == "marker_link":
+            target.symlink_to(victim)
+        elif kind == "marker_fifo":
+            os.mkfifo(target)
+        else:
+            target.mkdir()
+        return _MARKER
+    if kind in ("weights_directory", "weights_link", "index_link", "leftover_link"):
+        name = {
+            "weights_directory": "model.safetensors",
+            "weights_link": "model.safetensors",
+            "index_link": "model.safetensors.index.json",
+            "leftover_link": "model.safetensors.tmp-99999",
+        }[kind]
+        if kind == "weights_directory":
+            (output / name).mkdir()
+        else:
+            (output / name).symlink_to(victim)
+        return name
+    first = sorted(p for p in source.iterdir() if p.name.endswith(".safetensors"))[0]
+    moved = output / "model.safetensors"
+    moved.write_bytes(first.read_bytes())
+    first.unlink()
+    if kind == "input_link_to_output":
+        first.symlink_to(moved)
+    elif kind == "input_hardlink_to_output":
+        os.link(moved, first)
+    elif kind == "input_via_output_link":
+        real = victim.with_name(victim.name + ".data")
+        os.replace(moved, real)
+        moved.symlink_to(real)
+        first.symlink_to(moved)
+    else:
+        raise ValueError(f"unknown kind {kind!r}; one of {', '.join(TRAP_KINDS)}")
+    return moved.name
+
+
+def named_shard_files(
+    names: Sequence[str], *, files: int = 1, rng: random.Random | None = None
+) -> dict[str, bytes]:
+    """A torch sharded directory of whole U8 ``[2]`` tensors with the given names, dealt
+    over ``files`` shard files: long names make long output headers and a long index.
+    Data random when ``rng`` is given, zeros otherwise."""
+    shards: dict[str, bytes] = {}
+    for number in range(files):
+        mine = list(names[number::files])
+        if not mine:
+            continue
+        info = json.dumps({name: {"saved_offsets": [0]} for name in mine})
+        header: dict[str, object] = {"__metadata__": {"DCP_SHARDING_INFO": info}}
+        for position, name in enumerate(mine):
+            header[name] = {
+                "dtype": "U8",
+                "shape": [2],
+                "data_offsets": [2 * position, 2 * position + 2],
+            }
+        name = f"shard-{number + 1:05d}-model-00001-of-00001.safetensors"
+        data = rng.randbytes(2 * len(mine)) if rng is not None else bytes(2 * len(mine))
+        shards[name] = encode_file(header, data)
+    return shards
+
+
+def escaping_path(root: Path, outside: Path, kind: str) -> str:
+    """Make a path inside ``root`` that leads to ``outside/secret.bin`` (created) the way
+    ``kind`` says (see :data:`ESCAPE_KINDS`), as a checksum file would list it."""
+    outside.mkdir(parents=True, exist_ok=True)
+    (outside / "secret.bin").write_bytes(b"secret")
+    if kind == "symlinked_folder":
+        (root / "sub").symlink_to(outside, target_is_directory=True)
+        return "sub/secret.bin"
+    if kind == "nested_symlinked_folder":
+        (root / "a").mkdir(exist_ok=True)
+        (root / "a" / "b").symlink_to(outside, target_is_directory=True)
+        return "a/b/secret.bin"
+    if kind == "folder_to_parent":
+        (root / "up").symlink_to("..", target_is_directory=True)
+        return f"up/{os.path.relpath(outside / 'secret.bin', root.parent)}"
+    if kind == "dotdot":
+        return os.path.relpath(outside / "secret.bin", root)
+    raise ValueError(f"unknown kind {kind!r}; one of {', '.join(ESCAPE_KINDS)}")

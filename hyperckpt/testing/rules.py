@@ -175,6 +175,83 @@ def _shape_larger(root: Path) -> object:
     return load({"w": torch.zeros(4, 2, dtype=torch.uint8)}, root)
 
 
+def _checkpoint_and_sums(root: Path, listed: str | None = None) -> Path:
+    """A one-file checkpoint at ``root``; returns where its checksum file goes (beside it),
+    written with ``listed`` as its only path when given."""
+    write_files(root, {"model.safetensors": encode_file({"w": _ENTRY}, b"\0\0")})
+    sums = root.parent / "SHA256SUMS"
+    if listed is not None:
+        sums.write_text(f"{'0' * 64}  {listed}\n", encoding="utf-8")
+    return sums
+
+
+def _outside_folder(root: Path) -> object:
+    from hyperckpt._verify.run import verify
+
+    sums = _checkpoint_and_sums(root, "sub/secret.bin")
+    write_files(root.parent / "elsewhere", {"secret.bin": b"x"})
+    (root / "sub").symlink_to(root.parent / "elsewhere", target_is_directory=True)
+    return verify(root, checksums=sums)
+
+
+def _checksums_fifo(root: Path) -> object:
+    from hyperckpt._verify.run import verify
+
+    sums = _checkpoint_and_sums(root)
+    os.mkfifo(sums)
+    return verify(root, checksums=sums)
+
+
+def _checksums_big(root: Path) -> object:
+    from hyperckpt._verify.run import verify
+
+    sums = _checkpoint_and_sums(root)
+    with open(sums, "wb") as f:
+        f.truncate(100_000_001)  # sparse: costs no disk
+    return verify(root, checksums=sums)
+
+
+def _planted_link(root: Path) -> object:
+    from hyperckpt._storage.files import LocalStorage
+
+    root.mkdir(parents=True)
+    (root / "model.safetensors").symlink_to(root.parent / "victim")
+    return LocalStorage(root).create_exclusive("model.safetensors")
+
+
+def _marker_link(root: Path) -> object:
+    from hyperckpt._consolidate.run import MARKER_NAME, consolidate
+
+    source = write_files(root / "sharded", {_SHARD_A: _shard({"w": ("U8", [2], [0])})})
+    (root / "out").mkdir()
+    (root / "out" / MARKER_NAME).symlink_to(root.parent / "victim")
+    return consolidate(source, root / "out")
+
+
+def _input_in_output(root: Path) -> object:
+    from hyperckpt._consolidate.run import consolidate
+
+    # A shard of the input is a link to the output file of an earlier run.
+    out = write_files(root / "out", {"model.safetensors": _shard({"w": ("U8", [2], [0])})})
+    (root / "sharded").mkdir()
+    (root / "sharded" / _SHARD_A).symlink_to(out / "model.safetensors")
+    return consolidate(root / "sharded", out, overwrite=True)
+
+
+def _long_names(root: Path, count: int, length: int, like: bool) -> object:
+    """Plan the consolidation of ``count`` one-byte tensors with names ``length`` long (no
+    file is needed: planning is pure)."""
+    from hyperckpt._consolidate.assign import plan_output
+    from hyperckpt._layout.model import Piece, TensorLayout
+
+    names = [chr(ord("a") + n) * length for n in range(count)]
+    tensors = {
+        name: TensorLayout(name, "U8", (1,), (Piece(_SHARD_A, (0,), (1,), 0, 1),)) for name in names
+    }
+    assignment = (dict.fromkeys(names, "model.safetensors"), False) if like else None
+    return plan_output(tensors, like=assignment)
+
+
 # JSON bombs inside a string and in the index: 2**20 characters of empty arrays.
 _ARRAY_BOMB = "[" + "[]," * (2**20 // 3) + "[]]"
 
@@ -290,6 +367,9 @@ _READ_RULES: tuple[Rule, ...] = (
     Rule("file.not_regular", "Every file of the checkpoint, and every file the index names, "
          "is a regular file (never a FIFO, device or directory; opened without blocking).", _E,
          r"not a regular file", _not_regular),
+    Rule("file.outside_checkpoint", "Every file read is inside the checkpoint directory: no "
+         "path a checksum file lists leads out of it through `..` or a symlinked folder.", _E,
+         r"outside the checkpoint directory", _outside_folder),
     Rule("dir.not_found", "The checkpoint path exists.", _NF,
          r"no such file or directory", describe),
     Rule("dir.not_directory", "The checkpoint is a directory or a `.safetensors` file.", _E,
@@ -420,6 +500,25 @@ _READ_RULES: tuple[Rule, ...] = (
     Rule("load.shape_mismatch", "A destination has the checkpoint tensor's shape; a larger one "
          "means a shard file is probably missing (`hyperckpt.load`, `hyperckpt.LoadPlanner`).", _E,
          r"a shard file is probably missing \(the one holding", _shape_larger),
+    Rule("checksums.not_regular", "A checksum file is a regular file (never a FIFO or device; "
+         "opened without blocking).", _E, r"not a regular file", _checksums_fifo),
+    Rule("checksums.too_big", "A checksum file is at most 100,000,000 bytes (refused from its "
+         "size).", _E, r"more than any checksum file", _checksums_big),
+    Rule("output.exists", "A file hyperckpt writes is created where nothing is, never through "
+         "a link.", _E, r"files are only created where nothing is", _planted_link),
+    Rule("output.not_regular", "What consolidate resumes or replaces in its output is a "
+         "regular file: a link as its marker, or a directory or FIFO under a safetensors or "
+         "index name, is refused.", _E, r"it was not left by a consolidation", _marker_link),
+    Rule("output.holds_input", "Consolidate never removes an input: an output file that is "
+         "an input (a link's target, a hard link) is refused.", _E,
+         r"replacing it would lose input", _input_in_output),
+    Rule("output.header_too_long", "Every file consolidate writes has a header within the "
+         "format's limit (files are split by header size; a `like` assignment is refused).",
+         _E, r"its header would be \d+ bytes, over the format's limit",
+         lambda root: _long_names(root, 2, 50_000_000, like=True)),
+    Rule("output.index_too_big", "The index consolidate writes is within the index limit.",
+         _E, r"over the \d+-byte limit of an index",
+         lambda root: _long_names(root, 3, 40_000_000, like=False)),
 )  # fmt: skip
 RULES: tuple[Rule, ...] = (
     *_READ_RULES,
@@ -475,6 +574,12 @@ after writing, before anything is published); raised on every rank.
 What the data holds (checksums, NaN and infinities) and which dtype conversions a load may
 make are checked by `hyperckpt validate --data` and `dtype_policy`: see
 [data checks](data-checks.md).
+
+The last rules guard what hyperckpt reads and writes besides a checkpoint's headers: the
+checksum file `validate --data --checksums` reads and the paths it lists
+(`file.outside_checkpoint`, `checksums.*`), and every file it creates (`output.*`: created
+exclusively under a temporary name, never through a link, renamed when complete; nothing
+written breaks a rule above, and no input is ever removed).
 
 Two guarantees hold for every rule: every path the checkpoint controls is opened one way
 (non-blocking, regular files only, sizes checked before any read), and every JSON text it

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -21,9 +22,32 @@ from sharded_cases import Pieces, grid, split, write_sharded
 
 from hyperckpt import CheckpointError, Progress, consolidate, describe
 from hyperckpt._consolidate.run import MARKER_NAME
-from hyperckpt._consolidate.write import PAUSE_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
+
+#: ``hyperckpt consolidate ARGS...`` that, once its first output file has its final name,
+#: creates the file SENTINEL and sleeps until killed (the test seam lives here, not in the
+#: library): ``python -c PAUSING SENTINEL ARGS...``.
+PAUSING = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from hyperckpt._cli.main import main
+    from hyperckpt._consolidate import write
+
+    sentinel = Path(sys.argv[1])
+    finish = write._Writer._finish
+
+    def finish_then_pause(self, entry):
+        finish(self, entry)
+        sentinel.touch()
+        while True:
+            time.sleep(1)
+
+    write._Writer._finish = finish_then_pause
+    sys.exit(main(sys.argv[2:]))
+    """
+)
 
 
 def _checkpoint(root: Path) -> Path:
@@ -104,22 +128,16 @@ def test_a_killed_consolidation_leaves_nothing_describe_accepts_and_a_rerun_succ
     source = _checkpoint(tmp_path / "sharded")
     out = tmp_path / "out"
     sentinel = tmp_path / "paused"
-    command = [
-        sys.executable,
-        "-m",
-        "hyperckpt",
-        "consolidate",
-        str(source),
-        str(out),
-        "--max-shard-size",
-        "6KB",
-        "--threads",
-        "1",
-    ]
-    env = {**os.environ, PAUSE_ENV: str(sentinel), "PYTHONPATH": str(ROOT)}
+    arguments = ["consolidate", str(source), str(out), "--max-shard-size", "6KB", "--threads", "1"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     log = tmp_path / "stderr.log"
     with open(log, "wb") as stderr:
-        process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+        process = subprocess.Popen(
+            [sys.executable, "-c", PAUSING, str(sentinel), *arguments],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
     try:
         deadline = time.monotonic() + 120
         while not sentinel.exists():
@@ -137,7 +155,9 @@ def test_a_killed_consolidation_leaves_nothing_describe_accepts_and_a_rerun_succ
     with pytest.raises(CheckpointError):
         describe(out)
 
-    rerun = subprocess.run(command, env={**env, PAUSE_ENV: ""}, capture_output=True)
+    rerun = subprocess.run(
+        [sys.executable, "-m", "hyperckpt", *arguments], env=env, capture_output=True
+    )
     assert rerun.returncode == 0, rerun.stderr.decode()
     fresh = consolidate(source, tmp_path / "fresh", max_shard_size="6KB")
     assert sorted(os.listdir(out)) == sorted(os.listdir(tmp_path / "fresh"))

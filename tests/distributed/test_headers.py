@@ -1,7 +1,7 @@
 """Headers read once per job, on 4 spawned gloo ranks: one rank reads them, the others ``stat``.
 
 One spawn runs every case.  Each rank counts the header bytes it reads (every header read
-goes through ``hyperckpt._format.header._pread_exact``) and the ``rchar`` of ``/proc/self/io``
+goes through the file ``open_regular`` gives ``read_header``) and the ``rchar`` of ``/proc/self/io``
 around each case.  Cases: ``dcp.load`` with the default reader (``header_reads="auto"``),
 ``header_reads="per-host"`` with the ranks posing as two hosts, ``"every-rank"``,
 ``hyperckpt.load``, ``hyperckpt.describe(process_group=...)``; a checkpoint with a broken
@@ -44,18 +44,35 @@ def _originals() -> dict[str, torch.Tensor]:
 
 
 class _Counter:
-    """Header bytes this process read through ``format._pread_exact``."""
+    """Header bytes this process read: ``read_exact`` of the files ``read_header`` opens."""
 
     def __init__(self) -> None:
         self.bytes = 0
-        original = header_format._pread_exact
+        original = header_format.open_regular
+        counter = self
 
-        def counting(fd: int, length: int, offset: int, name: str) -> bytes:
-            data = original(fd, length, offset, name)
-            self.bytes += len(data)
-            return data
+        class Counted:
+            def __init__(self, file: Any) -> None:
+                self._file = file
 
-        header_format._pread_exact = counting
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self._file, name)
+
+            def __enter__(self) -> Counted:
+                return self
+
+            def __exit__(self, *exc: object) -> None:
+                self._file.close()
+
+            def read_exact(self, offset: int, length: int) -> bytes:
+                data: bytes = self._file.read_exact(offset, length)
+                counter.bytes += len(data)
+                return data
+
+        def counting(path: str, **kwargs: Any) -> Counted:
+            return Counted(original(path, **kwargs))
+
+        header_format.open_regular = counting  # type: ignore[assignment]
 
 
 def _rchar() -> int:

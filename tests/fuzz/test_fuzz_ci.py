@@ -6,6 +6,7 @@ import random
 from pathlib import Path
 
 import mutation_fuzzer
+import output_fuzzer
 import pytest
 import torch
 from mutation_fuzzer import FuzzFailure, build_seeds, check, fuzz, mutate
@@ -78,3 +79,17 @@ def test_a_seeded_slice_of_mutations_only_loads_exactly_or_raises_checkpoint_err
     # Every structure-aware family of the second hostile round runs in the slice.
     families = {kind.split(":")[1] for kind in report.mutations}
     assert {"bomb", "name", "tiling", "not_regular", "change"} <= families
+
+
+OUTPUT_CASES = 150
+
+
+def test_a_seeded_slice_of_hostile_outputs_and_checksum_files_is_refused_or_written_right() -> None:
+    # Third round: consolidate into trapped outputs under small header limits, hostile
+    # like indexes and swapped inputs; verify with hostile or escaping checksum files.
+    report = output_fuzzer.fuzz(range(OUTPUT_CASES), seed=CI_SEED, hang_seconds=60.0)
+    shown = "\n".join(f"case {case}: {message}" for case, message in report.failures[:10])
+    assert not report.failures, f"{len(report.failures)} forbidden outcomes:\n{shown}"
+    assert report.outcomes["written"] > 10
+    assert sum(n for outcome, n in report.outcomes.items() if outcome != "written") > 50
+    assert {draw.split(":")[0] for draw in report.draws} == {"1", "2", "4", "8"}

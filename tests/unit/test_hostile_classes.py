@@ -8,6 +8,7 @@ multiple of the input's memory (tracemalloc).
 
 from __future__ import annotations
 
+import ast
 import builtins
 import contextlib
 import io
@@ -27,6 +28,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.distributed.checkpoint.api import CheckpointException
 
+import hyperckpt
 from hyperckpt import (
     CheckpointError,
     CheckpointNotFoundError,
@@ -34,13 +36,17 @@ from hyperckpt import (
     HuggingFaceStorageReader,
     LoadPlanner,
     TorchShardedSafetensorsReader,
+    consolidate,
     describe,
     load,
+    verify,
+    write_sample,
 )
 from hyperckpt._format.budget import BUDGET_MIN_CHARS, count_tokens
 from hyperckpt._layout import tiling as tiling_module
 from hyperckpt._layout.model import Piece
 from hyperckpt._layout.problems import find_problems
+from hyperckpt._verify.checksums import write_checksums
 from hyperckpt.testing import encode_file, write_files
 from hyperckpt.testing._hostile import (
     BOMB_KINDS,
@@ -190,7 +196,7 @@ def test_valid_json_of_any_shape_under_the_budget_threshold_is_never_refused_for
         describe(root)
 
 
-# ---------------------------------- classes 3, 4 and 9: one guarded opener for every path
+# ------------------- classes 3, 4 and 9: one guarded opener for every path (issue 20: and write)
 
 
 def _checkpoint(root: Path, *, index: bool) -> Path:
@@ -207,24 +213,54 @@ def _checkpoint(root: Path, *, index: bool) -> Path:
     return write_files(root, files)
 
 
+#: ``os.open`` flags by what they may be used for: a read never blocks on a FIFO or device;
+#: a file is only created where nothing is and never through a link; a directory is only
+#: opened to sync it.
+_READ = os.O_NONBLOCK
+_CREATE = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+_WRITING = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+
+
+def _how(flags: int) -> str:
+    if flags & os.O_DIRECTORY and not flags & _WRITING:
+        return "directory"
+    if flags & os.O_CREAT:
+        return "exclusive" if flags & _CREATE == _CREATE else "create that trusts what is there"
+    if flags & _WRITING:
+        return "write to an existing file"
+    return "nonblocking" if flags & _READ else "blocking"
+
+
 def _paths_opened(root: Path, action: Callable[[], object]) -> Iterator[tuple[str, str]]:
-    """Run ``action``; yield (how, path) for every open of a path under ``root``."""
+    """Run ``action``; yield (how, path) for every open of a path under ``root``, however
+    made: ``os.open`` (by its flags), ``open``/``io.open``/``Path.open`` (``builtins.open``),
+    ``os.fdopen`` never sees a path but is reported too."""
     seen: list[tuple[str, str]] = []
-    real_os_open, real_open = os.open, builtins.open
+    real_os_open, real_open, real_fdopen = os.open, builtins.open, os.fdopen
     inside = str(root.resolve())
 
+    def under(path: object) -> bool:
+        if isinstance(path, int):
+            return False
+        return os.path.abspath(os.fsdecode(path)).startswith(inside)  # type: ignore[arg-type]
+
     def os_open(path: object, flags: int, *args: object, **kwargs: object) -> int:
-        if isinstance(path, (str, os.PathLike)) and os.path.abspath(path).startswith(inside):
-            seen.append(("nonblocking" if flags & os.O_NONBLOCK else "blocking", str(path)))
+        if under(path):
+            seen.append((_how(flags), str(path)))
         return real_os_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
 
     def any_open(path: object, *args: object, **kwargs: object) -> object:
-        if isinstance(path, (str, os.PathLike)) and os.path.abspath(path).startswith(inside):
+        if under(path):
             seen.append(("builtins.open", str(path)))
         return real_open(path, *args, **kwargs)  # type: ignore[call-overload]
 
+    def fdopen(fd: int, *args: object, **kwargs: object) -> object:
+        seen.append(("os.fdopen", str(fd)))
+        return real_fdopen(fd, *args, **kwargs)  # type: ignore[call-overload]
+
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(os, "open", os_open)
+        patch.setattr(os, "fdopen", fdopen)
         patch.setattr(builtins, "open", any_open)
         patch.setattr(io, "open", any_open)
         with contextlib.suppress(CheckpointError):
@@ -239,20 +275,119 @@ def _load(root: Path) -> None:
     dcp.load(state, storage_reader=HuggingFaceStorageReader(root), no_dist=True)
 
 
+_Action = Callable[[Path], Callable[[], object]]
+
+
+def _plain(function: Callable[[Path], object]) -> _Action:
+    return lambda root: lambda: function(root)
+
+
+def _verify(root: Path) -> Callable[[], object]:
+    # A checksum file inside the directory, listing a file beside the checkpoint's.
+    (root / "extra.bin").write_bytes(b"x")
+    (root / "SHA256SUMS").write_text(f"{'0' * 64}  extra.bin\n")
+    return lambda: verify(root, checksums=root / "SHA256SUMS")
+
+
+def _consolidate(root: Path) -> Callable[[], object]:
+    """Consolidate a sharded folder (``like`` the checkpoint's index when it has one), then
+    again over the output (``overwrite``), then write a checksum file and the sample."""
+    pieces = [((0,), (2,)), ((2,), (2,))]
+    sharded = write_files(root / "sharded", tiled_shard_files(pieces, tensor="a"))
+    like = None
+    if (root / INDEX).exists():  # the like checkpoint must name exactly the input's tensors
+        like = write_files(
+            root / "like", {INDEX: json.dumps({"weight_map": {"a": "m-1.safetensors"}}).encode()}
+        )
+
+    def run() -> None:
+        consolidate(sharded, root / "out", like=like)
+        consolidate(sharded, root / "out", like=like, overwrite=True, max_shard_size=1)
+        write_checksums(root / "SUMS", {"model.safetensors": "0" * 64})
+        write_sample(root / "sample")
+
+    return run
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning")
 @pytest.mark.parametrize("index", [True, False], ids=["index", "single"])
 @pytest.mark.parametrize(
     "action",
-    [describe, find_problems, _load, lambda root: load({}, root)],
-    ids=["describe", "validate", "dcp.load", "hyperckpt.load"],
+    [
+        _plain(describe),
+        _plain(find_problems),
+        _plain(_load),
+        _plain(lambda root: load({}, root)),
+        _verify,
+        _consolidate,
+    ],
+    ids=["describe", "validate", "dcp.load", "hyperckpt.load", "verify", "consolidate"],
 )
-def test_every_open_of_a_checkpoint_path_is_non_blocking_and_none_uses_builtin_open(
-    tmp_path: Path, index: bool, action: Callable[[Path], object]
+def test_every_open_of_a_path_is_guarded_reads_never_block_and_creates_are_exclusive(
+    tmp_path: Path, index: bool, action: _Action
 ) -> None:
     root = _checkpoint(tmp_path / "ckpt", index=index)
-    opened = list(_paths_opened(root, lambda: action(root)))
+    run = action(root)
+    opened = list(_paths_opened(root, run))
     assert opened, "the check saw no open at all"
-    assert all(how == "nonblocking" for how, _ in opened), opened
+    allowed = {"nonblocking", "exclusive", "directory"}
+    assert all(how in allowed for how, _ in opened), [o for o in opened if o[0] not in allowed]
+    if action is _consolidate:
+        assert {how for how, _ in opened} == allowed  # it reads, creates and syncs
+
+
+#: Where opening, creating, stat-ing or removing a path may be written out: the seam, the
+#: command line (its own output files) and the testing helpers.
+_SEAM_FREE = ("_storage/", "_cli/", "testing/")
+#: Calls that touch a path, by module and function; and methods of ``pathlib.Path`` that do.
+_PATH_CALLS = {
+    ("os", "open"),
+    ("os", "fdopen"),
+    ("io", "open"),
+    ("os", "stat"),
+    ("os", "lstat"),
+    ("os", "unlink"),
+    ("os", "remove"),
+    ("os", "replace"),
+    ("os", "rename"),
+    ("os", "mkdir"),
+    ("os", "makedirs"),
+    ("os", "mkfifo"),
+    ("os", "truncate"),
+    ("tempfile", "mkstemp"),
+    ("tempfile", "NamedTemporaryFile"),
+}
+_PATH_METHODS = {"read_bytes", "read_text", "write_bytes", "write_text", "touch", "unlink", "mkdir"}
+
+
+def test_no_module_outside_the_seam_opens_creates_stats_or_removes_a_path() -> None:
+    package = Path(hyperckpt.__file__).parent
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package).as_posix()
+        if relative.startswith(_SEAM_FREE):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call):
+                continue
+            function = node.func
+            if isinstance(function, ast.Name) and function.id == "open":
+                found.append(f"{relative}:{node.lineno}: open()")
+            elif isinstance(function, ast.Attribute):
+                owner = function.value.id if isinstance(function.value, ast.Name) else None
+                if (owner, function.attr) in _PATH_CALLS or function.attr in _PATH_METHODS:
+                    found.append(f"{relative}:{node.lineno}: {owner or '?'}.{function.attr}()")
+    assert not found, "go through hyperckpt._storage instead:\n" + "\n".join(found)
+
+
+def test_no_test_hook_is_read_from_the_environment_by_the_library() -> None:
+    package = Path(hyperckpt.__file__).parent
+    hooks = [
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if "HYPERCKPT_TEST" in path.read_text(encoding="utf-8")
+    ]
+    assert hooks == []
 
 
 _WHERE = ["index", "shard"]

@@ -12,6 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "hyperckpt"
 #: The stages in pipeline order; a module may import from its own stage and those before it.
 STAGES = [
     "hyperckpt.errors",
+    "hyperckpt._storage",  # the seam: the only code that opens, creates or stats a file
     "hyperckpt._arguments",  # checks of the options callers pass
     "hyperckpt._deprecate",  # the one deprecation warning and its helper
     "hyperckpt._format",
@@ -31,6 +32,7 @@ STAGES = [
 #: Stages that promise not to import torch, directly or through what they import.
 TORCH_FREE = {
     "hyperckpt.errors",
+    "hyperckpt._storage",
     "hyperckpt._arguments",
     "hyperckpt._deprecate",
     "hyperckpt._format",

@@ -244,7 +244,7 @@ def test_a_listed_path_that_is_not_a_regular_file_is_refused(tmp_path: Path) -> 
     sums = tmp_path / "sums"
     sums.write_text(f"{'0' * 64}  pipe\n")
     assert stat.S_ISFIFO(os.stat(root / "pipe").st_mode)
-    with pytest.raises(CheckpointError, match="pipe: not a regular file"):
+    with pytest.raises(CheckpointError, match="pipe: a FIFO, not a regular file"):
         hyperckpt.verify(root, checksums=sums)
 
 
