@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from hyperckpt._format.budget import check_budget
 from hyperckpt._format.opener import open_regular
+from hyperckpt._format.sniff import SNIFF_BYTES, other_format
 from hyperckpt.errors import CheckpointError
 
 __all__ = [
@@ -189,7 +190,8 @@ class FileHeader:
 def read_header(path: str | os.PathLike[str], *, name: str | None = None) -> FileHeader:
     """Read and validate the header of the safetensors file at ``path``.
 
-    Only the 8-byte prefix and the header are read; the data is never touched.
+    Only the first KiB (the 8-byte prefix, and enough to name another format such as a
+    pickle or a Git LFS pointer) and the header are read; tensor data is not used.
 
     Args:
         path: The file (symlinks are followed).
@@ -207,8 +209,11 @@ def read_header(path: str | os.PathLike[str], *, name: str | None = None) -> Fil
     fd, st = open_regular(path, shown=shown, expected="a safetensors file")
     try:
         size = st.st_size
-        prefix = _pread_exact(fd, min(size, _LENGTH_PREFIX), 0, shown)
-        length = _check_prefix(prefix, size, shown)
+        head = _pread_exact(fd, min(size, SNIFF_BYTES), 0, shown)
+        other = other_format(head, size, shown)
+        if other is not None:  # a pickle, an LFS pointer...: say what it is
+            raise other
+        length = _check_prefix(head[:_LENGTH_PREFIX], size, shown)
         raw = _pread_exact(fd, length, _LENGTH_PREFIX, shown)
     finally:
         os.close(fd)
