@@ -24,7 +24,7 @@ import torch
 from hyperckpt._format.header import FileStamp, TensorEntry
 from hyperckpt._format.preview import preview
 from hyperckpt._layout.directory import describe
-from hyperckpt._layout.model import INDEX_NAME, CheckpointLayout, Kind
+from hyperckpt._layout.model import CheckpointLayout, Kind
 from hyperckpt._read.engine import default_threads
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
 from hyperckpt._verify.checksums import Expected, GitBlobHash, cache_blob_digest, read_checksums
@@ -269,7 +269,7 @@ def verify(
         raise ValueError(f"threads must be at least 1, got {threads}")
     layout = describe(path)
     listed = {} if checksums is None else read_checksums(checksums)
-    jobs, missing = _jobs(layout, listed, whole_directory=os.path.isdir(path))
+    jobs, missing = _jobs(layout, listed)
     expected = {name: _expectations(job.path, listed.get(name)) for name, job in jobs.items()}
     for job in jobs.values():
         job.git_size = any(e.algorithm == "git-sha1" for e in expected[job.name])
@@ -314,9 +314,9 @@ def verify(
 
 
 def _jobs(
-    layout: CheckpointLayout, listed: Mapping[str, Expected], *, whole_directory: bool
+    layout: CheckpointLayout, listed: Mapping[str, Expected]
 ) -> tuple[dict[str, _FileJob], list[str]]:
-    """The files to read (the checkpoint's, its index unless one file was named, listed
+    """The files to read (the checkpoint's, the index it was read through, listed
     extras) and the listed ones that are missing."""
     root = layout.root
     jobs = {
@@ -329,8 +329,8 @@ def _jobs(
         for name, header in layout.files.items()
     }
     extras = set(listed)
-    if whole_directory and os.path.lexists(os.path.join(root, INDEX_NAME)):
-        extras.add(INDEX_NAME)
+    if layout.index is not None:
+        extras.add(layout.index)
     missing = []
     for name in sorted(extras - set(jobs)):
         full = os.path.join(root, name)
