@@ -213,6 +213,29 @@ def _shape_larger(root: Path) -> object:
     return load({"w": torch.zeros(4, 2, dtype=torch.uint8)}, root)
 
 
+def _missing_key(root: Path) -> object:
+    import torch
+
+    from hyperckpt._api import load
+
+    # lm_head.weight is missing, and allow_missing names "lm_head", which is no key.
+    write_files(root, {"model.safetensors": encode_file({"embed.weight": _ENTRY}, b"\0\0")})
+    state = {"embed.weight": torch.zeros(2, dtype=torch.uint8), "lm_head.weight": torch.zeros(2)}
+    return load(state, root, allow_missing={"lm_head"})
+
+
+def _tied_differ(root: Path) -> object:
+    import torch
+
+    from hyperckpt._api import load
+
+    # Both stored, with different values, into one memory (tied in the model).
+    header = {"embed.weight": _ENTRY, "lm_head.weight": {**_ENTRY, "data_offsets": [2, 4]}}
+    write_files(root, {"model.safetensors": encode_file(header, b"\0\0\1\1")})
+    shared = torch.zeros(2, dtype=torch.uint8)
+    return load({"embed.weight": shared, "lm_head.weight": shared}, root)
+
+
 # JSON bombs inside a string and in the index: 2**20 characters of empty arrays.
 _ARRAY_BOMB = "[" + "[]," * (2**20 // 3) + "[]]"
 
@@ -484,6 +507,15 @@ RULES: tuple[Rule, ...] = (
     Rule("load.shape_mismatch", "A destination has the checkpoint tensor's shape; a larger one "
          "means a shard file is probably missing (`hyperckpt.load`, `hyperckpt.LoadPlanner`).", _E,
          r"a shard file is probably missing \(the one holding", _shape_larger),
+    Rule("load.missing_keys", "The checkpoint holds every state-dict key not allowed to be "
+         "missing; an `allow_missing` name that is no key is named with the key it likely meant "
+         "(`hyperckpt.load`).", _E, r"the checkpoint lacks \d+ tensor\(s\) the state dict has",
+         _missing_key),
+    Rule("load.tied_differ", "Tied weights (one memory in the model) that the checkpoint stores "
+         "each hold equal values, unless `tied_winners` names the one to load "
+         "(`hyperckpt.load`, on every rank).", _E,
+         r"are tied weights, one memory in the model, but the checkpoint stores different values",
+         _tied_differ),
 )  # fmt: skip
 
 
