@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from hyperckpt._format.budget import check_budget
 from hyperckpt._format.opener import open_regular
-from hyperckpt._format.sniff import SNIFF_BYTES, other_format
+from hyperckpt._format.sniff import SNIFF_BYTES, could_be_safetensors, other_format
 from hyperckpt.errors import CheckpointError
 
 __all__ = [
@@ -190,8 +190,8 @@ class FileHeader:
 def read_header(path: str | os.PathLike[str], *, name: str | None = None) -> FileHeader:
     """Read and validate the header of the safetensors file at ``path``.
 
-    Only the first KiB (the 8-byte prefix, and enough to name another format such as a
-    pickle or a Git LFS pointer) and the header are read; tensor data is not used.
+    Only the 8-byte prefix and the header are read; the data is never touched.  A file
+    that cannot be safetensors (a pickle, a Git LFS pointer) is named from its first KiB.
 
     Args:
         path: The file (symlinks are followed).
@@ -209,12 +209,13 @@ def read_header(path: str | os.PathLike[str], *, name: str | None = None) -> Fil
     fd, st = open_regular(path, shown=shown, expected="a safetensors file")
     try:
         size = st.st_size
-        head = _pread_exact(fd, min(size, SNIFF_BYTES), 0, shown)
-        other = other_format(head, size, shown)
-        if other is not None:  # a pickle, an LFS pointer...: say what it is
-            raise other
-        length = _check_prefix(head[:_LENGTH_PREFIX], size, shown)
+        prefix = _pread_exact(fd, min(size, _LENGTH_PREFIX), 0, shown)
+        if not could_be_safetensors(prefix, size):  # a pickle, an LFS pointer...: say so
+            _refuse_other_format(_pread_exact(fd, min(size, SNIFF_BYTES), 0, shown), size, shown)
+        length = _check_prefix(prefix, size, shown)
         raw = _pread_exact(fd, length, _LENGTH_PREFIX, shown)
+        if not could_be_safetensors(prefix + raw[:1], size):  # a zip whose length fits
+            _refuse_other_format(prefix + raw[: SNIFF_BYTES - _LENGTH_PREFIX], size, shown)
     finally:
         os.close(fd)
     header = _parse(raw, size, name=shown, path=path)
@@ -270,6 +271,13 @@ def _with_stamp(header: FileHeader, stamp: FileStamp) -> FileHeader:
     return FileHeader(
         header.name, header.path, stamp, header.header_length, header.tensors, header.metadata
     )
+
+
+def _refuse_other_format(head: bytes, size: int, name: str) -> None:
+    """Raise the error naming the file's format when ``head`` is one hyperckpt knows."""
+    other = other_format(head, size, name)
+    if other is not None:
+        raise other
 
 
 def _pread_exact(fd: int, length: int, offset: int, name: str) -> bytes:

@@ -17,7 +17,7 @@ from typing import Final
 from hyperckpt._format.opener import open_regular
 from hyperckpt.errors import CheckpointError
 
-__all__ = ["SNIFF_BYTES", "other_format", "other_format_of_file"]
+__all__ = ["SNIFF_BYTES", "could_be_safetensors", "other_format", "other_format_of_file"]
 
 #: How many leading bytes :func:`other_format` looks at: a whole Git LFS pointer (the
 #: git-lfs specification keeps pointers under 1024 bytes).
@@ -56,7 +56,7 @@ def other_format(head: bytes, file_size: int, name: str) -> CheckpointError | No
         ``None`` when the bytes could begin a safetensors file or match no known format
         (the format's own rules then say what is wrong).
     """
-    if _could_be_safetensors(head, file_size):
+    if could_be_safetensors(head, file_size):
         return None
     if head.startswith(_LFS):
         return _lfs_pointer(head, file_size, name)
@@ -102,8 +102,11 @@ def other_format_of_file(path: str | os.PathLike[str], name: str) -> CheckpointE
     return other_format(head, st.st_size, name)
 
 
-def _could_be_safetensors(head: bytes, file_size: int) -> bool:
-    """Whether ``head`` can begin a safetensors file of ``file_size`` bytes."""
+def could_be_safetensors(head: bytes, file_size: int) -> bool:
+    """Whether ``head`` can begin a safetensors file of ``file_size`` bytes.
+
+    With 8 bytes only the header length is judged; with more, the header's first byte too.
+    """
     if len(head) < _LENGTH_PREFIX:
         return True  # too small: the format's own rule says so
     length = int.from_bytes(head[:_LENGTH_PREFIX], "little")

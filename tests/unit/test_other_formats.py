@@ -3,8 +3,12 @@ tests/property/test_sniff_property.py: a valid or singly broken file never is)."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from hyperckpt import CheckpointError
+from hyperckpt._format.header import read_header
 from hyperckpt._format.sniff import other_format
 from hyperckpt.testing import encode_file
 
@@ -68,3 +72,15 @@ def test_an_lfs_pointer_without_its_fields_still_says_what_it_is() -> None:
 def test_binary_noise_is_left_to_the_format() -> None:
     assert other_format(b"\xff" * 16, 16, "x") is None
     assert other_format(encode_file({}), 10, "x") is None
+
+
+def test_a_large_zip_whose_first_bytes_fit_a_header_length_is_still_named(tmp_path: Path) -> None:
+    # A zip archive's first 8 bytes read as a 67,324,752-byte header length: possible in a
+    # file this large, so the header is read, and only its first byte tells it apart.
+    path = tmp_path / "pytorch_model.bin"
+    with open(path, "wb") as f:
+        f.write(ZIP_HEAD + b"\x00\x00")
+        f.truncate(70_000_000)  # sparse: costs no disk
+    with pytest.raises(CheckpointError) as info:
+        read_header(path, name="pytorch_model.bin")
+    assert info.value.rule == "file.torch_pickle"
