@@ -79,7 +79,7 @@ _File = tuple[str, tuple[int, int, int, int, int], int, tuple[_Entry, ...], dict
 _Tensor = tuple[
     str, str, tuple[int, ...], tuple[tuple[int, tuple[int, ...], tuple[int, ...], int, int], ...]
 ]
-_Encoded = tuple[str, str, tuple[_File, ...], tuple[_Tensor, ...]]
+_Encoded = tuple[str, str, tuple[_File, ...], tuple[_Tensor, ...], str | None]
 
 
 def encode_layout(layout: CheckpointLayout) -> _Encoded:
@@ -105,7 +105,7 @@ def encode_layout(layout: CheckpointLayout) -> _Encoded:
         )
         for t in layout.tensors.values()
     )
-    return (layout.kind, layout.root, files, tensors)
+    return (layout.kind, layout.root, files, tensors, layout.index)
 
 
 def decode_layout(encoded: _Encoded, root: str) -> CheckpointLayout:
@@ -114,7 +114,7 @@ def decode_layout(encoded: _Encoded, root: str) -> CheckpointLayout:
     Each header keeps the reader's stamp; :func:`shared_layout` replaces it with this rank's
     own ``stat`` once the two agree.
     """
-    kind, _, files, tensors = encoded
+    kind, _, files, tensors, index = encoded
     headers: dict[str, FileHeader] = {}
     for name, stamp, header_length, entries, metadata in files:
         headers[name] = FileHeader(
@@ -145,6 +145,7 @@ def decode_layout(encoded: _Encoded, root: str) -> CheckpointLayout:
         root,
         MappingProxyType(headers),
         MappingProxyType(layouts),
+        index=index,
     )
 
 
@@ -321,7 +322,9 @@ def _with_own_stamps(layout: CheckpointLayout, rank: int) -> CheckpointLayout:
         headers[name] = FileHeader(
             header.name, header.path, now, header.header_length, header.tensors, header.metadata
         )
-    return CheckpointLayout(layout.kind, layout.root, MappingProxyType(headers), layout.tensors)
+    return CheckpointLayout(
+        layout.kind, layout.root, MappingProxyType(headers), layout.tensors, index=layout.index
+    )
 
 
 def _rebuild(failure: Failure) -> CheckpointError:

@@ -17,6 +17,7 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 from hyperckpt._format.budget import check_budget
+from hyperckpt._format.sniff import SNIFF_BYTES, could_be_safetensors, other_format
 from hyperckpt._storage.opener import open_regular
 from hyperckpt._storage.stamp import FileStamp
 from hyperckpt.errors import CheckpointError, RuleId
@@ -156,7 +157,8 @@ class FileHeader:
 def read_header(path: str | os.PathLike[str], *, name: str | None = None) -> FileHeader:
     """Read and validate the header of the safetensors file at ``path``.
 
-    Only the 8-byte prefix and the header are read; the data is never touched.
+    Only the 8-byte prefix and the header are read; the data is never touched.  A file
+    that cannot be safetensors (a pickle, a Git LFS pointer) is named from its first KiB.
 
     Args:
         path: The file (symlinks are followed).
@@ -172,10 +174,15 @@ def read_header(path: str | os.PathLike[str], *, name: str | None = None) -> Fil
     path = os.fspath(path)
     shown = path if name is None else name
     with open_regular(path, shown=shown, expected="a safetensors file") as file:
-        prefix = file.read_exact(0, min(file.size, _LENGTH_PREFIX))
-        length = _check_prefix(prefix, file.size, shown)
+        size = file.size
+        prefix = file.read_exact(0, min(size, _LENGTH_PREFIX))
+        if not could_be_safetensors(prefix, size):  # a pickle, an LFS pointer...: say so
+            _refuse_other_format(file.read_exact(0, min(size, SNIFF_BYTES)), size, shown)
+        length = _check_prefix(prefix, size, shown)
         raw = file.read_exact(_LENGTH_PREFIX, length)
-    header = _parse(raw, file.size, name=shown, path=path)
+        if not could_be_safetensors(prefix + raw[:1], size):  # a zip whose length fits
+            _refuse_other_format(prefix + raw[: SNIFF_BYTES - _LENGTH_PREFIX], size, shown)
+    header = _parse(raw, size, name=shown, path=path)
     return _with_stamp(header, file.stamp)
 
 
@@ -228,6 +235,13 @@ def _with_stamp(header: FileHeader, stamp: FileStamp) -> FileHeader:
     return FileHeader(
         header.name, header.path, stamp, header.header_length, header.tensors, header.metadata
     )
+
+
+def _refuse_other_format(head: bytes, size: int, name: str) -> None:
+    """Raise the error naming the file's format when ``head`` is one hyperckpt knows."""
+    other = other_format(head, size, name)
+    if other is not None:
+        raise other
 
 
 def _check_prefix(prefix: bytes, file_size: int, name: str) -> int:

@@ -1,7 +1,8 @@
 """A checkpoint directory: which files, and how the pieces of each tensor tile it.
 
-Two kinds of directory are understood: a Hugging Face checkpoint (``model.safetensors`` or
-the files ``model.safetensors.index.json`` names) and a torch sharded directory (the
+Two kinds of directory are understood: a Hugging Face checkpoint (one file, or the files an
+index such as ``model.safetensors.index.json`` names; see
+:mod:`hyperckpt._layout.candidates`) and a torch sharded directory (the
 per-rank files ``HuggingFaceStorageWriter(save_distributed=True)`` writes, each carrying
 ``DCP_SHARDING_INFO``).  Everything is decided from the headers; the set of files is
 checked as a whole.  No torch import here.
@@ -27,6 +28,16 @@ from hyperckpt._format.header import (
     read_header,
 )
 from hyperckpt._format.preview import preview
+from hyperckpt._format.sniff import other_format_of_file
+from hyperckpt._layout.candidates import (
+    INDEX_SUFFIX,
+    SINGLE_PREFIXES,
+    Choice,
+    choose,
+    index_file_choice,
+    is_index_name,
+)
+from hyperckpt._layout.foreign import dcp_file, foreign_directory
 from hyperckpt._layout.gcpause import collector_paused
 from hyperckpt._layout.index import (
     check_index_agreement,
@@ -35,9 +46,7 @@ from hyperckpt._layout.index import (
 )
 from hyperckpt._layout.model import (
     HUGGINGFACE,
-    INDEX_NAME,
     SHARDING_INFO_KEY,
-    SINGLE_FILE_NAME,
     TORCH_SHARDED,
     CheckpointLayout,
     Counted,
@@ -56,6 +65,10 @@ logger = logging.getLogger(__name__)
 
 _SHARDED_SUBDIR: Final = "sharded"
 _SUFFIX: Final = ".safetensors"
+_INDEX_SUFFIX: Final = INDEX_SUFFIX
+_SINGLES: Final = ", ".join(f"{prefix}{_SUFFIX}" for prefix in SINGLE_PREFIXES[:-1]) + (
+    f" or {SINGLE_PREFIXES[-1]}{_SUFFIX}"
+)
 
 
 def describe_directory(path: str | os.PathLike[str]) -> CheckpointLayout:
@@ -82,35 +95,38 @@ def describe_directory(path: str | os.PathLike[str]) -> CheckpointLayout:
 def detect_kind(path: str | os.PathLike[str]) -> Kind:
     """Tell which kind of checkpoint ``path`` holds, reading at most one header.
 
-    A single file, an index or ``model.safetensors`` means Hugging Face; otherwise
-    ``*.safetensors`` files whose headers carry ``DCP_SHARDING_INFO`` mean torch sharded.
+    A single file, an index (``<prefix>.safetensors.index.json``), a single file named as
+    transformers, diffusers or PEFT name theirs (see :mod:`hyperckpt._layout.candidates`)
+    or one lone ``*.safetensors`` file mean Hugging Face; ``*.safetensors`` files whose
+    headers carry ``DCP_SHARDING_INFO`` mean torch sharded.
 
     Raises:
-        CheckpointNotFoundError: Nothing that looks like a checkpoint is there.
-        CheckpointError: Safetensors files without an index or sharding information.
+        CheckpointNotFoundError: Nothing that looks like a checkpoint is there; the message
+            names what is there instead (a torch DCP checkpoint, a diffusers pipeline's
+            root, Meta's consolidated files, pickled weights) and what to do.
+        CheckpointError: Several candidate checkpoints, or several safetensors files
+            without an index or sharding information.
     """
     root = Path(path)
     if root.is_file():
         return HUGGINGFACE
     _require_directory(root)
-    if (root / INDEX_NAME).exists() or (root / SINGLE_FILE_NAME).exists():
+    entries = _entries(root)
+    if choose(root, entries) is not None:
         return HUGGINGFACE
-    names = _safetensors_names(root)
+    names = _safetensors_names(entries)
     if not names:
-        pickled = _pickled_hint(root)
-        raise CheckpointNotFoundError(
-            f"{root}: no {INDEX_NAME}, {SINGLE_FILE_NAME} or *.safetensors files; "
-            f"{pickled or 'this is not a checkpoint directory'}{_sharded_hint(root)}",
-            path=str(root),
-            rule="dir.pickled" if pickled else "dir.empty",
-        )
+        raise _nothing_here(root, entries)
     first = read_header(root / names[0], name=names[0])
     if first.metadata is not None and SHARDING_INFO_KEY in first.metadata:
         return TORCH_SHARDED
+    if len(names) == 1:
+        return HUGGINGFACE
     raise CheckpointError(
-        f"{root}: {len(names)} *.safetensors files ({preview(names, 3, quote=False)}) but no {INDEX_NAME}, "
-        f"no {SINGLE_FILE_NAME}, and {names[0]} has no {SHARDING_INFO_KEY}, so which files "
-        f"form the checkpoint is unknown; pass the path of a single file, or add the index",
+        f"{root}: {len(names)} *.safetensors files ({preview(names, 3, quote=False)}) but no "
+        f"*{_INDEX_SUFFIX}, none named {_SINGLES}, and {names[0]} has no {SHARDING_INFO_KEY}, "
+        f"so which files form the checkpoint is unknown; pass the path of a single file, or "
+        f"add the index",
         path=str(root),
         rule="dir.unknown_kind",
     )
@@ -120,49 +136,36 @@ def detect_kind(path: str | os.PathLike[str]) -> Kind:
 def huggingface_layout(
     path: str | os.PathLike[str], *, report: Report = raise_problem
 ) -> CheckpointLayout:
-    """Describe a Hugging Face checkpoint: the index's files, or ``model.safetensors``.
+    """Describe a Hugging Face checkpoint: the index's files, or one file.
 
-    With ``model.safetensors.index.json`` exactly the files its ``weight_map`` names are
-    read, nothing else in the directory.  Without it, ``model.safetensors`` alone.  A path
-    to a single ``.safetensors`` file describes that file.
+    With an index (``model.safetensors.index.json``, diffusers'
+    ``diffusion_pytorch_model.safetensors.index.json``: any
+    ``<prefix>.safetensors.index.json``) exactly the files its ``weight_map`` names are
+    read, nothing else in the directory.  Without one, the single file transformers,
+    diffusers or PEFT write (``model.safetensors``, ``diffusion_pytorch_model.safetensors``,
+    ``adapter_model.safetensors``), or the directory's only ``*.safetensors`` file.  Two
+    candidates are refused, naming both (see :mod:`hyperckpt._layout.candidates`).  A path
+    to a single ``.safetensors`` file describes that file; a path to an index reads it.
 
     Args:
-        path: The checkpoint directory, or a single ``.safetensors`` file.
+        path: The checkpoint directory, a single ``.safetensors`` file, or an index.
         report: Called with each problem.  The default raises it.  One that returns lets
             the description go on without the file or tensor at fault; the layout returned
             is then partial, valid only if nothing was reported.
 
     Raises:
-        CheckpointNotFoundError: The directory, the index's files or ``model.safetensors``
-            are missing.
-        CheckpointError: The index is malformed or disagrees with the headers, a tensor is
-            in two files, or a header breaks a rule.
+        CheckpointNotFoundError: The directory or the index's files are missing, or no
+            checkpoint is there (the message names what is, e.g. a torch DCP checkpoint or
+            a diffusers pipeline's root, and what to do).
+        CheckpointError: Two candidate checkpoints, the index is malformed or disagrees
+            with the headers, a tensor is in two files, or a header breaks a rule.
     """
     root = Path(path)
     problems = Counted(report)
-    weight_map: dict[str, str | None] | None = None
-    if root.is_file():
-        names: list[str] = [root.name]
-        root = root.parent
-    elif not _require_directory(root, problems):
+    found = _huggingface_files(root, problems)
+    if found is None:
         return _nothing(HUGGINGFACE, root)
-    elif (root / INDEX_NAME).exists():
-        index = read_index(root, problems)
-        if index is None:
-            return _nothing(HUGGINGFACE, root)
-        weight_map, names = index
-    elif (root / SINGLE_FILE_NAME).exists():
-        names = [SINGLE_FILE_NAME]
-    else:
-        problems(
-            CheckpointNotFoundError(
-                f"{root}: neither {INDEX_NAME} nor {SINGLE_FILE_NAME} is there"
-                f"{_other_kind_hint(root)}",
-                path=str(root),
-                rule="hf.no_checkpoint",
-            )
-        )
-        return _nothing(HUGGINGFACE, root)
+    root, choice, weight_map, names = found
     headers = _read_headers(root, names, problems)
     owner: dict[str, str] = {}
     for header in headers.values():
@@ -181,16 +184,71 @@ def huggingface_layout(
                 )
             )
         _check_whole_tensors(header, problems)
-    if weight_map is not None:
-        check_index_agreement(weight_map, owner, headers, problems)
-        if not problems.count:  # it compares with every indexed tensor
-            check_single_file_beside_index(root, headers, owner, problems)
+    if weight_map is not None and choice.index is not None:
+        check_index_agreement(weight_map, owner, headers, problems, index=choice.index)
+        if not problems.count and choice.single is not None:  # it compares every tensor
+            check_single_file_beside_index(
+                root, headers, owner, problems, index=choice.index, single=choice.single
+            )
     tensors = {
         name: _whole(owner[name], headers[owner[name]].tensors[name]) for name in sorted(owner)
     }
     return CheckpointLayout(
-        HUGGINGFACE, str(root), MappingProxyType(headers), MappingProxyType(tensors)
+        HUGGINGFACE,
+        str(root),
+        MappingProxyType(headers),
+        MappingProxyType(tensors),
+        index=choice.index,
     )
+
+
+def _huggingface_files(
+    path: Path, problems: Report
+) -> tuple[Path, Choice, dict[str, str | None] | None, list[str]] | None:
+    """The directory, what is read in it, the index's weight map and the files to read;
+    ``None`` after a problem that leaves nothing to read."""
+    if path.is_file():
+        foreign = dcp_file(path)
+        if foreign is not None:
+            problems(foreign)
+            return None
+        root = path.parent
+        if not is_index_name(path.name):
+            return root, Choice(None, path.name), None, [path.name]
+        choice = _choice(root, problems, given=path.name)  # the index to read, by its path
+    elif not _require_directory(path, problems):
+        return None
+    else:
+        root = path
+        choice = _choice(root, problems)
+    if choice is None:
+        return None
+    if choice.index is None:
+        assert choice.single is not None, "a choice without an index names its file"
+        return root, choice, None, [choice.single]
+    index = read_index(root, problems, index=choice.index)
+    if index is None:
+        return None
+    weight_map, names = index
+    return root, choice, weight_map, names
+
+
+def _choice(root: Path, problems: Report, *, given: str | None = None) -> Choice | None:
+    """What to read in the directory ``root`` (the index ``given`` by its path, if any);
+    ``None`` after a problem."""
+    try:
+        entries = _entries(root)
+        chosen = index_file_choice(given, entries) if given else choose(root, entries)
+    except CheckpointError as err:
+        problems(err)
+        return None
+    if chosen is not None:
+        return chosen
+    lone = _lone_file(root, entries)
+    if lone is not None:
+        return Choice(None, lone)
+    problems(_no_huggingface_checkpoint(root, entries))
+    return None
 
 
 @collector_paused()
@@ -216,24 +274,27 @@ def torch_sharded_layout(
     problems = Counted(report)
     if not _require_directory(root, problems):
         return _nothing(TORCH_SHARDED, root)
-    if (root / INDEX_NAME).exists():
+    try:
+        entries = _entries(root)
+    except CheckpointError as err:
+        problems(err)
+        return _nothing(TORCH_SHARDED, root)
+    indexes = sorted(name for name in entries if name.endswith(_INDEX_SUFFIX))
+    if indexes:
         problems(
             CheckpointError(
-                f"{root}: holds {INDEX_NAME}, so it is a Hugging Face checkpoint, not a torch "
+                f"{root}: holds {indexes[0]}, so it is a Hugging Face checkpoint, not a torch "
                 f"sharded directory; use HuggingFaceStorageReader",
                 path=str(root),
                 rule="sharded.index_present",
             )
         )
         return _nothing(TORCH_SHARDED, root)
-    try:
-        names = _safetensors_names(root)
-    except CheckpointError as err:
-        problems(err)
-        return _nothing(TORCH_SHARDED, root)
+    names = _safetensors_names(entries)
     if not names:
         problems(
-            CheckpointNotFoundError(
+            foreign_directory(root, entries)
+            or CheckpointNotFoundError(
                 f"{root}: no *.safetensors files, so no torch sharded checkpoint is here"
                 f"{_sharded_hint(root)}",
                 path=str(root),
@@ -276,7 +337,9 @@ def _require_directory(root: Path, report: Report = raise_problem) -> bool:
         )
     elif root.is_file():
         report(
-            CheckpointError(
+            dcp_file(root)
+            or other_format_of_file(root, root.name)
+            or CheckpointError(
                 f"{root}: a single file, but a torch sharded checkpoint is a directory of "
                 f"per-rank files: pass the directory (HuggingFaceStorageReader reads a single "
                 f"file)",
@@ -296,14 +359,36 @@ def _require_directory(root: Path, report: Report = raise_problem) -> bool:
     return False
 
 
-def _safetensors_names(root: Path) -> list[str]:
+def _entries(root: Path) -> list[str]:
+    """The names in the directory ``root``, sorted."""
     try:
-        entries = sorted(os.listdir(root))
+        return sorted(os.listdir(root))
     except OSError as err:
         raise CheckpointError(
             f"{root}: cannot list: {err.strerror or err}", path=str(root)
         ) from err
+
+
+def _safetensors_names(entries: Iterable[str]) -> list[str]:
     return [name for name in entries if name.endswith(_SUFFIX)]
+
+
+def _lone_file(root: Path, entries: list[str]) -> str | None:
+    """The one ``*.safetensors`` file of ``root`` when there is exactly one and its header
+    carries no sharding information (a torch sharded directory of one file), else ``None``.
+
+    Its header is read here, and again with the others: one small read.
+    """
+    names = _safetensors_names(entries)
+    if len(names) != 1:
+        return None
+    try:
+        header = read_header(root / names[0], name=names[0])
+    except CheckpointError:
+        return names[0]  # read again with the others, and reported there
+    if header.metadata is not None and SHARDING_INFO_KEY in header.metadata:
+        return None
+    return names[0]
 
 
 def _read_headers(root: Path, names: Iterable[str], report: Report) -> dict[str, FileHeader]:
@@ -341,20 +426,13 @@ def _whole(file: str, entry: TensorEntry) -> TensorLayout:
     return TensorLayout(entry.name, entry.dtype, shape, (piece,))
 
 
-def _pickled_hint(root: Path) -> str:
-    """What to do with a directory of pickled torch weights (``pytorch_model.bin``), or ""."""
-    pickled = sorted(
-        entry.name
-        for entry in os.scandir(root)
-        if entry.name.endswith((".bin", ".pt", ".pth", ".bin.index.json"))
-    )
-    if not pickled:
-        return ""
-    return (
-        f"it holds {preview(pickled, 3, quote=False)}: pickled torch weights (torch.save), which hyperckpt "
-        f"does not read (unpickling runs code); convert them to safetensors, e.g. with "
-        f"transformers: AutoModel.from_pretrained(path).save_pretrained(out), which writes "
-        f"{SINGLE_FILE_NAME} or its index"
+def _nothing_here(root: Path, entries: list[str]) -> CheckpointNotFoundError:
+    """The error for a directory with no ``*.safetensors`` file: what it holds instead."""
+    return foreign_directory(root, entries) or CheckpointNotFoundError(
+        f"{root}: no *.safetensors files (nor an index); this is not a checkpoint "
+        f"directory{_sharded_hint(root)}",
+        path=str(root),
+        rule="dir.empty",
     )
 
 
@@ -367,20 +445,34 @@ def _sharded_hint(root: Path) -> str:
     return ""
 
 
-def _other_kind_hint(root: Path) -> str:
-    names = _safetensors_names(root)
-    if names:
-        first = read_header(root / names[0], name=names[0])
-        if first.metadata is not None and SHARDING_INFO_KEY in first.metadata:
-            return (
-                f"; its *.safetensors files carry {SHARDING_INFO_KEY}: this is a torch sharded "
-                f"directory: use TorchShardedSafetensorsReader"
-            )
-        return (
-            f"; it holds {preview(names, 3, quote=False)}: without an index only {SINGLE_FILE_NAME} is read, "
-            f"so pass a single file's path or add the index"
+def _no_huggingface_checkpoint(root: Path, entries: list[str]) -> CheckpointNotFoundError:
+    """Why no Hugging Face checkpoint was chosen in ``root``, and what is there instead."""
+    names = _safetensors_names(entries)
+    if not names:
+        foreign = foreign_directory(root, entries)
+        if foreign is not None:
+            return foreign
+        hint = _sharded_hint(root) or "; this is not a checkpoint directory"
+    elif _has_sharding_info(root, names[0]):
+        hint = (
+            f"; its *.safetensors files carry {SHARDING_INFO_KEY}: this is a torch sharded "
+            f"directory: use TorchShardedSafetensorsReader"
         )
-    pickled = _pickled_hint(root)
-    return _sharded_hint(root) or (
-        f"; {pickled}" if pickled else "; this is not a checkpoint directory"
+    else:
+        hint = (
+            f"; it holds {preview(names, 3, quote=False)}: without an index only a single file "
+            f"is read, so pass a single file's path or add the index"
+        )
+    return CheckpointNotFoundError(
+        f"{root}: no *{_INDEX_SUFFIX} and no single {_SINGLES} is there{hint}",
+        path=str(root),
+        rule="hf.no_checkpoint",
     )
+
+
+def _has_sharding_info(root: Path, name: str) -> bool:
+    try:
+        header = read_header(root / name, name=name)
+    except CheckpointError:  # no checkpoint is chosen: that is the problem reported
+        return False
+    return header.metadata is not None and SHARDING_INFO_KEY in header.metadata

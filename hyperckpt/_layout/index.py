@@ -32,20 +32,20 @@ logger = logging.getLogger(__name__)
 MAX_INDEX_BYTES: Final = 100_000_000
 
 
-def read_index_text(root: Path, name: str = INDEX_NAME) -> str:
+def read_index_text(root: Path, index: str = INDEX_NAME) -> str:
     """The index's text, read through the guarded opener and refused from its size first.
 
     Args:
-        root: The directory holding it.
-        name: Its file name (an index passed by path may be named otherwise).
+        root: The checkpoint directory.
+        index: The index's name in it (diffusers': ``diffusion_pytorch_model.safetensors.index.json``).
 
     Raises:
         CheckpointNotFoundError: The index vanished (or is a broken symlink).
         CheckpointError: It is not a regular file, larger than any real index, or not UTF-8.
     """
     raw, _ = read_regular(
-        str(root / name),
-        shown=name,
+        str(root / index),
+        shown=index,
         expected="the index (a JSON file)",
         limit=MAX_INDEX_BYTES,
         over_limit=f"more than any real index ({MAX_INDEX_BYTES} at most); the file is "
@@ -57,30 +57,33 @@ def read_index_text(root: Path, name: str = INDEX_NAME) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as err:
         raise CheckpointError(
-            f"{name}: not valid UTF-8 (byte {err.start})",
-            path=name,
+            f"{index}: not valid UTF-8 (byte {err.start})",
+            path=index,
             rule="index.not_utf8",
         ) from err
 
 
-def read_index(root: Path, report: Report) -> tuple[dict[str, str | None], list[str]] | None:
+def read_index(
+    root: Path, report: Report, *, index: str = INDEX_NAME
+) -> tuple[dict[str, str | None], list[str]] | None:
     """The index's weight map and the files it names that are there, in name order.
 
     An entry whose file is not a string maps to ``None``; a file that is not a plain name
     or is missing is left out of the names.  Each is reported (non-strings first, then the
-    files in name order); ``None`` when the index itself is unusable.
+    files in name order); ``None`` when the index itself is unusable.  Every rule applies
+    to an index of any name (``index``).
     """
     try:
-        document = decode_strict_json(read_index_text(root), INDEX_NAME, "index")
+        document = decode_strict_json(read_index_text(root, index), index, "index")
     except CheckpointError as err:
         report(err)
         return None
     if not isinstance(document, dict) or "weight_map" not in document:
         report(
             CheckpointError(
-                f'{INDEX_NAME}: must be a JSON object with a "weight_map" of tensor name to '
+                f'{index}: must be a JSON object with a "weight_map" of tensor name to '
                 f"file name",
-                path=INDEX_NAME,
+                path=index,
                 rule="index.no_weight_map",
             )
         )
@@ -89,9 +92,9 @@ def read_index(root: Path, report: Report) -> tuple[dict[str, str | None], list[
     if not isinstance(entries, dict) or not entries:
         report(
             CheckpointError(
-                f'{INDEX_NAME}: "weight_map" must be a non-empty object of tensor name to file '
+                f'{index}: "weight_map" must be a non-empty object of tensor name to file '
                 f"name",
-                path=INDEX_NAME,
+                path=index,
                 rule="index.weight_map_not_object",
             )
         )
@@ -107,9 +110,9 @@ def read_index(root: Path, report: Report) -> tuple[dict[str, str | None], list[
         weight_map[tensor] = None
         report(
             CheckpointError(
-                f"{INDEX_NAME}: weight_map[{tensor!r}] must be a file name string, not "
+                f"{index}: weight_map[{tensor!r}] must be a file name string, not "
                 f"{file!r:.60}",
-                path=INDEX_NAME,
+                path=index,
                 tensor=tensor,
                 rule="index.file_not_string",
             )
@@ -117,7 +120,7 @@ def read_index(root: Path, report: Report) -> tuple[dict[str, str | None], list[
     names = []
     for file in sorted(named):  # each file is checked once, not once per tensor
         tensor, count = named[file]
-        if not check_plain_name(file, tensor, report):
+        if not check_plain_name(file, tensor, report, index=index):
             continue
         # Only existence here (a stat, nothing opened): what is there is checked by the
         # guarded opener when its header is read, so a FIFO or a directory is file.not_regular.
@@ -125,7 +128,7 @@ def read_index(root: Path, report: Report) -> tuple[dict[str, str | None], list[
             more = f" (and {count - 1} more)" if count > 1 else ""
             report(
                 CheckpointNotFoundError(
-                    f"{file}: named by {INDEX_NAME} for tensor {tensor!r}{more} but missing (or "
+                    f"{file}: named by {index} for tensor {tensor!r}{more} but missing (or "
                     f"a broken symlink); a shard file of the checkpoint is missing or the "
                     f"download is incomplete",
                     path=file,
@@ -138,7 +141,9 @@ def read_index(root: Path, report: Report) -> tuple[dict[str, str | None], list[
     return weight_map, names
 
 
-def check_plain_name(file: str, tensor: str, report: Report = raise_problem) -> bool:
+def check_plain_name(
+    file: str, tensor: str, report: Report = raise_problem, *, index: str = INDEX_NAME
+) -> bool:
     """Whether ``file`` is a plain name inside the directory; a problem is reported if not."""
     plain = (
         file not in ("", ".", "..")
@@ -151,10 +156,10 @@ def check_plain_name(file: str, tensor: str, report: Report = raise_problem) -> 
     if not plain:
         report(
             CheckpointError(
-                f"{INDEX_NAME}: weight_map[{tensor!r}] names {file!r}, which is not a plain "
+                f"{index}: weight_map[{tensor!r}] names {file!r}, which is not a plain "
                 f"file name inside the checkpoint directory (no separators, '..', absolute "
                 f"paths, NUL or lone surrogate escapes)",
-                path=INDEX_NAME,
+                path=index,
                 tensor=tensor,
                 rule="index.not_plain_name",
             )
@@ -167,10 +172,13 @@ def check_index_agreement(
     owner: Mapping[str, str],
     read: Container[str],
     report: Report,
+    *,
+    index: str = INDEX_NAME,
 ) -> None:
     """The index places each tensor in the file that holds it, and lists every tensor.
 
     Only entries naming a file in ``read`` are compared: the others were reported already.
+    ``index`` names the index in messages.
     """
     if weight_map == owner:  # what the loops below check, without a Python step per tensor
         return
@@ -181,7 +189,7 @@ def check_index_agreement(
             where = f"it is in {owner[tensor]}" if tensor in owner else "no file holds it"
             report(
                 CheckpointError(
-                    f"{INDEX_NAME} places tensor {tensor!r} in {file}, but {file} lacks it "
+                    f"{index} places tensor {tensor!r} in {file}, but {file} lacks it "
                     f"({where}); the index and the files disagree",
                     path=file,
                     tensor=tensor,
@@ -192,7 +200,7 @@ def check_index_agreement(
         if tensor not in weight_map:
             report(
                 CheckpointError(
-                    f"{file} holds tensor {tensor!r}, which {INDEX_NAME} omits; the index and "
+                    f"{file} holds tensor {tensor!r}, which {index} omits; the index and "
                     f"the files disagree (a stale index?)",
                     path=file,
                     tensor=tensor,
@@ -202,31 +210,46 @@ def check_index_agreement(
 
 
 def check_single_file_beside_index(
-    root: Path, headers: Mapping[str, FileHeader], owner: Mapping[str, str], report: Report
+    root: Path,
+    headers: Mapping[str, FileHeader],
+    owner: Mapping[str, str],
+    report: Report,
+    *,
+    index: str = INDEX_NAME,
+    single: str = SINGLE_FILE_NAME,
 ) -> None:
     """``model.safetensors`` beside an index that does not name it: a second checkpoint.
 
-    transformers reads ``model.safetensors`` first, this reader the index's files: say so
-    when both hold the same tensors, refuse when they differ.
+    transformers (and diffusers, for ``diffusion_pytorch_model.safetensors`` beside its
+    index) reads the single file first, this reader the index's files: say so when both
+    hold the same tensors, refuse when they differ.
+
+    Args:
+        root: The checkpoint directory.
+        headers: The index's files' headers, by name.
+        owner: Each tensor's file.
+        report: Where a disagreement goes.
+        index: The index's name.
+        single: The single file's name beside it (``<prefix>.safetensors``).
     """
-    if SINGLE_FILE_NAME in headers or not (root / SINGLE_FILE_NAME).exists():
+    if single in headers or not (root / single).exists():
         return
     try:
-        single = read_header(root / SINGLE_FILE_NAME, name=SINGLE_FILE_NAME)
+        found = read_header(root / single, name=single)
     except CheckpointError as err:  # a stray broken file: never read, but named
         logger.warning(
             "%s: reading the files %s names; %s beside it, which it does not name, is not a "
             "valid file (transformers would try that one): %s",
             root,
-            INDEX_NAME,
-            SINGLE_FILE_NAME,
+            index,
+            single,
             err,
         )
         return
     indexed = {name: headers[file].tensors[name] for name, file in owner.items()}
-    differ = sorted(set(single.tensors) ^ set(indexed)) or sorted(
+    differ = sorted(set(found.tensors) ^ set(indexed)) or sorted(
         name
-        for name, entry in single.tensors.items()
+        for name, entry in found.tensors.items()
         if (entry.dtype, entry.shape) != (indexed[name].dtype, indexed[name].shape)
     )
     if not differ:
@@ -234,13 +257,13 @@ def check_single_file_beside_index(
             "%s: reading the files %s names; %s, which it does not name, holds the same "
             "tensors (transformers would read that one instead)",
             root,
-            INDEX_NAME,
-            SINGLE_FILE_NAME,
+            index,
+            single,
         )
         return
     name = differ[0]
     where = {
-        SINGLE_FILE_NAME: single.tensors.get(name),
+        single: found.tensors.get(name),
         _index_file(owner, name): indexed.get(name),
     }
     seen = "; ".join(
@@ -249,11 +272,11 @@ def check_single_file_beside_index(
     )
     report(
         CheckpointError(
-            f"{SINGLE_FILE_NAME} and {INDEX_NAME} are both here, the index does not name "
-            f"{SINGLE_FILE_NAME}, and they disagree on {len(differ)} tensor(s), first {name!r} "
-            f"({seen}); transformers reads {SINGLE_FILE_NAME}, this reader the index's files: "
-            f"remove the stale one, or pass the path of {SINGLE_FILE_NAME} to read it alone",
-            path=SINGLE_FILE_NAME,
+            f"{single} and {index} are both here, the index does not name "
+            f"{single}, and they disagree on {len(differ)} tensor(s), first {name!r} "
+            f"({seen}); transformers reads {single}, this reader the index's files: "
+            f"remove the stale one, or pass the path of {single} to read it alone",
+            path=single,
             tensor=name,
             rule="hf.single_beside_index",
         )

@@ -627,6 +627,7 @@ class Mapping:
             layout.root,
             layout.files,
             MappingProxyType({name: t.layout for name, t in ordered.items()}),
+            index=layout.index,
         )
         return MappedLayout(
             mapped,

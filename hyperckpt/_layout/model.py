@@ -117,12 +117,16 @@ class CheckpointLayout:
         files: Each file's validated header, keyed by its name relative to ``root``, in
             name order.  Only the files that belong to the checkpoint.
         tensors: Every tensor's layout, keyed by name, in name order.
+        index: The index read, by its name in ``root`` (``model.safetensors.index.json``,
+            diffusers' ``diffusion_pytorch_model.safetensors.index.json``), or ``None``
+            when there is none (one file, a torch sharded directory).
     """
 
     kind: Kind
     root: str
     files: Mapping[str, FileHeader]
     tensors: Mapping[str, TensorLayout]
+    index: str | None = None
 
     @property
     def nbytes(self) -> int:

@@ -33,8 +33,16 @@ from hyperckpt._load.options import (
     reader_options_given,
 )
 from hyperckpt._load.readers import reader_for
+from hyperckpt._planner.keys import did_you_mean
 from hyperckpt._planner.load_planner import LoadPlanner, strided_regions
 from hyperckpt._planner.shapes import shape_mismatch
+from hyperckpt._planner.tied import (
+    Difference,
+    differences,
+    tied_groups,
+    tied_refusal,
+    with_scratch,
+)
 from hyperckpt._read.dtype_policy import Conversion, DtypePolicy, enforce
 from hyperckpt._read.dtypes import to_torch_shape
 from hyperckpt._read.tracker import ProgressCallback
@@ -69,6 +77,10 @@ class LoadReport:
             bytes of the whole tensors), empty when every destination has the stored dtype.
         rank_seconds: Seconds each rank spent reading (its ``read_data``), by rank.
         slowest_rank: The rank with the most ``rank_seconds``.
+        tied: Groups of state-dict keys that are one memory in the model (tied weights)
+            and that the checkpoint stores each, in name order; the first key of each is
+            the one whose values were loaded.  Their stored values were equal, or
+            ``tied_winners`` named the first key (a warning says when they differed).
     """
 
     kind: Kind
@@ -82,6 +94,7 @@ class LoadReport:
     conversions: tuple[Conversion, ...] = ()
     rank_seconds: tuple[float, ...] = ()
     slowest_rank: int = 0
+    tied: tuple[tuple[str, ...], ...] = ()
 
 
 def load(
@@ -98,6 +111,7 @@ def load(
     progress: ProgressCallback | None = None,
     mapping: MappingLike | None = None,
     reader_options: Mapping[str, object] | None = None,
+    tied_winners: Collection[str] = (),
 ) -> LoadReport:
     """Load a safetensors checkpoint of either kind into ``state_dict``, in place.
 
@@ -145,6 +159,12 @@ def load(
             fused tensors (a :class:`~hyperckpt.Mapping`, a rule, a dict, a function, or a
             preset's name such as ``"qwen3-moe"``, see :meth:`hyperckpt.Mapping.preset`).
             Checked against the headers before anything is read.
+        tied_winners: For tied weights (keys that are one memory in the model, such as
+            ``embed_tokens.weight`` and ``lm_head.weight``) that the checkpoint stores
+            each: the keys whose stored values are loaded into that memory when the stored
+            values differ.  By default differing values are refused; equal ones are loaded
+            once and listed in :attr:`LoadReport.tied`.  Each key but one of a group is
+            read into a scratch copy of its local shard to compare.
 
     Returns:
         A :class:`LoadReport` (``bytes_read`` gathered from every rank).
@@ -158,9 +178,10 @@ def load(
             keys not allowed to be missing, a tensor's shape differs from the state dict's,
             ``dtype_policy`` refuses a tensor's conversion, a DTensor's local tensor cannot
             be matched to its placements, a key allowed to be missing is not tied to a
-            loaded tensor, or ``dcp.load`` failed (torch's ``CheckpointException``, a
-            ``BaseException``, is translated).  Raised on every rank when any rank refuses
-            (the others name that rank and its message).
+            loaded tensor, tied weights are stored with different values and
+            ``tied_winners`` names none of them, or ``dcp.load`` failed (torch's
+            ``CheckpointException``, a ``BaseException``, is translated).  Raised on every
+            rank when any rank refuses (the others name that rank and its message).
     """
     begin = time.perf_counter()
     options = _options(
@@ -190,17 +211,20 @@ def load(
             where=str(layout.root),
             files={name: _file_of(layout, name) for name in wanted},
         )
+        groups = tied_groups(wanted, tied_winners)
         failure = None
     except CheckpointError as err:
         failure = err
     agree(failure, process_group, _refused)
+    # Each tied key but one reads into a scratch copy: compared after the load.
+    destinations = with_scratch(wanted, groups)
     if planner is None:
         planner = LoadPlanner()
     if isinstance(planner, LoadPlanner):
         # Checked here too, so a DTensor that cannot be matched raises our typed error
         # rather than text inside DCP's CheckpointException.
         try:
-            strided_regions(wanted, strided_layout=planner.strided_layout)
+            strided_regions(destinations, strided_layout=planner.strided_layout)
         except CheckpointError as err:
             failure = err
         agree(failure, process_group, _refused)
@@ -211,7 +235,7 @@ def load(
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
         try:
             dcp_load(
-                cast(dict[str, Any], wanted),
+                cast(dict[str, Any], destinations),
                 storage_reader=reader,
                 planner=planner,
                 process_group=process_group,
@@ -225,8 +249,9 @@ def load(
     stats = reader.last_stats
     own = _untied_error(layout, untied)
     refusal = None if own is None else CheckpointError(own, path=layout.root, tensor=untied[0])
-    counts = cast(
-        list[tuple[int, int, int, float]],
+    rank = dist.get_rank(process_group) if distributed() else 0
+    gathered = cast(
+        list[tuple[tuple[int, int, int, float], tuple[Difference, ...], set[tuple[str, ...]]]],
         agree(
             refusal,
             process_group,
@@ -234,13 +259,24 @@ def load(
             value=(
                 (stats.bytes_read, stats.bytes_needed, stats.bytes_received, stats.seconds)
                 if stats
-                else (0, 0, 0, 0.0)
+                else (0, 0, 0, 0.0),
+                differences(wanted, destinations, groups, rank=rank),
+                {group.keys for group in groups},
             ),
         ),
     )
+    counts = [figures for figures, _, _ in gathered]
+    _check_tied(
+        [found for _, each, _ in gathered for found in each],
+        layout,
+        [name for name in tied_winners if name not in state_dict],
+        rank,
+    )
+    # A rank whose shards are empty sees no group: every rank reports every rank's.
+    tied = tuple(sorted(set().union(*(keys for _, _, keys in gathered))))
     seconds = tuple(float(spent) for *_, spent in counts)
     slowest = max(range(len(seconds)), key=lambda rank: (seconds[rank], -rank))
-    if len(seconds) > 1 and dist.get_rank(process_group) == 0:
+    if len(seconds) > 1 and rank == 0:
         logger.info(
             "hyperckpt.load: slowest rank %d read %d bytes in %.2f s (fastest rank %.2f s)",
             slowest,
@@ -260,6 +296,7 @@ def load(
         conversions=conversions,
         rank_seconds=seconds,
         slowest_rank=slowest,
+        tied=tied,
     )
 
 
@@ -327,16 +364,21 @@ def _validate(
         missing if allow_missing is True else [] if allow_missing is False else list(allow_missing)
     )
     refused = [name for name in missing if name not in allowed]
+    unmatched = [name for name in allowed if name not in state_dict]
+    typo = did_you_mean(unmatched, [*refused, *sorted(state_dict)], option="allow_missing")
     if refused:
         unused = sorted(set(tensor_shapes) - set(state_dict))
         raise CheckpointError(
             f"{layout.root}: the checkpoint lacks {len(refused)} tensor(s) the state dict "
-            f"has: {preview(refused)}; it holds {len(unused)} tensor(s) no state-dict key "
-            f"asks for{': ' + preview(unused) if unused else ''}; {_key_hint(refused, unused)}"
-            f"{_mapping_hint(refused, layout)}",
+            f"has: {preview(refused)}{typo}; it holds {len(unused)} tensor(s) no state-dict "
+            f"key asks for{': ' + preview(unused) if unused else ''}; "
+            f"{_key_hint(refused, unused)}{_mapping_hint(refused, layout)}",
             path=layout.root,
             tensor=refused[0],
+            rule="load.missing_keys",
         )
+    if typo:  # harmless here, but probably not what was meant
+        logger.info("hyperckpt.load: %s", typo.removeprefix("; "))
     skipped = [name for name in missing if name in allowed]
     if skipped:
         logger.warning("hyperckpt.load: skipped keys the checkpoint lacks: %s", skipped)
@@ -351,6 +393,35 @@ def _validate(
                 origin=_made_of(mapped, name),
             )
     return mapped, wanted, skipped
+
+
+def _check_tied(
+    found: list[Difference], layout: CheckpointLayout, unknown_winners: list[str], rank: int
+) -> None:
+    """Refuse tied weights stored with different values unless ``tied_winners`` chose;
+    ``found`` is every rank's, so every rank raises the same error.  Each rank logs the
+    differences it found itself."""
+    refused = [each for each in found if not each.chosen]
+    if refused:
+        files = {
+            name: _file_of(layout, name) for each in refused for name in (each.kept, each.other)
+        }
+        raise tied_refusal(
+            refused, root=str(layout.root), files=files, unknown_winners=unknown_winners
+        )
+    for each in found:
+        if each.rank != rank:
+            continue
+        logger.warning(
+            "hyperckpt.load: tied weights %r and %r are stored with different values (%d of "
+            "%d elements on rank %d); %r was loaded into both, as tied_winners says",
+            each.kept,
+            each.other,
+            each.elements,
+            each.total,
+            each.rank,
+            each.kept,
+        )
 
 
 def _refused(failure: Failure) -> CheckpointError:

@@ -185,7 +185,8 @@ class ProgressLine:
     """A progress callback that draws one self-rewriting line on a terminal.
 
     ``read 1.20/3.40 GB (35%) 12/40 tensors 2.10 GB/s ETA 1 s``; nothing at all when the
-    stream is not a terminal (piped output stays clean).  The final call erases the line.
+    stream is not a terminal (piped output stays clean).  The final call draws the final
+    figures (100 % of a complete read), then erases the line.
 
     Args:
         label: Words before the figures, e.g. ``"verify"``.
@@ -207,15 +208,21 @@ class ProgressLine:
         return self._enabled
 
     def __call__(self, progress: Progress) -> None:
-        """Draw ``progress`` (or erase the line after the final call)."""
+        """Draw ``progress``; the final call draws its figures, then erases the line.
+
+        The periodic calls stop at whatever the last one saw (96 %, "65/66 tensors"), so
+        the final figures are drawn before the line goes: the last line drawn is the whole
+        read.
+        """
         if not self._enabled:
             return
+        self._draw(render(self._label, progress))
         if progress.final:
             self._stream.write("\r" + " " * self._width + "\r")
             self._stream.flush()
             self._width = 0
-            return
-        line = render(self._label, progress)
+
+    def _draw(self, line: str) -> None:
         self._stream.write("\r" + line.ljust(self._width))
         self._stream.flush()
         self._width = len(line)

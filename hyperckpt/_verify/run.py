@@ -25,7 +25,7 @@ from hyperckpt._arguments import THREADS, Limits, check_callable, check_number, 
 from hyperckpt._format.header import TensorEntry
 from hyperckpt._format.preview import preview
 from hyperckpt._layout.directory import describe_directory as describe
-from hyperckpt._layout.model import INDEX_NAME, CheckpointLayout, Kind
+from hyperckpt._layout.model import CheckpointLayout, Kind
 from hyperckpt._read.engine import default_threads
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
 from hyperckpt._storage.files import LocalStorage
@@ -287,7 +287,7 @@ def verify(
     layout = describe(path)
     listed = {} if checksums is None else read_checksums(checksums)
     storage = LocalStorage(layout.root)
-    jobs, missing = _jobs(storage, layout, listed, whole_directory=os.path.isdir(path))
+    jobs, missing = _jobs(storage, layout, listed)
     expected = {name: _expectations(job.path, listed.get(name)) for name, job in jobs.items()}
     for job in jobs.values():
         job.git_size = any(e.algorithm == "git-sha1" for e in expected[job.name])
@@ -335,11 +335,9 @@ def _jobs(
     storage: Storage,
     layout: CheckpointLayout,
     listed: Mapping[str, Expected],
-    *,
-    whole_directory: bool,
 ) -> tuple[dict[str, _FileJob], list[str]]:
-    """The files to read (the checkpoint's, its index unless one file was named, listed
-    extras) and the listed ones that are missing.
+    """The files to read (the checkpoint's, the index it was read through, listed extras)
+    and the listed ones that are missing.
 
     Raises:
         CheckpointError: A listed path leads out of the checkpoint directory
@@ -356,8 +354,8 @@ def _jobs(
         for name, header in layout.files.items()
     }
     extras = set(listed)
-    if whole_directory and storage.entry(INDEX_NAME) is not None:
-        extras.add(INDEX_NAME)
+    if layout.index is not None:
+        extras.add(layout.index)
     missing = []
     for name in sorted(extras - set(jobs)):
         try:

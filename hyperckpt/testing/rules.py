@@ -146,6 +146,46 @@ def _big_index(root: Path) -> object:
     return describe(root)
 
 
+_LFS_POINTER = (
+    b"version https://git-lfs.github.com/spec/v1\n"
+    b"oid sha256:2ef8b4c8a1b2a6c9d8f7e6d5c4b3a2918273645546372819a0b1c2d3e4f5a6b7\n"
+    b"size 4976698672\n"
+)  # what a clone without `git lfs pull` leaves in place of a weight file
+
+
+def _torch_saved(root: Path) -> object:
+    import torch
+
+    root.mkdir(parents=True)
+    torch.save({"w": torch.zeros(2)}, root / "pytorch_model.bin")
+    return describe(root / "pytorch_model.bin")
+
+
+def _json_file(root: Path) -> object:
+    write_files(root, {"config.json": b'{\n  "model_type": "llama"\n}\n'})
+    return describe(root / "config.json")
+
+
+def _torch_dcp(root: Path) -> object:
+    import warnings
+
+    import torch
+    from torch.distributed.checkpoint.state_dict_saver import save
+
+    with warnings.catch_warnings():  # one process without a process group: meant so
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        save({"w": torch.zeros(2)}, checkpoint_id=root, no_dist=True)
+    return describe(root)
+
+
+def _diffusers_pipeline(root: Path) -> object:
+    write_files(root, {"model_index.json": b"{}"})
+    write_files(root / "unet", {"diffusion_pytorch_model.safetensors": encode_file({})})
+    write_files(root / "text_encoder", {"model.safetensors": encode_file({})})
+    write_files(root / "scheduler", {"scheduler_config.json": b"{}"})
+    return describe(root)
+
+
 def _f4_mid_byte(root: Path) -> object:
     # Only an empty F4 tensor can have a piece at an odd column: even widths tile from 0.
     write_files(root, {"shard-00001-a.safetensors": _shard({"w": ("F4", [0, 2], [0, 1])})})
@@ -250,6 +290,27 @@ def _long_names(root: Path, count: int, length: int, like: bool) -> object:
     }
     assignment = (dict.fromkeys(names, "model.safetensors"), False) if like else None
     return plan_output(tensors, like=assignment)
+def _missing_key(root: Path) -> object:
+    import torch
+
+    from hyperckpt._load.api import load
+
+    # lm_head.weight is missing, and allow_missing names "lm_head", which is no key.
+    write_files(root, {"model.safetensors": encode_file({"embed.weight": _ENTRY}, b"\0\0")})
+    state = {"embed.weight": torch.zeros(2, dtype=torch.uint8), "lm_head.weight": torch.zeros(2)}
+    return load(state, root, allow_missing={"lm_head"})
+
+
+def _tied_differ(root: Path) -> object:
+    import torch
+
+    from hyperckpt._load.api import load
+
+    # Both stored, with different values, into one memory (tied in the model).
+    header = {"embed.weight": _ENTRY, "lm_head.weight": {**_ENTRY, "data_offsets": [2, 4]}}
+    write_files(root, {"model.safetensors": encode_file(header, b"\0\0\1\1")})
+    shared = torch.zeros(2, dtype=torch.uint8)
+    return load({"embed.weight": shared, "lm_head.weight": shared}, root)
 
 
 # JSON bombs inside a string and in the index: 2**20 characters of empty arrays.
@@ -297,6 +358,14 @@ _NF = CheckpointNotFoundError
 _READ_RULES: tuple[Rule, ...] = (
     Rule("file.too_small", "A file holds at least the 8-byte header length.", _E,
          r"is too small for a safetensors file", _raw_file(b"\x02\0\0")),
+    Rule("file.lfs_pointer", "A Git LFS pointer in place of a file (a clone without `git lfs "
+         "pull`) is named as such, with how to fetch the data.", _E,
+         r"a Git LFS pointer .* git lfs pull", _raw_file(_LFS_POINTER)),
+    Rule("file.torch_pickle", "A `torch.save` file (zip or legacy pickle, e.g. `pytorch_model.bin`) "
+         "given as a checkpoint is named as such, with how to convert it.", _E,
+         r"never unpickles", _torch_saved),
+    Rule("file.other_format", "A JSON or GGUF file given as a checkpoint is named as such.", _E,
+         r"a (JSON text|GGUF) file, not safetensors", _json_file),
     Rule("header.too_long", "The header length is at most 100,000,000 bytes.", _E,
          r"exceeds the format's limit", _one_file("{}", length=100_000_001)),
     Rule("header.past_end", "The header lies within the file.", _E,
@@ -376,17 +445,35 @@ _READ_RULES: tuple[Rule, ...] = (
          r"not a directory or a regular file", _fifo),
     Rule("dir.empty", "A directory holds a checkpoint (hints at a `sharded/` folder).", _NF,
          r"this is not a checkpoint directory", lambda root: describe(write_files(root, {}))),
+    Rule("dir.torch_dcp", "A directory torch's `dcp.save` wrote (`.metadata`, `*.distcp`) is "
+         "named as such, with the torch call that reads it.", _NF,
+         r"a torch distributed checkpoint \(DCP\).*FileSystemReader", _torch_dcp),
+    Rule("dir.diffusers_pipeline", "A diffusers pipeline's root (`model_index.json`) names the "
+         "subfolders that hold checkpoints.", _NF,
+         r"the root of a diffusers pipeline .* point at one of them", _diffusers_pipeline),
+    Rule("dir.meta_consolidated", "Meta's original layout (`consolidated.00.pth`, `params.json`) "
+         "is named as such, with a conversion that reads it.", _NF,
+         r"Meta's original release layout .* convert_llama_weights_to_hf",
+         lambda root: describe(write_files(root, {"consolidated.00.pth": b"PK",
+                                                  "params.json": b"{}"}))),
     Rule("dir.pickled", "A directory of pickled torch weights (`pytorch_model.bin`) is named "
          "as such, with how to convert it.", _NF,
          r"it holds pytorch_model.bin: pickled torch weights .* convert them to safetensors",
          lambda root: describe(write_files(root, {"pytorch_model.bin": b"PK"}))),
-    Rule("dir.unknown_kind", "Safetensors files need an index, `model.safetensors` or "
-         "DCP_SHARDING_INFO to say which belong.", _E,
+    Rule("dir.ambiguous", "A directory holds one candidate checkpoint: one "
+         "`<prefix>.safetensors.index.json`, or one of `model.safetensors`, "
+         "`diffusion_pytorch_model.safetensors`, `adapter_model.safetensors`.", _E,
+         r"checkpoints are here, .*which one to read is ambiguous",
+         _hf({"model.safetensors": encode_file({}), "diffusion_pytorch_model.safetensors": encode_file({})})),
+    Rule("dir.unknown_kind", "Several safetensors files need an index, a single file's name "
+         "or DCP_SHARDING_INFO to say which belong.", _E,
          r"so which files form the checkpoint is unknown",
-         lambda root: describe(write_files(root, {"a.safetensors": encode_file({})}))),
-    Rule("hf.no_checkpoint", "A Hugging Face directory has the index or `model.safetensors`.", _NF,
-         r"neither model.safetensors.index.json nor model.safetensors is there",
-         _hf({"a.safetensors": encode_file({})})),
+         lambda root: describe(write_files(root, {"a.safetensors": encode_file({}),
+                                                  "b.safetensors": encode_file({})}))),
+    Rule("hf.no_checkpoint", "A Hugging Face directory has an index, a single file's name or "
+         "only one `*.safetensors` file.", _NF,
+         r"no \*\.safetensors\.index\.json and no single .* is there",
+         _hf({"a.safetensors": encode_file({}), "b.safetensors": encode_file({})})),
     Rule("hf.single_beside_index", "`model.safetensors` beside an index that does not name it "
          "holds the same tensors (transformers reads it, hyperckpt the index).", _E,
          r"are both here, the index does not name model.safetensors, and they disagree",
@@ -519,6 +606,15 @@ _READ_RULES: tuple[Rule, ...] = (
     Rule("output.index_too_big", "The index consolidate writes is within the index limit.",
          _E, r"over the \d+-byte limit of an index",
          lambda root: _long_names(root, 3, 40_000_000, like=False)),
+    Rule("load.missing_keys", "The checkpoint holds every state-dict key not allowed to be "
+         "missing; an `allow_missing` name that is no key is named with the key it likely meant "
+         "(`hyperckpt.load`).", _E, r"the checkpoint lacks \d+ tensor\(s\) the state dict has",
+         _missing_key),
+    Rule("load.tied_differ", "Tied weights (one memory in the model) that the checkpoint stores "
+         "each hold equal values, unless `tied_winners` names the one to load "
+         "(`hyperckpt.load`, on every rank).", _E,
+         r"are tied weights, one memory in the model, but the checkpoint stores different values",
+         _tied_differ),
 )  # fmt: skip
 RULES: tuple[Rule, ...] = (
     *_READ_RULES,
@@ -549,9 +645,11 @@ def provoke(rule: Rule) -> CheckpointError:
 _INTRO = """\
 # The rules hyperckpt enforces
 
-Every rule below is checked from the safetensors headers and the directory listing alone,
-before any tensor data is read; `describe(path)` runs them all and raises the typed error,
-while inside `dcp.load` torch keeps only the message text, so each message stands alone.
+Every rule below is checked from the safetensors headers and the directory listing alone
+(a file that cannot be safetensors is named from its first KiB: a pickle, a Git LFS
+pointer), before any tensor data is read; `describe(path)` runs them all and raises the
+typed error, while inside `dcp.load` torch keeps only the message text, so each message
+stands alone.
 `CheckpointNotFoundError` is a `CheckpointError` and a `FileNotFoundError`.  The error's
 `path` attribute names the file (relative to the checkpoint) and `tensor` the tensor.
 

@@ -14,7 +14,8 @@ from tiny_models import save_tiny_llama
 from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-from hyperckpt import HuggingFaceStorageReader, describe
+import hyperckpt
+from hyperckpt import CheckpointError, HuggingFaceStorageReader, describe
 
 
 def _fresh_model(directory: Path) -> torch.nn.Module:
@@ -90,3 +91,28 @@ def test_a_tied_model_stores_the_shared_weight_once_and_loads_through_the_sharin
     )
     for name, tensor in other.state_dict().items():
         assert mismatch(tensor, original[name]) is None, name
+
+
+def test_an_untied_checkpoint_loaded_into_a_tied_model_is_refused_naming_both(
+    tmp_path: Path,
+) -> None:
+    """save_pretrained of an untied model stores lm_head.weight and the embedding, with
+    different values; a model built tied has one memory for both.  Loading each into it
+    would keep the last read: refused, unless tied_winners says which one."""
+    from transformers import AutoConfig, LlamaForCausalLM
+
+    original = save_tiny_llama(tmp_path, tied=False)
+    config = AutoConfig.from_pretrained(tmp_path)
+    config.tie_word_embeddings = True
+    model = LlamaForCausalLM(config)
+    state = model.state_dict()
+    assert state["lm_head.weight"].data_ptr() == state["model.embed_tokens.weight"].data_ptr()
+    with pytest.raises(CheckpointError) as info:
+        hyperckpt.load(state, tmp_path)
+    assert info.value.rule == "load.tied_differ"
+    assert "'lm_head.weight' (" in str(info.value)
+    assert "'model.embed_tokens.weight' (" in str(info.value)
+    report = hyperckpt.load(state, tmp_path, tied_winners={"model.embed_tokens.weight"})
+    assert report.tied == (("model.embed_tokens.weight", "lm_head.weight"),)
+    loaded = model.state_dict()
+    assert mismatch(loaded["lm_head.weight"], original["model.embed_tokens.weight"]) is None

@@ -106,10 +106,22 @@ def test_a_missing_directory_is_not_found(tmp_path: Path) -> None:
     assert info.value.path == str(tmp_path / "nowhere")
 
 
-def test_a_directory_without_index_or_model_safetensors_is_not_found(tmp_path: Path) -> None:
-    root = write_files(tmp_path / "ckpt", {"a.safetensors": u8("w")})
-    with pytest.raises(CheckpointNotFoundError, match=f"neither {INDEX} nor model.safetensors"):
+def test_a_directory_of_several_unnamed_files_without_an_index_is_not_found(
+    tmp_path: Path,
+) -> None:
+    root = write_files(tmp_path / "ckpt", {"a.safetensors": u8("w"), "b.safetensors": u8("v")})
+    with pytest.raises(CheckpointNotFoundError, match=r"no single model\.safetensors") as info:
         huggingface_layout(root)
+    assert info.value.rule == "hf.no_checkpoint"
+    assert "a.safetensors, b.safetensors" in str(info.value)
+
+
+def test_the_only_safetensors_file_of_a_directory_is_read(tmp_path: Path) -> None:
+    root = write_files(tmp_path / "ckpt", {"a.safetensors": u8("w"), "config.json": b"{}"})
+    for build in (describe, huggingface_layout):
+        layout = build(root)
+        assert list(layout.files) == ["a.safetensors"]
+        assert layout.index is None
 
 
 def test_a_torch_sharded_directory_given_to_the_hugging_face_layout_names_the_other_reader(

@@ -166,7 +166,9 @@ def test_a_broken_symlinked_shard_is_not_found_naming_it(tmp_path: Path) -> None
 
 
 def test_files_without_index_or_sharding_info_are_of_unknown_kind(tmp_path: Path) -> None:
-    root = write_files(tmp_path / "ckpt", {"a.safetensors": encode_file({})})
+    root = write_files(
+        tmp_path / "ckpt", {"a.safetensors": encode_file({}), "b.safetensors": encode_file({})}
+    )
     with pytest.raises(CheckpointError, match="which files form the checkpoint is unknown"):
         detect_kind(root)
 

@@ -135,6 +135,30 @@ def test_the_progress_line_draws_on_a_terminal_and_erases_itself_at_the_end() ->
     assert text.endswith("\r")
 
 
+def test_the_last_line_drawn_is_the_whole_read_before_it_is_erased() -> None:
+    # The periodic calls stopped at 96 % and 65 of 66 tensors; the final call still draws
+    # 100 % and 66/66 before it erases the line.
+    stream = io.StringIO()
+    line = ProgressLine("load", stream, enabled=True)
+    line(Progress(96, 100, 65, 66, 1.0))
+    line(Progress(100, 100, 66, 66, 1.1, final=True))
+    drawn = [part.strip() for part in stream.getvalue().split("\r") if part.strip()]
+    assert drawn[-1].startswith("load: 0.00/0.00 GB (100%) 66/66 tensors")
+    assert stream.getvalue().endswith("\r")
+
+
+def test_a_tracker_draws_the_end_of_a_read_no_periodic_call_saw() -> None:
+    stream = io.StringIO()
+    tracker = ProgressTracker(ProgressLine("load", stream, enabled=True), interval=3600.0)
+    for index in range(66):
+        tracker.expect(index, 10)
+        tracker.deliver([(index, 10)])
+    tracker.finish()
+    drawn = [part.strip() for part in stream.getvalue().split("\r") if part.strip()]
+    assert len(drawn) == 1
+    assert "(100%) 66/66 tensors" in drawn[0]
+
+
 def test_the_progress_line_is_silent_when_not_a_terminal() -> None:
     stream = io.StringIO()  # isatty() is False: output piped to a file
     line = ProgressLine("verify", stream)
