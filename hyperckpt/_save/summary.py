@@ -18,7 +18,8 @@ from typing import Any, Final
 import torch
 from torch.distributed.tensor import DTensor
 
-from hyperckpt._format.header import DTYPES, METADATA_KEY
+from hyperckpt._format.dtypes import DTYPES
+from hyperckpt._format.strict_json import METADATA_KEY
 from hyperckpt._planner.regions import (
     DTENSOR,
     FSDP,

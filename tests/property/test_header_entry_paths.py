@@ -1,6 +1,6 @@
 """The fast check of a header entry and the full one agree: same entry, or the same refusal.
 
-``_check_entry`` tries ``_valid_entry`` (every rule at once, no message) and falls back to
+``check_entry`` tries ``valid_entry`` (every rule at once, no message) and falls back to
 ``_checked_entry`` (each rule in order, naming the one broken).  Entries are drawn valid by
 construction, then exactly one thing is changed.
 """
@@ -14,12 +14,12 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from hyperckpt import CheckpointError
-from hyperckpt._format.header import (
-    DTYPES,
+from hyperckpt._format.dtypes import DTYPES
+from hyperckpt._format.entries import (
     MAX_TORCH_SIZE,
-    _check_entry,
     _checked_entry,
-    _valid_entry,
+    check_entry,
+    valid_entry,
 )
 
 NAME = "model.safetensors"
@@ -117,7 +117,7 @@ def _outcome(check: Callable[[str, object, str], object], key: str, value: objec
 @given(valid_entries)
 def test_a_valid_entry_takes_the_fast_path_and_the_full_check_agrees(entry: Entry) -> None:
     key, value = entry
-    fast = _valid_entry(key, value)
+    fast = valid_entry(key, value)
     assert fast is not None
     assert _checked_entry(key, value, NAME) == fast
 
@@ -131,7 +131,7 @@ def test_a_valid_entry_takes_the_fast_path_and_the_full_check_agrees(entry: Entr
 @example(("", {"dtype": "U8", "shape": [], "data_offsets": [0, 1]}))
 def test_the_fast_and_the_full_check_accept_and_refuse_alike(entry: tuple[str, object]) -> None:
     key, value = entry
-    fast = _valid_entry(key, value)
+    fast = valid_entry(key, value)
     full = _outcome(_checked_entry, key, value)
     if fast is None:
         assert isinstance(full, tuple), full
@@ -139,4 +139,4 @@ def test_the_fast_and_the_full_check_accept_and_refuse_alike(entry: tuple[str, o
     else:
         assert full == fast
     # The check a header goes through gives the full check's result, message included.
-    assert _outcome(_check_entry, key, value) == full
+    assert _outcome(check_entry, key, value) == full
