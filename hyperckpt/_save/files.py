@@ -8,7 +8,9 @@ Outputs are created exclusively and never through a symlink.
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import stat
 import uuid
 from pathlib import Path
 from typing import Final
@@ -24,14 +26,19 @@ __all__ = [
     "pread_exact",
     "publish",
     "pwrite_all",
+    "remove_leftovers",
     "remove_tree",
     "sync_and_close",
     "sync_directory",
+    "unmark",
     "write_small",
 ]
 
 #: Part of every temporary directory's name: ``.<name>.hyperckpt-save-<hex>`` beside the target.
 TEMP_MARK: Final = ".hyperckpt-save-"
+#: The file inside a temporary directory that proves this package made it for its target.
+MARKER: Final = ".hyperckpt-save-in-progress"
+_MARKER_TEXT: Final = "hyperckpt save in progress for {name}\n"
 _NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
 
@@ -40,11 +47,66 @@ def make_temp_dir(target: Path) -> Path:
     """Create a fresh, empty temporary directory beside ``target`` (its parent is created).
 
     The name is unique per call, so a rerun never collides with what a failed run left.
+    A marker file inside (:data:`MARKER`, naming ``target``) proves the directory ours
+    until :func:`unmark` removes it just before publishing.
     """
     target.parent.mkdir(parents=True, exist_ok=True)
     temp = target.parent / f".{target.name}{TEMP_MARK}{uuid.uuid4().hex[:12]}"
     temp.mkdir(mode=0o755)
+    write_small(temp / MARKER, _MARKER_TEXT.format(name=target.name).encode())
     return temp
+
+
+def unmark(temp: Path) -> None:
+    """Remove the marker of a finished temporary directory (it is not part of a checkpoint)."""
+    os.unlink(temp / MARKER)
+
+
+def remove_leftovers(target: Path) -> list[Path]:
+    """Remove the temporary directories that killed saves to ``target`` left beside it.
+
+    Only entries named as :func:`make_temp_dir` names them for ``target`` (never the
+    ``old-`` directories :func:`publish` sets aside: they hold a published checkpoint), that
+    are directories and not symlinks, holding a regular-file :data:`MARKER` naming
+    ``target``.  Nothing inside is followed (``shutil.rmtree`` unlinks links).
+
+    Returns:
+        The directories removed.
+    """
+    pattern = re.compile(re.escape(f".{target.name}{TEMP_MARK}") + r"[0-9a-f]{12}")
+    removed: list[Path] = []
+    try:
+        entries = os.listdir(target.parent)
+    except FileNotFoundError:
+        return removed
+    for entry in sorted(entries):
+        if not pattern.fullmatch(entry):
+            continue
+        leftover = target.parent / entry
+        try:
+            mode = os.lstat(leftover).st_mode
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISDIR(mode) or not _marked(leftover, target):
+            continue
+        shutil.rmtree(leftover)
+        removed.append(leftover)
+    return removed
+
+
+def _marked(directory: Path, target: Path) -> bool:
+    """Whether ``directory`` holds our marker for ``target`` (a regular file, not a link)."""
+    try:
+        fd = os.open(directory / MARKER, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        expected = _MARKER_TEXT.format(name=target.name).encode()
+        return pread_exact(fd, len(expected) + 1, 0) == expected
+    finally:
+        os.close(fd)
 
 
 def create_sized(path: Path, size: int, header: bytes) -> None:
