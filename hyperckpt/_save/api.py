@@ -13,7 +13,10 @@ every rank raises together, naming the rank that failed:
 7. the coordinator writes the index, syncs, and renames the directory to ``path``.
 
 Until step 7 nothing is at ``path``; after a failure the coordinator removes the temporary
-directory (a killed coordinator leaves it, under a name no reader takes for a checkpoint).
+directory.  A killed coordinator leaves it, under a name no reader takes for a checkpoint and
+with a marker inside; the next save to the same path removes it (step 3).  Each agreement
+waits ``timeout`` seconds at most; a rank that died or hung is named by the others
+(``save.rank_lost``).  A save of one process alone (``no_dist``) enters no collective.
 """
 
 from __future__ import annotations
@@ -29,11 +32,13 @@ from typing import Final, cast
 import torch
 import torch.distributed as dist
 
+from hyperckpt._arguments import Limits, check_number
 from hyperckpt._consolidate.assign import output_dtype_code, parse_size
-from hyperckpt._dist.agreement import Failure, agree, distributed
+from hyperckpt._dist.agreement import Failure, agree
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
 from hyperckpt._save import files
 from hyperckpt._save.plan import WritePlan, plan_writes
+from hyperckpt._save.ranks import DEFAULT_TIMEOUT, Ranks, roll_call
 from hyperckpt._save.summary import LocalTensor, TensorSummary, flatten, merge, summarize, unalias
 from hyperckpt._save.write import audit_boxes, write_boxes
 from hyperckpt.errors import CheckpointError
@@ -44,7 +49,9 @@ logger = logging.getLogger("hyperckpt")
 
 #: ``save_pretrained``'s classic split (transformers 4); pass ``"50GB"`` for transformers 5's.
 DEFAULT_MAX_SHARD_SIZE: Final = "5GB"
-_FAILURES: Final = (CheckpointError, OSError, ValueError, RuntimeError)
+_FAILURES: Final = (CheckpointError, OSError, ValueError, TypeError, RuntimeError)
+#: What ``timeout`` accepts: a second to a week.
+_TIMEOUT: Final = Limits(1, 7 * 86400, integer=False, unit="seconds")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +66,7 @@ class SaveOptions:
         overwrite: Replace what is at the path.
         audit: Re-read every written box and compare its digest before publishing.
         threads: Boxes written at the same time per rank.
+        timeout: Most seconds a rank waits for the others at one agreement.
     """
 
     max_shard_size: int
@@ -68,6 +76,7 @@ class SaveOptions:
     overwrite: bool = False
     audit: bool = True
     threads: int = 4
+    timeout: float = DEFAULT_TIMEOUT
 
     @classmethod
     def build(
@@ -80,11 +89,13 @@ class SaveOptions:
         overwrite: bool = False,
         audit: bool = True,
         thread_count: int | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
     ) -> SaveOptions:
         """The options from the public spelling.
 
         Raises:
-            ValueError: A size, dtype or thread count is malformed.
+            ValueError: A size, dtype, thread count or timeout is malformed.
+            TypeError: ``timeout`` is not a number.
         """
         threads = min(4, os.cpu_count() or 1) if thread_count is None else thread_count
         if threads < 1:
@@ -97,6 +108,7 @@ class SaveOptions:
             overwrite=overwrite,
             audit=audit,
             threads=threads,
+            timeout=float(check_number("timeout", timeout, _TIMEOUT)),
         )
 
 
@@ -139,11 +151,15 @@ class Staged:
     plan: WritePlan
     dropped: tuple[tuple[str, str], ...]
     begin: float
-    rank: int
-    group: dist.ProcessGroup | None
+    ranks: Ranks
     bytes_written: tuple[int, ...] = ()
     audit_seconds: tuple[float, ...] = ()
     published: bool = field(default=False)
+
+    @property
+    def rank(self) -> int:
+        """This rank in the save's group (0 when alone)."""
+        return self.ranks.rank
 
     def report(self) -> SaveReport:
         """The report of this save (once published)."""
@@ -175,6 +191,8 @@ def save(
     audit: bool = True,
     thread_count: int | None = None,
     progress: ProgressCallback | None = None,
+    no_dist: bool = False,
+    timeout: float = DEFAULT_TIMEOUT,
 ) -> SaveReport:
     """Save a state dict of tensors and DTensors (any layout) as a Hugging Face checkpoint.
 
@@ -200,6 +218,11 @@ def save(
         audit: Re-read every box after writing and compare its CRC-32 before publishing.
         thread_count: Boxes written at the same time per rank (default up to 4).
         progress: Called with a :class:`~hyperckpt.Progress` of this rank's writing.
+        no_dist: Save from this process alone, entering no collective even while a process
+            group is initialized (as ``dcp.save(no_dist=True)``); its state dict must hold
+            every tensor whole.
+        timeout: Most seconds a rank waits for the others at each step; a rank that died,
+            hung or lost its connection is then named by the others (``save.rank_lost``).
 
     Returns:
         A :class:`SaveReport`, the same on every rank except ``seconds``.
@@ -211,12 +234,12 @@ def save(
         ValueError: An option is malformed.
         OSError: The files cannot be written.
     """
-    group = process_group if distributed() else None
     target = Path(path)
     staged = stage(
         state_dict,
         target,
-        group=group,
+        group=process_group,
+        alone=no_dist,
         progress=progress,
         options=lambda: SaveOptions.build(
             max_shard_size=max_shard_size,
@@ -226,6 +249,7 @@ def save(
             overwrite=overwrite,
             audit=audit,
             thread_count=thread_count,
+            timeout=timeout,
         ),
         flat=False,
     )
@@ -235,7 +259,7 @@ def save(
             commit(staged, overwrite=overwrite)
         except _FAILURES as err:
             failure = err
-    _agree(failure, staged.group, staged.target, "publishing")
+    _agree(failure, staged.ranks, staged.target, "publishing")
     report = staged.report()
     logger.info(
         "hyperckpt: saved %d tensors into %d file(s) at %s in %.2f s",
@@ -252,6 +276,7 @@ def stage(
     target: Path,
     *,
     group: dist.ProcessGroup | None,
+    alone: bool,
     progress: ProgressCallback | None,
     options: Callable[[], SaveOptions],
     flat: bool,
@@ -262,13 +287,12 @@ def stage(
         state_dict: This rank's state dict.
         target: Where the checkpoint is published.
         group: The process group, ``None`` for the default one (or none).
+        alone: This process saves by itself: no collective (``no_dist``).
         progress: This rank's progress callback.
         options: Builds the options (its errors are agreed on like the state dict's).
         flat: Whether ``state_dict`` is already flat (DCP's planner flattened it).
     """
     begin = time.perf_counter()
-    rank = dist.get_rank(group) if distributed() else 0
-    world = dist.get_world_size(group) if distributed() else 1
     where = str(target)
     failure: BaseException | None = None
     summaries: list[TensorSummary] = []
@@ -276,15 +300,24 @@ def stage(
     built: SaveOptions | None = None
     try:
         built = options()
-        flat_dict = dict(state_dict) if flat else flatten(state_dict, path=where)
-        summaries, held = summarize(flat_dict, path=where)
-        if built.keep_aliases:
-            summaries = unalias(summaries)
     except _FAILURES as err:
         failure = err
+    # A malformed timeout is agreed on within the default one.
+    ranks = Ranks.of(
+        group, alone=alone, timeout=DEFAULT_TIMEOUT if built is None else built.timeout
+    )
+    rank, world = ranks.rank, ranks.world
+    if built is not None:
+        try:
+            flat_dict = dict(state_dict) if flat else flatten(state_dict, path=where)
+            summaries, held = summarize(flat_dict, path=where)
+            if built.keep_aliases:
+                summaries = unalias(summaries)
+        except _FAILURES as err:
+            failure = err
     every = cast(
         list[list[TensorSummary]],
-        _agree(failure, group, target, "describing the state dict", value=summaries),
+        _agree(failure, ranks, target, "describing the state dict", value=summaries),
     )
     assert built is not None
     plan: WritePlan | None = None
@@ -301,17 +334,18 @@ def stage(
         )
     except _FAILURES as err:
         failure = err
-    _agree(failure, group, target, "planning")
+    _agree(failure, ranks, target, "planning")
     assert plan is not None
     temp_name = ""
     if rank == 0:
         try:
             _check_target(target, overwrite=built.overwrite)
+            _remove_leftovers(target)
             temp_name = str(files.make_temp_dir(target))
         except _FAILURES as err:
             failure = err
-    names = _agree(failure, group, target, "preparing the directory", value=temp_name)
-    staged = Staged(target, Path(cast(str, names[0])), plan, tuple(dropped), begin, rank, group)
+    names = _agree(failure, ranks, target, "preparing the directory", value=temp_name)
+    staged = Staged(target, Path(cast(str, names[0])), plan, tuple(dropped), begin, ranks)
     tracker = ProgressTracker(progress)
     try:
         try:
@@ -320,7 +354,7 @@ def stage(
                 files.create_sized(staged.temp / file.name, file.size, file.header)
         except _FAILURES as err:
             failure = err
-        _agree(failure, staged.group, staged.target, "creating the files")
+        _agree(failure, staged.ranks, staged.target, "creating the files")
         mine = plan.boxes_of(rank)
         digests: dict[int, int] = {}
         try:
@@ -328,7 +362,7 @@ def stage(
             tracker.finish()
         except _FAILURES as err:
             failure = err
-        _agree(failure, staged.group, staged.target, "writing")
+        _agree(failure, staged.ranks, staged.target, "writing")
         audit_begin = time.perf_counter()
         try:
             if built.audit:
@@ -340,7 +374,7 @@ def stage(
         facts = cast(
             list[tuple[int, float]],
             _agree(
-                failure, staged.group, staged.target, "auditing", value=(written, audit_seconds)
+                failure, staged.ranks, staged.target, "auditing", value=(written, audit_seconds)
             ),
         )
     except BaseException:
@@ -360,6 +394,7 @@ def commit(staged: Staged, *, overwrite: bool) -> None:
         output = staged.plan.output
         if output.indexed:
             files.write_small(staged.temp / "model.safetensors.index.json", output.index_bytes())
+        files.unmark(staged.temp)
         files.sync_directory(staged.temp)
         files.publish(staged.temp, staged.target, overwrite=overwrite)
         staged.published = True
@@ -396,11 +431,30 @@ def check_shared(temp: Path, rank: int, where: str) -> None:
         )
 
 
-def rank_lost(target: Path, step: str, err: BaseException) -> CheckpointError:
-    """The error of a rank whose peers stopped answering (killed, or disconnected)."""
+def rank_lost(
+    target: Path, step: str, err: BaseException, lost: tuple[int, ...] | None, world: int
+) -> CheckpointError:
+    """The error of a rank whose peers stopped answering (killed, hung, or disconnected).
+
+    Args:
+        target: The checkpoint path.
+        step: What the ranks were doing.
+        err: The collective's own error.
+        lost: The ranks that did not answer the roll call, ``None`` when unknown.
+        world: Ranks in the group.
+    """
+    if lost:
+        which = f"rank{'s' if len(lost) > 1 else ''} {', '.join(map(str, lost))} of {world}"
+        who = (
+            f"{which} stopped answering while {step} (killed, hung or disconnected; a rank "
+            f"that saves by itself passes no_dist=True)"
+        )
+    elif lost is None:
+        who = f"a rank stopped answering while {step} (which one is unknown: the store is gone)"
+    else:
+        who = f"a collective failed while {step} though every rank is still running"
     return CheckpointError(
-        f"{target}: a rank stopped answering while {step} ({err}); it was killed or lost its "
-        f"connection; nothing was published at {target}: save again",
+        f"{target}: {who}: {err}; nothing was published at {target}: save again",
         path=str(target),
         rule="save.rank_lost",
     )
@@ -416,21 +470,33 @@ def _check_target(target: Path, *, overwrite: bool) -> None:
         )
 
 
+def _remove_leftovers(target: Path) -> None:
+    """Remove what saves to ``target`` that were killed left beside it (their marker proves
+    they were ours), logging each."""
+    for leftover in files.remove_leftovers(target):
+        logger.info("hyperckpt: removed %s, left by a save to %s that was killed", leftover, target)
+
+
 def _agree(
     failure: BaseException | None,
-    group: dist.ProcessGroup | None,
+    ranks: Ranks,
     target: Path,
     step: str,
     *,
     value: object = None,
 ) -> list[object]:
-    """``agree``, with a rank that stopped answering turned into a :class:`CheckpointError`."""
+    """``agree`` within the save's timeout, with a rank that stopped answering turned into a
+    :class:`CheckpointError` naming it; alone, no collective at all."""
+    if ranks.alone:
+        if failure is not None:
+            raise failure
+        return [value]
     try:
-        return agree(failure, group, _heard, value=value)
+        return agree(failure, ranks.group, _heard, value=value, timeout=ranks.timeout)
     except RuntimeError as err:
         if err is failure or getattr(err, "heard", False):
             raise
-        raise rank_lost(target, step, err) from err
+        raise rank_lost(target, step, err, roll_call(ranks, step), ranks.world) from err
 
 
 def _heard(failure: Failure) -> Exception:
@@ -444,6 +510,8 @@ def _heard(failure: Failure) -> Exception:
         err = ValueError(text)
     elif failure.kind == "RuntimeError":
         err = RuntimeError(text)
+    elif failure.kind == "TypeError":
+        err = TypeError(text)
     else:
         err = OSError(text)
     setattr(err, "heard", True)  # noqa: B010 - marks an error heard, not raised here
