@@ -37,6 +37,7 @@ from hyperckpt._consolidate.assign import output_dtype_code, parse_size
 from hyperckpt._dist.agreement import Failure, agree
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
 from hyperckpt._save import files
+from hyperckpt._save.per_rank import all_file_names, plan_rank_files
 from hyperckpt._save.plan import WritePlan, plan_writes
 from hyperckpt._save.ranks import DEFAULT_TIMEOUT, Ranks, roll_call
 from hyperckpt._save.summary import LocalTensor, TensorSummary, flatten, merge, summarize, unalias
@@ -67,6 +68,8 @@ class SaveOptions:
         audit: Re-read every written box and compare its digest before publishing.
         threads: Boxes written at the same time per rank.
         timeout: Most seconds a rank waits for the others at one agreement.
+        per_rank: Each rank writes its own pieces into files of its own (torch's
+            ``save_distributed`` spelling), for storage the ranks do not share.
     """
 
     max_shard_size: int
@@ -77,6 +80,7 @@ class SaveOptions:
     audit: bool = True
     threads: int = 4
     timeout: float = DEFAULT_TIMEOUT
+    per_rank: bool = False
 
     @classmethod
     def build(
@@ -90,6 +94,7 @@ class SaveOptions:
         audit: bool = True,
         thread_count: int | None = None,
         timeout: float = DEFAULT_TIMEOUT,
+        per_rank: bool = False,
     ) -> SaveOptions:
         """The options from the public spelling.
 
@@ -109,6 +114,7 @@ class SaveOptions:
             audit=audit,
             threads=threads,
             timeout=float(check_number("timeout", timeout, _TIMEOUT)),
+            per_rank=per_rank,
         )
 
 
@@ -152,6 +158,8 @@ class Staged:
     dropped: tuple[tuple[str, str], ...]
     begin: float
     ranks: Ranks
+    per_rank: bool = False
+    publishes: bool = False
     bytes_written: tuple[int, ...] = ()
     audit_seconds: tuple[float, ...] = ()
     published: bool = field(default=False)
@@ -164,10 +172,15 @@ class Staged:
     def report(self) -> SaveReport:
         """The report of this save (once published)."""
         output = self.plan.output
+        names = (
+            all_file_names(self.plan, self.ranks.world)
+            if self.per_rank
+            else tuple(f.name for f in output.files)
+        )
         return SaveReport(
             path=str(self.target),
-            files=tuple(f.name for f in output.files),
-            indexed=output.indexed,
+            files=names,
+            indexed=output.indexed and not self.per_rank,
             tensors=len(output.weight_map),
             total_size=output.total_size,
             dropped_aliases=self.dropped,
@@ -193,6 +206,7 @@ def save(
     progress: ProgressCallback | None = None,
     no_dist: bool = False,
     timeout: float = DEFAULT_TIMEOUT,
+    per_rank: bool = False,
 ) -> SaveReport:
     """Save a state dict of tensors and DTensors (any layout) as a Hugging Face checkpoint.
 
@@ -223,6 +237,11 @@ def save(
             every tensor whole.
         timeout: Most seconds a rank waits for the others at each step; a rank that died,
             hung or lost its connection is then named by the others (``save.rank_lost``).
+        per_rank: For storage the ranks do not share: each rank writes its own pieces into
+            ``shard-0000r-model-0000k-of-0000K.safetensors`` files (torch's
+            ``save_distributed`` spelling, ``DCP_SHARDING_INFO`` offsets), published at
+            ``path`` on each storage by its lowest rank.  Gather every storage's files into
+            one directory, then load it or ``hyperckpt consolidate`` it into HF files.
 
     Returns:
         A :class:`SaveReport`, the same on every rank except ``seconds``.
@@ -250,11 +269,12 @@ def save(
             audit=audit,
             thread_count=thread_count,
             timeout=timeout,
+            per_rank=per_rank,
         ),
         flat=False,
     )
     failure: BaseException | None = None
-    if staged.rank == 0:
+    if staged.publishes:
         try:
             commit(staged, overwrite=overwrite)
         except _FAILURES as err:
@@ -336,26 +356,41 @@ def stage(
         failure = err
     _agree(failure, ranks, target, "planning")
     assert plan is not None
-    temp_name = ""
+    suffix = ""
     if rank == 0:
         try:
             _check_target(target, overwrite=built.overwrite)
             _remove_leftovers(target)
-            temp_name = str(files.make_temp_dir(target))
+            suffix = files.make_temp_dir(target).name.rsplit("-", 1)[-1]
         except _FAILURES as err:
             failure = err
-    names = _agree(failure, ranks, target, "preparing the directory", value=temp_name)
-    staged = Staged(target, Path(cast(str, names[0])), plan, tuple(dropped), begin, ranks)
+    suffixes = _agree(failure, ranks, target, "preparing the directory", value=suffix)
+    temp = files.temp_path(target, cast(str, suffixes[0]))
+    staged = Staged(
+        target, temp, plan, tuple(dropped), begin, ranks, built.per_rank, publishes=rank == 0
+    )
+    if built.per_rank:
+        rank_files = plan_rank_files(plan, rank)
+        my_files, mine = list(rank_files.files), list(rank_files.boxes)
+    else:
+        my_files, mine = plan.files_of(rank), plan.boxes_of(rank)
     tracker = ProgressTracker(progress)
     try:
         try:
-            check_shared(staged.temp, rank, where)
-            for file in plan.files_of(rank):
+            if not built.per_rank:
+                check_shared(staged.temp, rank, where)
+            elif rank != 0 and not files.exists(staged.temp):  # storage rank 0 does not share
+                _check_target(target, overwrite=built.overwrite)
+                files.join_temp_dir(target, cast(str, suffixes[0]))
+            if built.per_rank:
+                files.mark_rank(staged.temp, rank)
+            for file in my_files:
                 files.create_sized(staged.temp / file.name, file.size, file.header)
         except _FAILURES as err:
             failure = err
         _agree(failure, staged.ranks, staged.target, "creating the files")
-        mine = plan.boxes_of(rank)
+        if built.per_rank:  # the lowest rank writing into this storage publishes it
+            staged.publishes = files.marked_ranks(staged.temp)[0] == rank
         digests: dict[int, int] = {}
         try:
             digests = write_boxes(mine, held, staged.temp, threads=built.threads, progress=tracker)
@@ -370,7 +405,7 @@ def stage(
         except _FAILURES as err:
             failure = err
         audit_seconds = time.perf_counter() - audit_begin if built.audit else 0.0
-        written = sum(b.nbytes for b in mine) + sum(len(f.header) for f in plan.files_of(rank))
+        written = sum(b.nbytes for b in mine) + sum(len(f.header) for f in my_files)
         facts = cast(
             list[tuple[int, float]],
             _agree(
@@ -386,13 +421,14 @@ def stage(
 
 
 def commit(staged: Staged, *, overwrite: bool) -> None:
-    """Step 7, on the coordinator: the index, then the rename to the target.
+    """Step 7, on the coordinator (per rank: each storage's lowest rank): the index, then
+    the rename to the target.
 
     The temporary directory is removed when this fails.
     """
     try:
         output = staged.plan.output
-        if output.indexed:
+        if output.indexed and not staged.per_rank:
             files.write_small(staged.temp / "model.safetensors.index.json", output.index_bytes())
         files.unmark(staged.temp)
         files.sync_directory(staged.temp)
@@ -404,8 +440,8 @@ def commit(staged: Staged, *, overwrite: bool) -> None:
 
 
 def abandon(staged: Staged) -> None:
-    """On the coordinator, remove the temporary directory of a save that failed."""
-    if staged.rank != 0 or staged.published:
+    """On the rank that would publish, remove the temporary directory of a failed save."""
+    if not staged.publishes or staged.published:
         return
     try:
         files.remove_tree(staged.temp)

@@ -7,6 +7,7 @@ Outputs are created exclusively and never through a symlink.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -20,7 +21,10 @@ __all__ = [
     "close",
     "create_sized",
     "exists",
+    "join_temp_dir",
     "make_temp_dir",
+    "mark_rank",
+    "marked_ranks",
     "open_for_reading",
     "open_for_writing",
     "pread_exact",
@@ -30,6 +34,7 @@ __all__ = [
     "remove_tree",
     "sync_and_close",
     "sync_directory",
+    "temp_path",
     "unmark",
     "write_small",
 ]
@@ -39,6 +44,7 @@ TEMP_MARK: Final = ".hyperckpt-save-"
 #: The file inside a temporary directory that proves this package made it for its target.
 MARKER: Final = ".hyperckpt-save-in-progress"
 _MARKER_TEXT: Final = "hyperckpt save in progress for {name}\n"
+_RANK_MARK: Final = ".hyperckpt-rank-"
 _NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
 
@@ -51,14 +57,53 @@ def make_temp_dir(target: Path) -> Path:
     until :func:`unmark` removes it just before publishing.
     """
     target.parent.mkdir(parents=True, exist_ok=True)
-    temp = target.parent / f".{target.name}{TEMP_MARK}{uuid.uuid4().hex[:12]}"
+    temp = temp_path(target, uuid.uuid4().hex[:12])
     temp.mkdir(mode=0o755)
     write_small(temp / MARKER, _MARKER_TEXT.format(name=target.name).encode())
     return temp
 
 
+def temp_path(target: Path, suffix: str) -> Path:
+    """The temporary directory beside ``target`` whose name ends in ``suffix`` (12 hex digits)."""
+    return target.parent / f".{target.name}{TEMP_MARK}{suffix}"
+
+
+def join_temp_dir(target: Path, suffix: str) -> Path:
+    """The temporary directory of suffix ``suffix`` beside ``target``, made (marked) here if
+    this storage does not have it yet; several ranks may call this at once.
+
+    Raises:
+        FileExistsError: Something that is not a directory (a symlink) holds its name.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temp = temp_path(target, suffix)
+    try:
+        temp.mkdir(mode=0o755)
+    except FileExistsError:
+        if not stat.S_ISDIR(os.lstat(temp).st_mode):
+            raise
+    with contextlib.suppress(FileExistsError):
+        write_small(temp / MARKER, _MARKER_TEXT.format(name=target.name).encode())
+    return temp
+
+
+def mark_rank(temp: Path, rank: int) -> None:
+    """Record in ``temp`` that ``rank`` writes into this directory (per-rank saves)."""
+    write_small(temp / f"{_RANK_MARK}{rank:06d}", b"")
+
+
+def marked_ranks(temp: Path) -> list[int]:
+    """The ranks :func:`mark_rank` recorded in ``temp``, sorted."""
+    return sorted(
+        int(entry[len(_RANK_MARK) :]) for entry in os.listdir(temp) if entry.startswith(_RANK_MARK)
+    )
+
+
 def unmark(temp: Path) -> None:
-    """Remove the marker of a finished temporary directory (it is not part of a checkpoint)."""
+    """Remove the markers of a finished temporary directory (not part of a checkpoint)."""
+    for entry in os.listdir(temp):
+        if entry.startswith(_RANK_MARK):
+            os.unlink(temp / entry)
     os.unlink(temp / MARKER)
 
 

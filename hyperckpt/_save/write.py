@@ -169,12 +169,17 @@ def _file_runs(box: BoxWrite) -> Iterator[_Run]:
 def _runs(box: BoxWrite, held: LocalTensor) -> Iterator[_Run]:
     """The box's runs with where their bytes are in memory, in row-major order."""
     local = held.local
-    start = held.local_offsets[box.order][box.box]
+    start = held.local_offsets[box.order][box.key]
     view = local
     for k, (o, s) in enumerate(zip(start, box.box[1], strict=True)):
         view = view.narrow(k, o, s)
     target = to_torch_dtype(box.target)
-    if view.device.type == "cpu" and view.dtype == target:
+    # A per-rank piece is contiguous in its file; a view of a strided local tensor is not.
+    if (
+        view.device.type == "cpu"
+        and view.dtype == target
+        and (box.held is None or view.is_contiguous())
+    ):
         yield from _runs_of(box, view, 0)
         return
     # Blocks of whole rows along dimension 0, converted or copied to host memory.
