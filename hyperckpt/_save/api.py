@@ -459,9 +459,8 @@ def check_shared(temp: Path, rank: int, where: str) -> None:
         raise CheckpointError(
             f"{where}: rank {rank} does not see the temporary directory {temp.name} that "
             f"rank 0 created beside it: the ranks do not share this storage.  Save to a file "
-            f"system every rank sees, or save per rank with torch's "
-            f"HuggingFaceStorageWriter(save_distributed=True) and join the pieces with "
-            f"`hyperckpt consolidate`",
+            f"system every rank sees, or pass per_rank=True (each rank writes its own files; "
+            f"gather them into one directory and run `hyperckpt consolidate`)",
             path=where,
             rule="save.not_shared",
         )
