@@ -154,6 +154,7 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, nargs="+", default=[2])
     parser.add_argument("--splits", nargs="+", default=["fsdp", "tp"])
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
     parser.add_argument("--scratch", default=None, help="directory to write into")
     args = parser.parse_args()
     specs = llama_specs(args.size)
@@ -164,7 +165,7 @@ def main() -> int:
         limits = _limits(nbytes, scratch)
         for world in args.ranks:
             for split in args.splits:
-                for case in CASES:
+                for case in args.cases:
                     times, extra = [], []
                     for repeat in range(args.repeats):
                         out = scratch / f"out-{world}-{split}-{len(rows)}-{repeat}"

@@ -386,15 +386,22 @@ def assign_ranks(files: Sequence[OutputFile], world_size: int) -> tuple[int, ...
     return tuple(owner)
 
 
-def encode_header(entries: Mapping[str, tuple[str, tuple[int, ...], int, int]]) -> bytes:
+def encode_header(
+    entries: Mapping[str, tuple[str, tuple[int, ...], int, int]],
+    *,
+    metadata: Mapping[str, str] | None = None,
+) -> bytes:
     """A safetensors header as safetensors writes it: compact JSON, ``__metadata__`` first,
     padded with spaces to a multiple of 8, behind its 8-byte little-endian length.
 
     Args:
         entries: Tensor name to (dtype code, shape, begin, end) relative to the data
             buffer, in data order.
+        metadata: The ``__metadata__`` map (default ``{"format": "pt"}``).
     """
-    document: dict[str, object] = {"__metadata__": _FORMAT_METADATA}
+    document: dict[str, object] = {
+        "__metadata__": dict(_FORMAT_METADATA if metadata is None else metadata)
+    }
     for name, (code, shape, begin, end) in entries.items():
         document[name] = {"dtype": code, "shape": list(shape), "data_offsets": [begin, end]}
     text = json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()

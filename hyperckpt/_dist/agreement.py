@@ -10,9 +10,12 @@ that rank and its error).
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 from hyperckpt.errors import (
@@ -80,6 +83,7 @@ def agree(
     heard: Callable[[Failure], BaseException],
     *,
     value: object = None,
+    timeout: float | None = None,
 ) -> list[object]:
     """Share whether this rank failed, and ``value``, with every rank of ``group``.
 
@@ -91,6 +95,8 @@ def agree(
         group: The process group (``None``: the default group).
         heard: Makes the error a rank that did not fail raises for the first rank that did.
         value: What this rank tells the others besides (picklable).
+        timeout: Most seconds to wait for the other ranks (``None``: the group's own
+            timeout); past it a ``RuntimeError`` is raised (``"Operation timed out!"``).
 
     Returns:
         Every rank's ``value``, by rank of ``group``, when no rank failed.
@@ -105,8 +111,11 @@ def agree(
         return [value]
     rank = dist.get_rank(group)
     status = None if failure is None else Failure.of(rank, failure)
-    gathered: list[object] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(gathered, (status, value), group=group)
+    if timeout is None:
+        gathered: list[object] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(gathered, (status, value), group=group)
+    else:
+        gathered = _gather_within((status, value), group, timedelta(seconds=timeout))
     if failure is not None:
         raise failure
     values = []
@@ -117,3 +126,32 @@ def agree(
             raise heard(other)
         values.append(sent)
     return values
+
+
+def _gather_within(
+    value: object, group: dist.ProcessGroup | None, timeout: timedelta
+) -> list[object]:
+    """``all_gather_object``, each of its two collectives waited on for ``timeout`` at most."""
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if dist.get_backend(group) == "nccl"
+        else torch.device("cpu")
+    )
+    world = dist.get_world_size(group)
+    data = pickle.dumps(value)
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    sizes = [torch.zeros_like(size) for _ in range(world)]
+    work = dist.all_gather(sizes, size, group=group, async_op=True)
+    assert work is not None, "an async collective returns its work"
+    work.wait(timeout)
+    longest = max(int(n.item()) for n in sizes)
+    mine = torch.zeros(longest, dtype=torch.uint8)
+    mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    buffers = [torch.empty(longest, dtype=torch.uint8, device=device) for _ in range(world)]
+    work = dist.all_gather(buffers, mine.to(device), group=group, async_op=True)
+    assert work is not None, "an async collective returns its work"
+    work.wait(timeout)
+    return [
+        pickle.loads(buffer[: int(n.item())].cpu().numpy().tobytes())
+        for buffer, n in zip(buffers, sizes, strict=True)
+    ]

@@ -13,7 +13,10 @@ every rank raises together, naming the rank that failed:
 7. the coordinator writes the index, syncs, and renames the directory to ``path``.
 
 Until step 7 nothing is at ``path``; after a failure the coordinator removes the temporary
-directory (a killed coordinator leaves it, under a name no reader takes for a checkpoint).
+directory.  A killed coordinator leaves it, under a name no reader takes for a checkpoint and
+with a marker inside; the next save to the same path removes it (step 3).  Each agreement
+waits ``timeout`` seconds at most; a rank that died or hung is named by the others
+(``save.rank_lost``).  A save of one process alone (``no_dist``) enters no collective.
 """
 
 from __future__ import annotations
@@ -29,11 +32,14 @@ from typing import Final, cast
 import torch
 import torch.distributed as dist
 
+from hyperckpt._arguments import Limits, check_number
 from hyperckpt._consolidate.assign import output_dtype_code, parse_size
-from hyperckpt._dist.agreement import Failure, agree, distributed
+from hyperckpt._dist.agreement import Failure, agree
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
 from hyperckpt._save import files
+from hyperckpt._save.per_rank import all_file_names, plan_rank_files
 from hyperckpt._save.plan import WritePlan, plan_writes
+from hyperckpt._save.ranks import DEFAULT_TIMEOUT, Ranks, roll_call
 from hyperckpt._save.summary import LocalTensor, TensorSummary, flatten, merge, summarize, unalias
 from hyperckpt._save.write import audit_boxes, write_boxes
 from hyperckpt.errors import CheckpointError
@@ -44,7 +50,9 @@ logger = logging.getLogger("hyperckpt")
 
 #: ``save_pretrained``'s classic split (transformers 4); pass ``"50GB"`` for transformers 5's.
 DEFAULT_MAX_SHARD_SIZE: Final = "5GB"
-_FAILURES: Final = (CheckpointError, OSError, ValueError, RuntimeError)
+_FAILURES: Final = (CheckpointError, OSError, ValueError, TypeError, RuntimeError)
+#: What ``timeout`` accepts: a second to a week.
+_TIMEOUT: Final = Limits(1, 7 * 86400, integer=False, unit="seconds")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +67,9 @@ class SaveOptions:
         overwrite: Replace what is at the path.
         audit: Re-read every written box and compare its digest before publishing.
         threads: Boxes written at the same time per rank.
+        timeout: Most seconds a rank waits for the others at one agreement.
+        per_rank: Each rank writes its own pieces into files of its own (torch's
+            ``save_distributed`` spelling), for storage the ranks do not share.
     """
 
     max_shard_size: int
@@ -68,6 +79,8 @@ class SaveOptions:
     overwrite: bool = False
     audit: bool = True
     threads: int = 4
+    timeout: float = DEFAULT_TIMEOUT
+    per_rank: bool = False
 
     @classmethod
     def build(
@@ -80,11 +93,14 @@ class SaveOptions:
         overwrite: bool = False,
         audit: bool = True,
         thread_count: int | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        per_rank: bool = False,
     ) -> SaveOptions:
         """The options from the public spelling.
 
         Raises:
-            ValueError: A size, dtype or thread count is malformed.
+            ValueError: A size, dtype, thread count or timeout is malformed.
+            TypeError: ``timeout`` is not a number.
         """
         threads = min(4, os.cpu_count() or 1) if thread_count is None else thread_count
         if threads < 1:
@@ -97,6 +113,8 @@ class SaveOptions:
             overwrite=overwrite,
             audit=audit,
             threads=threads,
+            timeout=float(check_number("timeout", timeout, _TIMEOUT)),
+            per_rank=per_rank,
         )
 
 
@@ -139,19 +157,30 @@ class Staged:
     plan: WritePlan
     dropped: tuple[tuple[str, str], ...]
     begin: float
-    rank: int
-    group: dist.ProcessGroup | None
+    ranks: Ranks
+    per_rank: bool = False
+    publishes: bool = False
     bytes_written: tuple[int, ...] = ()
     audit_seconds: tuple[float, ...] = ()
     published: bool = field(default=False)
 
+    @property
+    def rank(self) -> int:
+        """This rank in the save's group (0 when alone)."""
+        return self.ranks.rank
+
     def report(self) -> SaveReport:
         """The report of this save (once published)."""
         output = self.plan.output
+        names = (
+            all_file_names(self.plan, self.ranks.world)
+            if self.per_rank
+            else tuple(f.name for f in output.files)
+        )
         return SaveReport(
             path=str(self.target),
-            files=tuple(f.name for f in output.files),
-            indexed=output.indexed,
+            files=names,
+            indexed=output.indexed and not self.per_rank,
             tensors=len(output.weight_map),
             total_size=output.total_size,
             dropped_aliases=self.dropped,
@@ -175,6 +204,9 @@ def save(
     audit: bool = True,
     thread_count: int | None = None,
     progress: ProgressCallback | None = None,
+    no_dist: bool = False,
+    timeout: float = DEFAULT_TIMEOUT,
+    per_rank: bool = False,
 ) -> SaveReport:
     """Save a state dict of tensors and DTensors (any layout) as a Hugging Face checkpoint.
 
@@ -200,6 +232,16 @@ def save(
         audit: Re-read every box after writing and compare its CRC-32 before publishing.
         thread_count: Boxes written at the same time per rank (default up to 4).
         progress: Called with a :class:`~hyperckpt.Progress` of this rank's writing.
+        no_dist: Save from this process alone, entering no collective even while a process
+            group is initialized (as ``dcp.save(no_dist=True)``); its state dict must hold
+            every tensor whole.
+        timeout: Most seconds a rank waits for the others at each step; a rank that died,
+            hung or lost its connection is then named by the others (``save.rank_lost``).
+        per_rank: For storage the ranks do not share: each rank writes its own pieces into
+            ``shard-0000r-model-0000k-of-0000K.safetensors`` files (torch's
+            ``save_distributed`` spelling, ``DCP_SHARDING_INFO`` offsets), published at
+            ``path`` on each storage by its lowest rank.  Gather every storage's files into
+            one directory, then load it or ``hyperckpt consolidate`` it into HF files.
 
     Returns:
         A :class:`SaveReport`, the same on every rank except ``seconds``.
@@ -211,12 +253,12 @@ def save(
         ValueError: An option is malformed.
         OSError: The files cannot be written.
     """
-    group = process_group if distributed() else None
     target = Path(path)
     staged = stage(
         state_dict,
         target,
-        group=group,
+        group=process_group,
+        alone=no_dist,
         progress=progress,
         options=lambda: SaveOptions.build(
             max_shard_size=max_shard_size,
@@ -226,16 +268,18 @@ def save(
             overwrite=overwrite,
             audit=audit,
             thread_count=thread_count,
+            timeout=timeout,
+            per_rank=per_rank,
         ),
         flat=False,
     )
     failure: BaseException | None = None
-    if staged.rank == 0:
+    if staged.publishes:
         try:
             commit(staged, overwrite=overwrite)
         except _FAILURES as err:
             failure = err
-    _agree(failure, staged.group, staged.target, "publishing")
+    _agree(failure, staged.ranks, staged.target, "publishing")
     report = staged.report()
     logger.info(
         "hyperckpt: saved %d tensors into %d file(s) at %s in %.2f s",
@@ -252,6 +296,7 @@ def stage(
     target: Path,
     *,
     group: dist.ProcessGroup | None,
+    alone: bool,
     progress: ProgressCallback | None,
     options: Callable[[], SaveOptions],
     flat: bool,
@@ -262,13 +307,12 @@ def stage(
         state_dict: This rank's state dict.
         target: Where the checkpoint is published.
         group: The process group, ``None`` for the default one (or none).
+        alone: This process saves by itself: no collective (``no_dist``).
         progress: This rank's progress callback.
         options: Builds the options (its errors are agreed on like the state dict's).
         flat: Whether ``state_dict`` is already flat (DCP's planner flattened it).
     """
     begin = time.perf_counter()
-    rank = dist.get_rank(group) if distributed() else 0
-    world = dist.get_world_size(group) if distributed() else 1
     where = str(target)
     failure: BaseException | None = None
     summaries: list[TensorSummary] = []
@@ -276,15 +320,24 @@ def stage(
     built: SaveOptions | None = None
     try:
         built = options()
-        flat_dict = dict(state_dict) if flat else flatten(state_dict, path=where)
-        summaries, held = summarize(flat_dict, path=where)
-        if built.keep_aliases:
-            summaries = unalias(summaries)
     except _FAILURES as err:
         failure = err
+    # A malformed timeout is agreed on within the default one.
+    ranks = Ranks.of(
+        group, alone=alone, timeout=DEFAULT_TIMEOUT if built is None else built.timeout
+    )
+    rank, world = ranks.rank, ranks.world
+    if built is not None:
+        try:
+            flat_dict = dict(state_dict) if flat else flatten(state_dict, path=where)
+            summaries, held = summarize(flat_dict, path=where)
+            if built.keep_aliases:
+                summaries = unalias(summaries)
+        except _FAILURES as err:
+            failure = err
     every = cast(
         list[list[TensorSummary]],
-        _agree(failure, group, target, "describing the state dict", value=summaries),
+        _agree(failure, ranks, target, "describing the state dict", value=summaries),
     )
     assert built is not None
     plan: WritePlan | None = None
@@ -301,34 +354,50 @@ def stage(
         )
     except _FAILURES as err:
         failure = err
-    _agree(failure, group, target, "planning")
+    _agree(failure, ranks, target, "planning")
     assert plan is not None
-    temp_name = ""
+    suffix = ""
     if rank == 0:
         try:
             _check_target(target, overwrite=built.overwrite)
-            temp_name = str(files.make_temp_dir(target))
+            _remove_leftovers(target)
+            suffix = files.make_temp_dir(target).name.rsplit("-", 1)[-1]
         except _FAILURES as err:
             failure = err
-    names = _agree(failure, group, target, "preparing the directory", value=temp_name)
-    staged = Staged(target, Path(cast(str, names[0])), plan, tuple(dropped), begin, rank, group)
+    suffixes = _agree(failure, ranks, target, "preparing the directory", value=suffix)
+    temp = files.temp_path(target, cast(str, suffixes[0]))
+    staged = Staged(
+        target, temp, plan, tuple(dropped), begin, ranks, built.per_rank, publishes=rank == 0
+    )
+    if built.per_rank:
+        rank_files = plan_rank_files(plan, rank)
+        my_files, mine = list(rank_files.files), list(rank_files.boxes)
+    else:
+        my_files, mine = plan.files_of(rank), plan.boxes_of(rank)
     tracker = ProgressTracker(progress)
     try:
         try:
-            check_shared(staged.temp, rank, where)
-            for file in plan.files_of(rank):
+            if not built.per_rank:
+                check_shared(staged.temp, rank, where)
+            elif rank != 0 and not files.exists(staged.temp):  # storage rank 0 does not share
+                _check_target(target, overwrite=built.overwrite)
+                files.join_temp_dir(target, cast(str, suffixes[0]))
+            if built.per_rank:
+                files.mark_rank(staged.temp, rank)
+            for file in my_files:
                 files.create_sized(staged.temp / file.name, file.size, file.header)
         except _FAILURES as err:
             failure = err
-        _agree(failure, staged.group, staged.target, "creating the files")
-        mine = plan.boxes_of(rank)
+        _agree(failure, staged.ranks, staged.target, "creating the files")
+        if built.per_rank:  # the lowest rank writing into this storage publishes it
+            staged.publishes = files.marked_ranks(staged.temp)[0] == rank
         digests: dict[int, int] = {}
         try:
             digests = write_boxes(mine, held, staged.temp, threads=built.threads, progress=tracker)
             tracker.finish()
         except _FAILURES as err:
             failure = err
-        _agree(failure, staged.group, staged.target, "writing")
+        _agree(failure, staged.ranks, staged.target, "writing")
         audit_begin = time.perf_counter()
         try:
             if built.audit:
@@ -336,11 +405,11 @@ def stage(
         except _FAILURES as err:
             failure = err
         audit_seconds = time.perf_counter() - audit_begin if built.audit else 0.0
-        written = sum(b.nbytes for b in mine) + sum(len(f.header) for f in plan.files_of(rank))
+        written = sum(b.nbytes for b in mine) + sum(len(f.header) for f in my_files)
         facts = cast(
             list[tuple[int, float]],
             _agree(
-                failure, staged.group, staged.target, "auditing", value=(written, audit_seconds)
+                failure, staged.ranks, staged.target, "auditing", value=(written, audit_seconds)
             ),
         )
     except BaseException:
@@ -352,14 +421,16 @@ def stage(
 
 
 def commit(staged: Staged, *, overwrite: bool) -> None:
-    """Step 7, on the coordinator: the index, then the rename to the target.
+    """Step 7, on the coordinator (per rank: each storage's lowest rank): the index, then
+    the rename to the target.
 
     The temporary directory is removed when this fails.
     """
     try:
         output = staged.plan.output
-        if output.indexed:
+        if output.indexed and not staged.per_rank:
             files.write_small(staged.temp / "model.safetensors.index.json", output.index_bytes())
+        files.unmark(staged.temp)
         files.sync_directory(staged.temp)
         files.publish(staged.temp, staged.target, overwrite=overwrite)
         staged.published = True
@@ -369,8 +440,8 @@ def commit(staged: Staged, *, overwrite: bool) -> None:
 
 
 def abandon(staged: Staged) -> None:
-    """On the coordinator, remove the temporary directory of a save that failed."""
-    if staged.rank != 0 or staged.published:
+    """On the rank that would publish, remove the temporary directory of a failed save."""
+    if not staged.publishes or staged.published:
         return
     try:
         files.remove_tree(staged.temp)
@@ -388,19 +459,37 @@ def check_shared(temp: Path, rank: int, where: str) -> None:
         raise CheckpointError(
             f"{where}: rank {rank} does not see the temporary directory {temp.name} that "
             f"rank 0 created beside it: the ranks do not share this storage.  Save to a file "
-            f"system every rank sees, or save per rank with torch's "
-            f"HuggingFaceStorageWriter(save_distributed=True) and join the pieces with "
-            f"`hyperckpt consolidate`",
+            f"system every rank sees, or pass per_rank=True (each rank writes its own files; "
+            f"gather them into one directory and run `hyperckpt consolidate`)",
             path=where,
             rule="save.not_shared",
         )
 
 
-def rank_lost(target: Path, step: str, err: BaseException) -> CheckpointError:
-    """The error of a rank whose peers stopped answering (killed, or disconnected)."""
+def rank_lost(
+    target: Path, step: str, err: BaseException, lost: tuple[int, ...] | None, world: int
+) -> CheckpointError:
+    """The error of a rank whose peers stopped answering (killed, hung, or disconnected).
+
+    Args:
+        target: The checkpoint path.
+        step: What the ranks were doing.
+        err: The collective's own error.
+        lost: The ranks that did not answer the roll call, ``None`` when unknown.
+        world: Ranks in the group.
+    """
+    if lost:
+        which = f"rank{'s' if len(lost) > 1 else ''} {', '.join(map(str, lost))} of {world}"
+        who = (
+            f"{which} stopped answering while {step} (killed, hung or disconnected; a rank "
+            f"that saves by itself passes no_dist=True)"
+        )
+    elif lost is None:
+        who = f"a rank stopped answering while {step} (which one is unknown: the store is gone)"
+    else:
+        who = f"a collective failed while {step} though every rank is still running"
     return CheckpointError(
-        f"{target}: a rank stopped answering while {step} ({err}); it was killed or lost its "
-        f"connection; nothing was published at {target}: save again",
+        f"{target}: {who}: {err}; nothing was published at {target}: save again",
         path=str(target),
         rule="save.rank_lost",
     )
@@ -416,21 +505,33 @@ def _check_target(target: Path, *, overwrite: bool) -> None:
         )
 
 
+def _remove_leftovers(target: Path) -> None:
+    """Remove what saves to ``target`` that were killed left beside it (their marker proves
+    they were ours), logging each."""
+    for leftover in files.remove_leftovers(target):
+        logger.info("hyperckpt: removed %s, left by a save to %s that was killed", leftover, target)
+
+
 def _agree(
     failure: BaseException | None,
-    group: dist.ProcessGroup | None,
+    ranks: Ranks,
     target: Path,
     step: str,
     *,
     value: object = None,
 ) -> list[object]:
-    """``agree``, with a rank that stopped answering turned into a :class:`CheckpointError`."""
+    """``agree`` within the save's timeout, with a rank that stopped answering turned into a
+    :class:`CheckpointError` naming it; alone, no collective at all."""
+    if ranks.alone:
+        if failure is not None:
+            raise failure
+        return [value]
     try:
-        return agree(failure, group, _heard, value=value)
+        return agree(failure, ranks.group, _heard, value=value, timeout=ranks.timeout)
     except RuntimeError as err:
         if err is failure or getattr(err, "heard", False):
             raise
-        raise rank_lost(target, step, err) from err
+        raise rank_lost(target, step, err, roll_call(ranks, step), ranks.world) from err
 
 
 def _heard(failure: Failure) -> Exception:
@@ -444,6 +545,8 @@ def _heard(failure: Failure) -> Exception:
         err = ValueError(text)
     elif failure.kind == "RuntimeError":
         err = RuntimeError(text)
+    elif failure.kind == "TypeError":
+        err = TypeError(text)
     else:
         err = OSError(text)
     setattr(err, "heard", True)  # noqa: B010 - marks an error heard, not raised here

@@ -7,8 +7,11 @@ Outputs are created exclusively and never through a symlink.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
+import stat
 import uuid
 from pathlib import Path
 from typing import Final
@@ -18,20 +21,30 @@ __all__ = [
     "close",
     "create_sized",
     "exists",
+    "join_temp_dir",
     "make_temp_dir",
+    "mark_rank",
+    "marked_ranks",
     "open_for_reading",
     "open_for_writing",
     "pread_exact",
     "publish",
     "pwrite_all",
+    "remove_leftovers",
     "remove_tree",
     "sync_and_close",
     "sync_directory",
+    "temp_path",
+    "unmark",
     "write_small",
 ]
 
 #: Part of every temporary directory's name: ``.<name>.hyperckpt-save-<hex>`` beside the target.
 TEMP_MARK: Final = ".hyperckpt-save-"
+#: The file inside a temporary directory that proves this package made it for its target.
+MARKER: Final = ".hyperckpt-save-in-progress"
+_MARKER_TEXT: Final = "hyperckpt save in progress for {name}\n"
+_RANK_MARK: Final = ".hyperckpt-rank-"
 _NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
 
@@ -40,11 +53,105 @@ def make_temp_dir(target: Path) -> Path:
     """Create a fresh, empty temporary directory beside ``target`` (its parent is created).
 
     The name is unique per call, so a rerun never collides with what a failed run left.
+    A marker file inside (:data:`MARKER`, naming ``target``) proves the directory ours
+    until :func:`unmark` removes it just before publishing.
     """
     target.parent.mkdir(parents=True, exist_ok=True)
-    temp = target.parent / f".{target.name}{TEMP_MARK}{uuid.uuid4().hex[:12]}"
+    temp = temp_path(target, uuid.uuid4().hex[:12])
     temp.mkdir(mode=0o755)
+    write_small(temp / MARKER, _MARKER_TEXT.format(name=target.name).encode())
     return temp
+
+
+def temp_path(target: Path, suffix: str) -> Path:
+    """The temporary directory beside ``target`` whose name ends in ``suffix`` (12 hex digits)."""
+    return target.parent / f".{target.name}{TEMP_MARK}{suffix}"
+
+
+def join_temp_dir(target: Path, suffix: str) -> Path:
+    """The temporary directory of suffix ``suffix`` beside ``target``, made (marked) here if
+    this storage does not have it yet; several ranks may call this at once.
+
+    Raises:
+        FileExistsError: Something that is not a directory (a symlink) holds its name.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temp = temp_path(target, suffix)
+    try:
+        temp.mkdir(mode=0o755)
+    except FileExistsError:
+        if not stat.S_ISDIR(os.lstat(temp).st_mode):
+            raise
+    with contextlib.suppress(FileExistsError):
+        write_small(temp / MARKER, _MARKER_TEXT.format(name=target.name).encode())
+    return temp
+
+
+def mark_rank(temp: Path, rank: int) -> None:
+    """Record in ``temp`` that ``rank`` writes into this directory (per-rank saves)."""
+    write_small(temp / f"{_RANK_MARK}{rank:06d}", b"")
+
+
+def marked_ranks(temp: Path) -> list[int]:
+    """The ranks :func:`mark_rank` recorded in ``temp``, sorted."""
+    return sorted(
+        int(entry[len(_RANK_MARK) :]) for entry in os.listdir(temp) if entry.startswith(_RANK_MARK)
+    )
+
+
+def unmark(temp: Path) -> None:
+    """Remove the markers of a finished temporary directory (not part of a checkpoint)."""
+    for entry in os.listdir(temp):
+        if entry.startswith(_RANK_MARK):
+            os.unlink(temp / entry)
+    os.unlink(temp / MARKER)
+
+
+def remove_leftovers(target: Path) -> list[Path]:
+    """Remove the temporary directories that killed saves to ``target`` left beside it.
+
+    Only entries named as :func:`make_temp_dir` names them for ``target`` (never the
+    ``old-`` directories :func:`publish` sets aside: they hold a published checkpoint), that
+    are directories and not symlinks, holding a regular-file :data:`MARKER` naming
+    ``target``.  Nothing inside is followed (``shutil.rmtree`` unlinks links).
+
+    Returns:
+        The directories removed.
+    """
+    pattern = re.compile(re.escape(f".{target.name}{TEMP_MARK}") + r"[0-9a-f]{12}")
+    removed: list[Path] = []
+    try:
+        entries = os.listdir(target.parent)
+    except FileNotFoundError:
+        return removed
+    for entry in sorted(entries):
+        if not pattern.fullmatch(entry):
+            continue
+        leftover = target.parent / entry
+        try:
+            mode = os.lstat(leftover).st_mode
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISDIR(mode) or not _marked(leftover, target):
+            continue
+        shutil.rmtree(leftover)
+        removed.append(leftover)
+    return removed
+
+
+def _marked(directory: Path, target: Path) -> bool:
+    """Whether ``directory`` holds our marker for ``target`` (a regular file, not a link)."""
+    try:
+        fd = os.open(directory / MARKER, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        expected = _MARKER_TEXT.format(name=target.name).encode()
+        return pread_exact(fd, len(expected) + 1, 0) == expected
+    finally:
+        os.close(fd)
 
 
 def create_sized(path: Path, size: int, header: bytes) -> None:

@@ -48,6 +48,8 @@ class BoxWrite:
         box: The box: (offsets, sizes) in elements.
         writer: The rank that writes it.
         nbytes: Bytes it occupies in the file.
+        held: The global box whose bytes the writer holds (``box`` itself, except in a
+            per-rank file, where ``box`` and ``shape`` describe the piece alone).
     """
 
     tensor: str
@@ -60,6 +62,12 @@ class BoxWrite:
     box: Box
     writer: int
     nbytes: int
+    held: Box | None = None
+
+    @property
+    def key(self) -> Box:
+        """The global box that locates this box's bytes on the writing rank."""
+        return self.box if self.held is None else self.held
 
 
 @dataclass(frozen=True, slots=True)

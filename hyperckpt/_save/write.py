@@ -35,6 +35,9 @@ __all__ = ["BLOCK_BYTES", "audit_boxes", "write_boxes"]
 #: Largest block of converted (or device-to-host copied) rows held at once per thread.
 BLOCK_BYTES: Final = 8 * 2**20
 
+#: Bytes written before progress is told (a column slice writes a run per row).
+PROGRESS_BYTES: Final = 2**20
+
 #: A run: (absolute byte offset in the file, address of its bytes in memory, length).
 _Run = tuple[int, int, int]
 
@@ -70,11 +73,17 @@ def write_boxes(
             box = boxes[n]
             fd = fds[box.file]
             crc = 0
+            pending = 0  # bytes not yet told to progress: told per PROGRESS_BYTES, not per run
             for offset, address, length in _runs(box, tensors[box.tensor]):
                 data = _memory(address, length)
                 files.pwrite_all(fd, data, offset)
                 crc = zlib.crc32(data, crc)
-                progress.deliver([(n, length)])
+                pending += length
+                if pending >= PROGRESS_BYTES:
+                    progress.deliver([(n, pending)])
+                    pending = 0
+            if pending:
+                progress.deliver([(n, pending)])
             return n, crc
 
         digests = dict(cast(list[tuple[int, int]], list(_map(one, range(len(boxes)), threads))))
@@ -169,12 +178,17 @@ def _file_runs(box: BoxWrite) -> Iterator[_Run]:
 def _runs(box: BoxWrite, held: LocalTensor) -> Iterator[_Run]:
     """The box's runs with where their bytes are in memory, in row-major order."""
     local = held.local
-    start = held.local_offsets[box.order][box.box]
+    start = held.local_offsets[box.order][box.key]
     view = local
     for k, (o, s) in enumerate(zip(start, box.box[1], strict=True)):
         view = view.narrow(k, o, s)
     target = to_torch_dtype(box.target)
-    if view.device.type == "cpu" and view.dtype == target:
+    # A per-rank piece is contiguous in its file; a view of a strided local tensor is not.
+    if (
+        view.device.type == "cpu"
+        and view.dtype == target
+        and (box.held is None or view.is_contiguous())
+    ):
         yield from _runs_of(box, view, 0)
         return
     # Blocks of whole rows along dimension 0, converted or copied to host memory.
@@ -204,6 +218,15 @@ def _runs_of(box: BoxWrite, src: torch.Tensor, first: int) -> Iterator[_Run]:
     tail = offsets[d] * strides[d]
     src_strides = src.stride()
     base = src.data_ptr()
+    if d == 1:  # a column slice of a matrix-like box: one run per row, by increments
+        offset = box.start + ((offsets[0] + first) * strides[0] + tail) * width
+        address, length = base, run * width
+        file_step, memory_step = strides[0] * width, src_strides[0] * width
+        for _ in range(src.shape[0]):
+            yield offset, address, length
+            offset += file_step
+            address += memory_step
+        return
     counts = (src.shape[0], *sizes[1:d])
     for prefix in itertools.product(*(range(n) for n in counts)):
         element = (offsets[0] + first + prefix[0]) * strides[0] + sum(

@@ -9,6 +9,11 @@ the coordinator.  So that the plain call reaches ``write_data`` for every layout
 ``prepare_local_plan`` hands DCP each DTensor piece as an opaque item (no chunk to check);
 the ``Metadata`` that ``dcp.save`` returns therefore lists DTensors as bytes entries.  The
 files, not that object, are the checkpoint.
+
+DCP does not tell a writer whether it runs with ``no_dist=True``; the coordinator's
+``prepare_global_plan`` shows it (one plan: one process), and a rank that is not the
+coordinator always runs with the others.  A single-process ``dcp.save`` therefore enters no
+collective, even while a process group is initialized.
 """
 
 from __future__ import annotations
@@ -30,9 +35,9 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from hyperckpt._dist.agreement import distributed
 from hyperckpt._read.tracker import ProgressCallback
 from hyperckpt._save.api import DEFAULT_MAX_SHARD_SIZE, SaveOptions, Staged, commit, stage
+from hyperckpt._save.ranks import DEFAULT_TIMEOUT
 from hyperckpt.errors import CheckpointError
 
 __all__ = ["HuggingFaceStorageWriter"]
@@ -58,6 +63,7 @@ class HuggingFaceStorageWriter(StorageWriter):
         audit: See :func:`hyperckpt.save`.
         thread_count: See :func:`hyperckpt.save`.
         progress: See :func:`hyperckpt.save`.
+        timeout: See :func:`hyperckpt.save`.
     """
 
     def __init__(
@@ -73,6 +79,7 @@ class HuggingFaceStorageWriter(StorageWriter):
         audit: bool = True,
         thread_count: int | None = None,
         progress: ProgressCallback | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         super().__init__()
         self.path = Path(path)
@@ -84,21 +91,26 @@ class HuggingFaceStorageWriter(StorageWriter):
             overwrite=overwrite,
             audit=audit,
             thread_count=thread_count,
+            timeout=timeout,
         )
         self._group = process_group
         self._progress = progress
         self._staged: Staged | None = None
         self.is_coordinator = False
+        self._alone = False
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         """Forget a previous save; ``checkpoint_id`` is the new path when given."""
         if checkpoint_id is not None:
             self.path = Path(checkpoint_id)
         self._staged = None
+        self._alone = False
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: object, **kwargs: object) -> None:
-        """Remember whether this rank publishes (DCP's coordinator)."""
+        """Remember whether this rank publishes (DCP's coordinator), and whether DCP runs
+        without collectives (``use_collectives=False``: every process saves alone)."""
         self.is_coordinator = is_coordinator
+        self._alone = kwargs.get("use_collectives", True) is False
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         """DTensor pieces as opaque items, so DCP's chunk check cannot refuse a strided one."""
@@ -112,7 +124,13 @@ class HuggingFaceStorageWriter(StorageWriter):
         return dataclasses.replace(plan, items=items)
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
-        """Unchanged: who writes what is decided from the state dicts in ``write_data``."""
+        """Unchanged: who writes what is decided from the state dicts in ``write_data``.
+
+        One plan means DCP runs this process alone (``no_dist=True``, or one rank): then
+        ``write_data`` enters no collective.
+        """
+        if len(plans) == 1:
+            self._alone = True
         return plans
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
@@ -129,12 +147,12 @@ class HuggingFaceStorageWriter(StorageWriter):
                 f"DefaultSavePlanner (the default) or hyperckpt.save",
                 path=str(self.path),
             )
-        group = self._group if distributed() else None
         options = self._options
         self._staged = stage(
             state_dict,
             self.path,
-            group=group,
+            group=self._group,
+            alone=self._alone,
             progress=self._progress,
             options=lambda: options,
             flat=True,

@@ -66,7 +66,7 @@ def _not_shared(root: Path) -> object:
 def _rank_lost(root: Path) -> object:
     from hyperckpt._save.api import rank_lost
 
-    raise rank_lost(root, "writing", RuntimeError("Connection closed by peer"))
+    raise rank_lost(root, "writing", RuntimeError("Connection closed by peer"), (1,), 4)
 
 
 def _disagree(root: Path) -> object:
@@ -127,6 +127,6 @@ SAVE_RULES: tuple[_Entry, ...] = (
      r"the ranks do not share this storage", _not_shared),
     ("save.audit_mismatch", "Every box written reads back with the digest computed while "
      "writing it.", r"reads back other bytes than were written", _audit),
-    ("save.rank_lost", "Every rank answers until the save is published.",
-     r"a rank stopped answering while", _rank_lost),
+    ("save.rank_lost", "Every rank answers within `timeout` until the save is published.",
+     r"rank 1 of 4 stopped answering while writing", _rank_lost),
 )  # fmt: skip

@@ -1,0 +1,84 @@
+"""``hyperckpt.save(per_rank=True)``: storage the ranks do not share, torch's per-rank spelling.
+
+One 4-rank spawn saves every layout with ``per_rank=True`` where ranks 0-1 and ranks 2-3
+see two different directories (two hosts' local disks, simulated by two paths).  Each
+storage gets a published checkpoint of its ranks' files, named as torch's
+``save_distributed`` names them; a rank holding several regions of a ``_StridedShard``
+tensor writes one file per region.  This process then gathers both directories' files into
+one, as a user copies them together, and checks that ``hyperckpt.describe`` sees a torch
+sharded checkpoint, that ``hyperckpt.load`` (into plain tensors, poisoned first), torch's
+``HuggingFaceStorageReader`` and ``hyperckpt consolidate`` (then ``safe_open``) all give
+back the originals bit for bit.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from helpers import mismatch, poison_, run_ranks
+from safetensors import safe_open
+from test_save_ranks import LAYOUTS, _held, _meshes, _original
+
+import hyperckpt
+
+pytestmark = pytest.mark.distributed
+
+STRIDED = ("packed.gate_up", "fsdp_tp", "fsdp_tp.uneven", "strided.cols")
+# torch's reader and our sharded reader take no empty or 0-d pieces: those are left out.
+ENTRIES = [e for e in LAYOUTS if e[0] not in ("empty", "scalar")]
+
+
+def _save(rank: int, world: int, root: str) -> tuple[str, ...]:
+    meshes = _meshes(world)
+    state = {e[0]: _held(e, _original(e, seed=n), meshes) for n, e in enumerate(ENTRIES)}
+    storage = "a" if rank < 2 else "b"
+    report = hyperckpt.save(state, Path(root, storage, "ckpt"), per_rank=True)
+    assert not report.indexed
+    return report.files
+
+
+def test_per_rank_files_on_two_storages_gather_into_a_checkpoint_every_reader_takes(
+    tmp_path: Path,
+) -> None:
+    reports = run_ranks(_save, 4, str(tmp_path))
+    assert all(r == reports[0] for r in reports)
+    files = list(reports[0])  # type: ignore[call-overload]
+    assert all(name.startswith("shard-0000") for name in files)
+    # Several regions of one strided tensor on one rank: a second file per rank.
+    assert "shard-00001-model-00002-of-00002.safetensors" in files
+    on_a = sorted(p.name for p in (tmp_path / "a" / "ckpt").iterdir())
+    on_b = sorted(p.name for p in (tmp_path / "b" / "ckpt").iterdir())
+    assert all(n.startswith(("shard-00001", "shard-00002")) for n in on_a), on_a
+    assert all(n.startswith(("shard-00003", "shard-00004")) for n in on_b), on_b
+    assert sorted(on_a + on_b) == sorted(files)
+    assert [p.name for p in tmp_path.iterdir()] != []
+    for storage in ("a", "b"):  # nothing but the checkpoint is left on either storage
+        assert [p.name for p in (tmp_path / storage).iterdir()] == ["ckpt"]
+    gathered = tmp_path / "gathered"
+    gathered.mkdir()
+    for storage in ("a", "b"):
+        for file in (tmp_path / storage / "ckpt").iterdir():
+            shutil.copy(file, gathered / file.name)
+    assert hyperckpt.describe(gathered).kind == "torch-sharded"
+    originals = {e[0]: _original(e, seed=n) for n, e in enumerate(ENTRIES)}
+    problems = []
+    ours = {n: poison_(torch.empty_like(t)) for n, t in originals.items()}
+    hyperckpt.load(ours, gathered)
+    theirs = {n: poison_(torch.empty_like(t)) for n, t in originals.items()}
+    dcp.load(theirs, storage_reader=dcp.HuggingFaceStorageReader(str(gathered)), no_dist=True)
+    consolidated = tmp_path / "consolidated"
+    hyperckpt.consolidate(gathered, consolidated, max_shard_size=400)
+    joined: dict[str, torch.Tensor] = {}
+    for file in sorted(consolidated.glob("*.safetensors")):
+        with safe_open(str(file), "pt") as handle:
+            joined.update((name, handle.get_tensor(name)) for name in handle.keys())  # noqa: SIM118
+    for name, tensor in originals.items():
+        for kind, got in (("load", ours), ("torch", theirs), ("consolidate", joined)):
+            problem = mismatch(got[name], tensor)
+            if problem:
+                problems.append(f"{kind}: {name}: {problem}")
+    assert problems == []
