@@ -36,12 +36,12 @@ from hyperckpt._arguments import Limits, check_number
 from hyperckpt._consolidate.assign import output_dtype_code, parse_size
 from hyperckpt._dist.agreement import Failure, agree
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
-from hyperckpt._save import files
 from hyperckpt._save.per_rank import all_file_names, plan_rank_files
 from hyperckpt._save.plan import WritePlan, plan_writes
 from hyperckpt._save.ranks import DEFAULT_TIMEOUT, Ranks, roll_call
 from hyperckpt._save.summary import LocalTensor, TensorSummary, flatten, merge, summarize, unalias
 from hyperckpt._save.write import audit_boxes, write_boxes
+from hyperckpt._storage import outputs as files
 from hyperckpt.errors import CheckpointError
 
 __all__ = ["DEFAULT_MAX_SHARD_SIZE", "SaveOptions", "SaveReport", "Staged", "save"]

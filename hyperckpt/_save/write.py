@@ -25,9 +25,9 @@ import torch
 
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.tracker import ProgressTracker
-from hyperckpt._save import files
 from hyperckpt._save.plan import BoxWrite
 from hyperckpt._save.summary import LocalTensor
+from hyperckpt._storage import outputs as files
 from hyperckpt.errors import CheckpointError
 
 __all__ = ["BLOCK_BYTES", "audit_boxes", "write_boxes"]

@@ -31,7 +31,7 @@ from torch.distributed.tensor import Shard, distribute_tensor
 
 import hyperckpt
 from hyperckpt import CheckpointError
-from hyperckpt._save import files
+from hyperckpt._storage import outputs as files
 
 pytestmark = pytest.mark.distributed
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 import hyperckpt
-from hyperckpt._save import files
+from hyperckpt._storage import outputs as files
 
 
 def _leftover(parent: Path, name: str, *, marker: str | None) -> Path:

@@ -1,8 +1,9 @@
-"""Every file and directory the save creates, writes, syncs, renames or removes: one seam.
+"""The seam's output side for whole checkpoints: the directories a save writes into, their
+markers, positional writes into output files, and the one rename that publishes them.
 
-The rest of ``hyperckpt._save`` asks this module, never ``os`` directly, so a guarded
-storage layer (exclusive, no-follow creation; fsync-and-rename) can replace it in one place.
-Outputs are created exclusively and never through a symlink.
+``hyperckpt._save`` asks this module, never ``os`` directly.  Outputs are created exclusively
+and never through a symlink; a temporary directory is removed only when its marker proves
+this package made it for that target; nothing of an input is ever removed.
 """
 
 from __future__ import annotations
