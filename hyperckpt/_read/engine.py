@@ -37,18 +37,17 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-from torch.distributed.checkpoint.planner import LoadItemType, LoadPlanner, ReadItem
+from torch.distributed.checkpoint.planner import LoadPlanner, ReadItem
 
 from hyperckpt._read import pagecache
 from hyperckpt._read import sysio as _sysio
 from hyperckpt._read.boxes import Box, narrow
 from hyperckpt._read.coalesce import coalesce
 from hyperckpt._read.columns import Runs, Strategy, choose
-from hyperckpt._read.dtypes import to_torch_dtype
+from hyperckpt._read.requests import Request, resolve, spans
 from hyperckpt._read.staging import PINNED, SlotRing, Staging, stage_through
 from hyperckpt._read.stats import LoadStats
 from hyperckpt._read.storage_info import StorageInfo
@@ -108,19 +107,6 @@ def default_threads(ranks_on_host: int | None = None) -> int:
     """
     ranks = local_ranks(os.environ, from_plans=ranks_on_host)
     return threads_per_rank(usable_cores(), ranks)
-
-
-@dataclass(frozen=True, slots=True)
-class _Request:
-    """One read item with its destination, ready to be planned."""
-
-    name: str
-    info: StorageInfo
-    box: Box
-    dtype: torch.dtype
-    target: torch.Tensor
-    fqn: str
-    item: ReadItem
 
 
 class EngineOptions(Protocol):
@@ -240,10 +226,10 @@ class _Load:
     ) -> LoadStats:
         """See :meth:`ReadEngine.run`; call once."""
         begin = time.perf_counter()
-        requests: list[_Request] = []
+        requests: list[Request] = []
         resolved: list[tuple[ReadItem, torch.Tensor]] = []
         for item in items:
-            request = self._resolve(item, storage[item.storage_index], planner)
+            request = resolve(item, storage[item.storage_index], planner)
             resolved.append((item, request.target))
             requests.append(request)
         try:
@@ -281,38 +267,15 @@ class _Load:
             cold_bytes=self._cold_bytes,
         )
 
-    def _resolve(self, item: ReadItem, info: StorageInfo, planner: LoadPlanner) -> _Request:
-        fqn = item.dest_index.fqn
-        if item.type != LoadItemType.TENSOR:
-            raise CheckpointError(
-                f"{fqn}: asked to load a non-tensor value, but a safetensors checkpoint holds "
-                f"tensors only",
-                tensor=fqn,
-            )
-        lengths = tuple(item.lengths)
-        target = planner.resolve_tensor(item).detach()
-        if tuple(target.shape) != lengths:
-            raise CheckpointError(
-                f"{fqn}: the planner's destination has shape {list(target.shape)} but the read "
-                f"covers {list(lengths)} of {info.file}; the load planner and the checkpoint "
-                f"disagree (for DTensors with _StridedShard placements, FSDP2 over tensor "
-                f"parallelism: load with planner=hyperckpt.LoadPlanner())",
-                path=info.file,
-                tensor=fqn,
-            )
-        dtype = to_torch_dtype(info.dtype)
-        box = Box(info.offset, info.shape, tuple(item.storage_offsets), lengths, dtype.itemsize)
-        return _Request(info.file, info, box, dtype, target, fqn, item)
-
     # -- planning ------------------------------------------------------------------------
 
-    def _plan(self, requests: list[_Request]) -> list[_Job]:
+    def _plan(self, requests: list[Request]) -> list[_Job]:
         """Turn the requests into jobs, ordered by file and offset."""
         direct: dict[str, list[tuple[int, int, int]]] = {}
         owners: dict[str, list[tuple[int, int, ReadItem]]] = {}
-        staged: list[_Request] = []
-        strided: list[_Request] = []
-        device: list[_Request] = []
+        staged: list[Request] = []
+        strided: list[Request] = []
+        device: list[Request] = []
         cuda = torch.cuda.is_available()
         for request in requests:
             target, box = request.target, request.box
@@ -423,7 +386,7 @@ class _Load:
         return self._column_strategy
 
     def _strided_jobs(
-        self, request: _Request, scratch: torch.Tensor, together: bool
+        self, request: Request, scratch: torch.Tensor, together: bool
     ) -> list[tuple[str, int, _Job]]:
         """A strided sub-box into a contiguous CPU destination of its dtype, its runs landing
         in place: with ``together``, ``preadv`` fills the gaps between them into ``scratch``
@@ -471,7 +434,7 @@ class _Load:
             self._reads += calls
             self._bytes += int(starts[-1] - starts[0]) + run
 
-    def _staged_jobs(self, request: _Request, limit: int) -> list[tuple[str, int, _Job]]:
+    def _staged_jobs(self, request: Request, limit: int) -> list[tuple[str, int, _Job]]:
         """Jobs that read ``request`` in blocks of at most ``limit`` bytes (spans included)
         into this thread's host buffer and copy each block to its destination."""
         box, target = request.box, request.target
@@ -485,7 +448,7 @@ class _Load:
             jobs.append((request.name, part.span()[0], job))
         return jobs
 
-    def _device_jobs(self, device: list[_Request], ring_bytes: int) -> list[tuple[str, int, _Job]]:
+    def _device_jobs(self, device: list[Request], ring_bytes: int) -> list[tuple[str, int, _Job]]:
         slots = max(2, 2 * self._threads)
         largest = max(request.box.nbytes for request in device)
         slot_bytes = max(1, min(_MAX_SLOT, ring_bytes // slots, largest))
@@ -505,16 +468,10 @@ class _Load:
 
     # -- jobs ----------------------------------------------------------------------------
 
-    def _find_cold(self, requests: list[_Request]) -> None:
+    def _find_cold(self, requests: list[Request]) -> None:
         """Note each file's windows that are mostly not in the page cache; a file whose
         requested bytes are mostly cold gets larger aligned reads (see :meth:`_hint`)."""
-        spans: dict[str, tuple[int, int]] = {}
-        for request in requests:
-            if request.box.nbytes:
-                offset, length = request.box.span()
-                low, high = spans.get(request.name, (offset, offset + length))
-                spans[request.name] = (min(low, offset), max(high, offset + length))
-        for name, (low, high) in spans.items():
+        for name, (low, high) in spans(requests).items():
             cold: set[int] = set()
             cold_bytes = 0
             for window in range(low // COLD_WINDOW, (high - 1) // COLD_WINDOW + 1):
@@ -557,7 +514,7 @@ class _Load:
             self._reads += calls
             self._bytes += sum(length for _, length in buffers)
 
-    def _fill(self, request: _Request, part: Box, buffer: torch.Tensor) -> torch.Tensor:
+    def _fill(self, request: Request, part: Box, buffer: torch.Tensor) -> torch.Tensor:
         """Bring ``part`` into the start of ``buffer``, compact; return it as a tensor."""
         if part.is_one_run():
             offset, length = part.run()
@@ -568,7 +525,7 @@ class _Load:
         compact.copy_(self._gather(request, part))
         return compact
 
-    def _gather(self, request: _Request, part: Box) -> torch.Tensor:
+    def _gather(self, request: Request, part: Box) -> torch.Tensor:
         """A strided ``part`` as a view of its span, read with one positional read into
         this thread's host buffer (:meth:`_blocks` keeps every span within it)."""
         offset, length = part.span()
@@ -579,7 +536,7 @@ class _Load:
         return data.as_strided(part.lengths, part.strides())
 
     def _host_part(
-        self, request: _Request, part: Box, destination: torch.Tensor, one_run: bool
+        self, request: Request, part: Box, destination: torch.Tensor, one_run: bool
     ) -> None:
         if one_run:
             source = self._fill(request, part, self._staging.thread_buffer(self._host_block))
@@ -587,7 +544,7 @@ class _Load:
             source = self._gather(request, part)
         _copy(request, destination, source, non_blocking=False)
 
-    def _device_part(self, request: _Request, part: Box, destination: torch.Tensor) -> None:
+    def _device_part(self, request: Request, part: Box, destination: torch.Tensor) -> None:
         assert self._ring is not None
         stream = self._stream(destination.device)
 
@@ -704,7 +661,7 @@ _SERIAL_ELEMENTS = 32768
 
 
 def _copy(
-    request: _Request, destination: torch.Tensor, source: torch.Tensor, *, non_blocking: bool
+    request: Request, destination: torch.Tensor, source: torch.Tensor, *, non_blocking: bool
 ) -> None:
     """Copy ``source`` into ``destination``; between CPU tensors, in pieces small enough
     that torch runs each on this thread.
