@@ -36,7 +36,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 import torch
@@ -47,6 +46,7 @@ from hyperckpt._read import sysio as _sysio
 from hyperckpt._read.boxes import Box, narrow
 from hyperckpt._read.coalesce import coalesce
 from hyperckpt._read.columns import Runs, Strategy, choose
+from hyperckpt._read.pool import run_jobs
 from hyperckpt._read.requests import Request, resolve, spans
 from hyperckpt._read.staging import PINNED, SlotRing, Staging, stage_through
 from hyperckpt._read.stats import LoadStats
@@ -240,7 +240,7 @@ class _Load:
                 self._fds[name] = self._files[name].fileno()
             if self._page_cache_aware:
                 self._find_cold(requests)
-            self._execute(self._plan(requests))
+            run_jobs(self._plan(requests), _call, threads=self._threads)
             for stream in self._streams:
                 stream.synchronize()
             for name, file in self._files.items():
@@ -569,36 +569,6 @@ class _Load:
                 self._streams.append(streams[device])
         return streams[device]
 
-    def _execute(self, jobs: list[_Job]) -> None:
-        """Run the jobs in order on the pool; the first error stops the rest and is raised."""
-        workers = min(self._threads, len(jobs))
-        if workers <= 1:
-            for job in jobs:
-                job()
-            return
-        pending = iter(jobs)
-        lock = threading.Lock()
-        stop = threading.Event()
-
-        def work() -> None:
-            while not stop.is_set():
-                with lock:
-                    job = next(pending, None)
-                if job is None:
-                    return
-                finished = False
-                try:
-                    job()
-                    finished = True
-                finally:
-                    if not finished:
-                        stop.set()
-
-        with ThreadPoolExecutor(workers, thread_name_prefix="hyperckpt-read") as pool:
-            futures = [pool.submit(work) for _ in range(workers)]
-        for future in futures:
-            future.result()
-
     # -- files ---------------------------------------------------------------------------
 
     @staticmethod
@@ -631,6 +601,10 @@ def _bind(function: Callable[..., None], *args: object) -> _Job:
         function(*args)
 
     return job
+
+
+def _call(job: _Job) -> None:
+    job()
 
 
 def _owned(
