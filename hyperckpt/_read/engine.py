@@ -31,6 +31,7 @@ load and reaches the caller unchanged.
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import os
 import threading
@@ -46,6 +47,7 @@ from hyperckpt._read import sysio as _sysio
 from hyperckpt._read.boxes import Box, narrow
 from hyperckpt._read.coalesce import coalesce
 from hyperckpt._read.columns import Runs, Strategy, choose
+from hyperckpt._read.copies import copy, fill, through_host
 from hyperckpt._read.pool import run_jobs
 from hyperckpt._read.requests import Request, resolve, spans
 from hyperckpt._read.staging import PINNED, SlotRing, Staging, stage_through
@@ -56,7 +58,6 @@ from hyperckpt._read.tracker import ProgressTracker
 from hyperckpt._storage.files import LocalStorage
 from hyperckpt._storage.protocol import StorageFile
 from hyperckpt._storage.stamp import FileStamp
-from hyperckpt.errors import CheckpointError
 
 __all__ = [
     "CHUNK_BYTES",
@@ -443,7 +444,15 @@ class _Load:
         for offsets, lengths in self._blocks(box, limit):
             part = box.sub(offsets, lengths)
             destination = narrow(target, offsets, lengths)
-            job = _bind(self._host_part, request, part, destination, one_run)
+            job: _Job = functools.partial(
+                through_host,
+                self._read_into,
+                request,
+                part,
+                destination,
+                self._host,
+                one_run=one_run,
+            )
             job = self._tracked(job, [(request.item, part.nbytes)])
             jobs.append((request.name, part.span()[0], job))
         return jobs
@@ -514,35 +523,11 @@ class _Load:
             self._reads += calls
             self._bytes += sum(length for _, length in buffers)
 
-    def _fill(self, request: Request, part: Box, buffer: torch.Tensor) -> torch.Tensor:
-        """Bring ``part`` into the start of ``buffer``, compact; return it as a tensor."""
-        if part.is_one_run():
-            offset, length = part.run()
-            _check_fits(length, buffer)
-            self._read(request.name, self._fds[request.name], offset, [(buffer.data_ptr(), length)])
-            return buffer[:length].view(request.dtype).view(part.lengths)
-        compact = buffer[: part.nbytes].view(request.dtype).view(part.lengths)
-        compact.copy_(self._gather(request, part))
-        return compact
+    def _read_into(self, name: str, offset: int, buffers: list[tuple[int, int]]) -> None:
+        self._read(name, self._fds[name], offset, buffers)
 
-    def _gather(self, request: Request, part: Box) -> torch.Tensor:
-        """A strided ``part`` as a view of its span, read with one positional read into
-        this thread's host buffer (:meth:`_blocks` keeps every span within it)."""
-        offset, length = part.span()
-        buffer = self._staging.thread_buffer(self._host_block)
-        _check_fits(length, buffer)
-        self._read(request.name, self._fds[request.name], offset, [(buffer.data_ptr(), length)])
-        data = buffer[:length].view(request.dtype)
-        return data.as_strided(part.lengths, part.strides())
-
-    def _host_part(
-        self, request: Request, part: Box, destination: torch.Tensor, one_run: bool
-    ) -> None:
-        if one_run:
-            source = self._fill(request, part, self._staging.thread_buffer(self._host_block))
-        else:
-            source = self._gather(request, part)
-        _copy(request, destination, source, non_blocking=False)
+    def _host(self) -> torch.Tensor:
+        return self._staging.thread_buffer(self._host_block)
 
     def _device_part(self, request: Request, part: Box, destination: torch.Tensor) -> None:
         assert self._ring is not None
@@ -550,12 +535,16 @@ class _Load:
 
         def send(source: torch.Tensor) -> torch.cuda.Event:
             with torch.cuda.stream(stream):
-                _copy(request, destination, source, non_blocking=True)
+                copy(request, destination, source, non_blocking=True)
                 event = torch.cuda.Event()  # type: ignore[no-untyped-call]
                 event.record(stream)
             return event
 
-        stage_through(self._ring, lambda buffer: self._fill(request, part, buffer), send)
+        stage_through(
+            self._ring,
+            lambda buffer: fill(self._read_into, request, part, buffer, self._host),
+            send,
+        )
 
     def _stream(self, device: torch.device) -> torch.cuda.Stream:
         streams: dict[torch.device, torch.cuda.Stream] | None = getattr(
@@ -619,47 +608,3 @@ def _owned(
         if index >= 0 and address < owners[index][0] + owners[index][1]:
             parts.append((owners[index][2], length))
     return parts
-
-
-def _check_fits(length: int, buffer: torch.Tensor) -> None:
-    """Refuse to read past a staging buffer (its address goes to ``preadv`` unchecked)."""
-    if length > buffer.numel():
-        raise ValueError(
-            f"staging_bytes is too small: a read of {length} bytes does not fit a "
-            f"{buffer.numel()}-byte staging buffer; use a larger staging_bytes"
-        )
-
-
-#: Elements below which torch copies on the calling thread (ATen's ``GRAIN_SIZE``).
-_SERIAL_ELEMENTS = 32768
-
-
-def _copy(
-    request: Request, destination: torch.Tensor, source: torch.Tensor, *, non_blocking: bool
-) -> None:
-    """Copy ``source`` into ``destination``; between CPU tensors, in pieces small enough
-    that torch runs each on this thread.
-
-    The read threads already keep the cores busy: a large CPU copy would start torch's
-    intra-op thread team from each of them, and on a busy machine its threads wait for
-    one another (measured: a 512 KiB strided bf16 copy took 16 ms instead of 15 us on the
-    2-core VM while the other core was busy).
-    """
-    try:
-        if destination.device.type != "cpu" or destination.numel() < _SERIAL_ELEMENTS:
-            destination.copy_(source, non_blocking=non_blocking)
-            return
-        whole = Box(
-            0, tuple(destination.shape), (0,) * destination.dim(), tuple(destination.shape), 1
-        )
-        for offsets, lengths in whole.blocks(_SERIAL_ELEMENTS - 1):
-            narrow(destination, offsets, lengths).copy_(narrow(source, offsets, lengths))
-    except RuntimeError as err:
-        stored = str(request.dtype).removeprefix("torch.")
-        raise CheckpointError(
-            f"{request.fqn}: cannot convert the stored {stored} of {request.name} to the "
-            f"destination's {destination.dtype} on {destination.device}: {err}; load into a "
-            f"tensor of the stored dtype",
-            path=request.name,
-            tensor=request.fqn,
-        ) from err

@@ -15,6 +15,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 from hyperckpt import ReadOptions
 from hyperckpt._layout.directory import huggingface_layout
 from hyperckpt._load.readers import to_metadata
+from hyperckpt._read import copies
 from hyperckpt._read import engine as engine_io
 from hyperckpt._read import staging as _staging
 from hyperckpt._read import sysio as _sysio
@@ -368,9 +369,9 @@ def test_coalesce_never_joins_overlapping_or_far_extents_or_too_many_buffers() -
 
 
 def test_large_staged_copies_go_in_pieces_and_stay_bit_exact(tmp_path: Path) -> None:
-    # over ATen's grain size, so the copy out of staging is split (see io._copy)
+    # over ATen's grain size, so the copy out of staging is split (see copies.copy)
     source = torch.randn(300, 400).to(torch.bfloat16)
-    assert source.numel() > engine_io._SERIAL_ELEMENTS
+    assert source.numel() > copies._SERIAL_ELEMENTS
     converted = _poisoned(source, torch.float32)
     transposed = _poisoned(source.t().contiguous()).t()  # non-contiguous destination
     columns = _poisoned(source[:, 100:300])
