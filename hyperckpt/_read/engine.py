@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import bisect
 import functools
-import logging
 import os
 import threading
 import time
@@ -42,10 +41,10 @@ from typing import Protocol
 import torch
 from torch.distributed.checkpoint.planner import LoadPlanner, ReadItem
 
-from hyperckpt._read import pagecache
 from hyperckpt._read import sysio as _sysio
 from hyperckpt._read.boxes import Box, narrow
 from hyperckpt._read.coalesce import coalesce
+from hyperckpt._read.cold import COLD_THRESHOLD, COLD_WINDOW, ColdWindows, find_cold
 from hyperckpt._read.columns import Runs, Strategy, choose
 from hyperckpt._read.copies import copy, fill, through_host
 from hyperckpt._read.pool import run_jobs
@@ -72,8 +71,6 @@ __all__ = [
     "default_threads",
 ]
 
-logger = logging.getLogger(__name__)
-
 #: Extra memory a load may use for staging, all threads together, unless told otherwise.
 DEFAULT_STAGING_BYTES = 256 * 2**20
 #: Largest single read; longer ranges are split so that several threads share them.
@@ -87,10 +84,6 @@ STAGE_BLOCK = 2**20
 #: in its host buffer and in each of its two pinned slots.  Smaller budgets use fewer threads.
 MIN_THREAD_STAGING = 16
 _MAX_SLOT = 16 * 2**20
-#: Cold detection and read-ahead hints work on windows of this many bytes of a file.
-COLD_WINDOW = 64 * 2**20
-#: A window is cold when at least this fraction of its pages is not in the page cache.
-COLD_THRESHOLD = 0.5
 #: Largest single read of a file that is mostly cold, split at multiples of itself.
 COLD_CHUNK_BYTES = 32 * 2**20
 
@@ -204,9 +197,8 @@ class _Load:
         self._local_ranks = engine.local_ranks
         self._column_strategy = engine.column_strategy
         self._page_cache_aware = engine.page_cache_aware
-        self._cold: dict[str, set[int]] = {}  # file -> cold windows not yet hinted
-        self._mostly_cold: set[str] = set()  # files read in larger aligned requests
-        self._cold_bytes = 0
+        self._cold: ColdWindows | None = None
+        self._mostly_cold: frozenset[str] = frozenset()  # files read in larger aligned requests
         self._staging = Staging(max(1, engine.options.staging_bytes))
         self._count_lock = threading.Lock()
         self._local = threading.local()
@@ -240,7 +232,9 @@ class _Load:
                 )
                 self._fds[name] = self._files[name].fileno()
             if self._page_cache_aware:
-                self._find_cold(requests)
+                self._cold = find_cold(spans(requests), self._fds)
+                if self._cold is not None:
+                    self._mostly_cold = self._cold.mostly_cold
             run_jobs(self._plan(requests), _call, threads=self._threads)
             for stream in self._streams:
                 stream.synchronize()
@@ -265,7 +259,7 @@ class _Load:
             seconds=time.perf_counter() - begin,
             staging_peak=self._staging.peak,
             threads=self._threads,
-            cold_bytes=self._cold_bytes,
+            cold_bytes=self._cold.cold_bytes if self._cold is not None else 0,
         )
 
     # -- planning ------------------------------------------------------------------------
@@ -417,8 +411,8 @@ class _Load:
     ) -> None:
         fd = self._fds[name]
         count = starts.numel()
-        if self._cold:
-            self._hint(name, fd, int(starts[0]))
+        if self._cold is not None:
+            self._cold.hint(name, fd, int(starts[0]))
         if not together:
             calls = _sysio.read_runs(name, fd, starts, run, address)
             with self._count_lock:
@@ -477,47 +471,9 @@ class _Load:
 
     # -- jobs ----------------------------------------------------------------------------
 
-    def _find_cold(self, requests: list[Request]) -> None:
-        """Note each file's windows that are mostly not in the page cache; a file whose
-        requested bytes are mostly cold gets larger aligned reads (see :meth:`_hint`)."""
-        for name, (low, high) in spans(requests).items():
-            cold: set[int] = set()
-            cold_bytes = 0
-            for window in range(low // COLD_WINDOW, (high - 1) // COLD_WINDOW + 1):
-                begin = max(low, window * COLD_WINDOW)
-                end = min(high, (window + 1) * COLD_WINDOW)
-                fraction = pagecache.cold_fraction(self._fds[name], begin, end - begin)
-                if fraction is None:
-                    return  # this system cannot tell: every file on the usual path
-                if fraction >= COLD_THRESHOLD:
-                    cold.add(window)
-                    cold_bytes += end - begin
-            if cold:
-                self._cold[name] = cold
-                self._cold_bytes += cold_bytes
-                if 2 * cold_bytes >= high - low:
-                    self._mostly_cold.add(name)
-        if self._cold_bytes:
-            logger.debug(
-                "%d bytes of the requested spans are not in the page cache", self._cold_bytes
-            )
-
-    def _hint(self, name: str, fd: int, offset: int) -> None:
-        """Before reading at ``offset``: ask the kernel to read ahead this cold window and
-        the next, once each, so that read-ahead stays a window or two ahead of the reads."""
-        cold = self._cold.get(name)
-        if not cold:
-            return
-        window = offset // COLD_WINDOW
-        with self._count_lock:
-            due = [w for w in (window, window + 1) if w in cold]
-            cold.difference_update(due)
-        for w in due:
-            pagecache.advise_cold(fd, w * COLD_WINDOW, COLD_WINDOW)
-
     def _read(self, name: str, fd: int, offset: int, buffers: list[tuple[int, int]]) -> None:
-        if self._cold:
-            self._hint(name, fd, offset)
+        if self._cold is not None:
+            self._cold.hint(name, fd, offset)
         calls = _sysio.read_scatter(name, fd, offset, buffers)
         with self._count_lock:
             self._reads += calls
