@@ -48,6 +48,7 @@ from hyperckpt._read.cold import COLD_THRESHOLD, COLD_WINDOW, ColdWindows, find_
 from hyperckpt._read.columns import Runs, Strategy, choose
 from hyperckpt._read.copies import copy, fill, through_host
 from hyperckpt._read.pool import run_jobs
+from hyperckpt._read.reads import FileReads
 from hyperckpt._read.requests import Request, resolve, spans
 from hyperckpt._read.staging import PINNED, SlotRing, Staging, stage_through
 from hyperckpt._read.stats import LoadStats
@@ -208,8 +209,7 @@ class _Load:
         self._ring: SlotRing[torch.Tensor] | None = None
         self._scratch: torch.Tensor | None = None
         self._host_block = 0
-        self._bytes = 0
-        self._reads = 0
+        self._io = FileReads(self._fds, None)  # its cold windows once they are known
 
     def run(
         self,
@@ -235,6 +235,7 @@ class _Load:
                 self._cold = find_cold(spans(requests), self._fds)
                 if self._cold is not None:
                     self._mostly_cold = self._cold.mostly_cold
+            self._io = FileReads(self._fds, self._cold)
             run_jobs(self._plan(requests), _call, threads=self._threads)
             for stream in self._streams:
                 stream.synchronize()
@@ -252,9 +253,9 @@ class _Load:
             planner.commit_tensor(item, target)
         return LoadStats(
             tensors=len(items),
-            bytes_read=self._bytes,
+            bytes_read=self._io.bytes_read,
             bytes_needed=sum(request.box.nbytes for request in requests),
-            reads=self._reads,
+            reads=self._io.calls,
             files=len(self._fds),
             seconds=time.perf_counter() - begin,
             staging_peak=self._staging.peak,
@@ -329,7 +330,6 @@ class _Load:
         gap: int,
         owners: list[tuple[int, int, ReadItem]],
     ) -> list[tuple[str, int, _Job]]:
-        fd = self._fds[name]
         cold = name in self._mostly_cold
         chunk = COLD_CHUNK_BYTES if cold else CHUNK_BYTES
         reads = coalesce(extents, gap=gap, scratch=scratch.data_ptr(), chunk=chunk, aligned=cold)
@@ -339,7 +339,7 @@ class _Load:
                 name,
                 offset,
                 self._tracked(
-                    _bind(self._read, name, fd, offset, buffers), _owned(buffers, owners)
+                    _bind(self._io.scatter, name, offset, buffers), _owned(buffers, owners)
                 ),
             )
             for offset, buffers in reads
@@ -393,41 +393,18 @@ class _Load:
         jobs: list[tuple[str, int, _Job]] = []
         for first in range(0, starts.numel(), per_job):
             part = starts[first : first + per_job]
-            job = _bind(
-                self._read_runs, request.name, part, run, address + first * run, together, scratch
+            job: _Job = functools.partial(
+                self._io.runs,
+                request.name,
+                part,
+                run,
+                address + first * run,
+                together=together,
+                scratch=scratch.data_ptr(),
             )
             job = self._tracked(job, [(request.item, part.numel() * run)])
             jobs.append((request.name, int(part[0]), job))
         return jobs
-
-    def _read_runs(
-        self,
-        name: str,
-        starts: torch.Tensor,
-        run: int,
-        address: int,
-        together: bool,
-        scratch: torch.Tensor,
-    ) -> None:
-        fd = self._fds[name]
-        count = starts.numel()
-        if self._cold is not None:
-            self._cold.hint(name, fd, int(starts[0]))
-        if not together:
-            calls = _sysio.read_runs(name, fd, starts, run, address)
-            with self._count_lock:
-                self._reads += calls
-                self._bytes += count * run
-            return
-        table = torch.empty((2 * count - 1, 2), dtype=torch.int64)
-        table[0::2, 0] = torch.arange(count, dtype=torch.int64) * run + address
-        table[0::2, 1] = run
-        table[1::2, 0] = scratch.data_ptr()
-        table[1::2, 1] = starts[1:] - starts[:-1] - run
-        calls = _sysio.read_table(name, fd, int(starts[0]), table)
-        with self._count_lock:
-            self._reads += calls
-            self._bytes += int(starts[-1] - starts[0]) + run
 
     def _staged_jobs(self, request: Request, limit: int) -> list[tuple[str, int, _Job]]:
         """Jobs that read ``request`` in blocks of at most ``limit`` bytes (spans included)
@@ -440,7 +417,7 @@ class _Load:
             destination = narrow(target, offsets, lengths)
             job: _Job = functools.partial(
                 through_host,
-                self._read_into,
+                self._io.scatter,
                 request,
                 part,
                 destination,
@@ -471,17 +448,6 @@ class _Load:
 
     # -- jobs ----------------------------------------------------------------------------
 
-    def _read(self, name: str, fd: int, offset: int, buffers: list[tuple[int, int]]) -> None:
-        if self._cold is not None:
-            self._cold.hint(name, fd, offset)
-        calls = _sysio.read_scatter(name, fd, offset, buffers)
-        with self._count_lock:
-            self._reads += calls
-            self._bytes += sum(length for _, length in buffers)
-
-    def _read_into(self, name: str, offset: int, buffers: list[tuple[int, int]]) -> None:
-        self._read(name, self._fds[name], offset, buffers)
-
     def _host(self) -> torch.Tensor:
         return self._staging.thread_buffer(self._host_block)
 
@@ -498,7 +464,7 @@ class _Load:
 
         stage_through(
             self._ring,
-            lambda buffer: fill(self._read_into, request, part, buffer, self._host),
+            lambda buffer: fill(self._io.scatter, request, part, buffer, self._host),
             send,
         )
 
