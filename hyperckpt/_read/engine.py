@@ -33,7 +33,6 @@ from __future__ import annotations
 import bisect
 import functools
 import os
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
@@ -46,11 +45,12 @@ from hyperckpt._read.boxes import Box, narrow
 from hyperckpt._read.coalesce import coalesce
 from hyperckpt._read.cold import COLD_THRESHOLD, COLD_WINDOW, ColdWindows, find_cold
 from hyperckpt._read.columns import Runs, Strategy, choose
-from hyperckpt._read.copies import copy, fill, through_host
+from hyperckpt._read.copies import fill, through_host
+from hyperckpt._read.device import DeviceRing
 from hyperckpt._read.pool import run_jobs
 from hyperckpt._read.reads import FileReads
 from hyperckpt._read.requests import Request, resolve, spans
-from hyperckpt._read.staging import PINNED, SlotRing, Staging, stage_through
+from hyperckpt._read.staging import Staging
 from hyperckpt._read.stats import LoadStats
 from hyperckpt._read.storage_info import StorageInfo
 from hyperckpt._read.threads import local_ranks, threads_per_rank, usable_cores
@@ -201,12 +201,9 @@ class _Load:
         self._cold: ColdWindows | None = None
         self._mostly_cold: frozenset[str] = frozenset()  # files read in larger aligned requests
         self._staging = Staging(max(1, engine.options.staging_bytes))
-        self._count_lock = threading.Lock()
-        self._local = threading.local()
-        self._streams: list[torch.cuda.Stream] = []
         self._files: dict[str, StorageFile] = {}
         self._fds: dict[str, int] = {}  # each open file's descriptor, for positional reads
-        self._ring: SlotRing[torch.Tensor] | None = None
+        self._device: DeviceRing | None = None
         self._scratch: torch.Tensor | None = None
         self._host_block = 0
         self._io = FileReads(self._fds, None)  # its cold windows once they are known
@@ -237,16 +234,16 @@ class _Load:
                     self._mostly_cold = self._cold.mostly_cold
             self._io = FileReads(self._fds, self._cold)
             run_jobs(self._plan(requests), _call, threads=self._threads)
-            for stream in self._streams:
-                stream.synchronize()
+            if self._device is not None:
+                self._device.synchronize()
             for name, file in self._files.items():
                 file.check_unchanged(
                     self._stamps[name], when="while it was being read", again=_AGAIN
                 )
         finally:
-            if self._ring is not None:
-                PINNED.give_back(self._ring.drain())  # kept for the next load
-            self._ring = self._scratch = None
+            if self._device is not None:
+                self._device.close()
+            self._device = self._scratch = None
             for file in self._files.values():
                 file.close()
         for item, target in resolved:
@@ -433,15 +430,19 @@ class _Load:
         largest = max(request.box.nbytes for request in device)
         slot_bytes = max(1, min(_MAX_SLOT, ring_bytes // slots, largest))
         slots = max(1, min(slots, ring_bytes // slot_bytes))
-        self._staging.reserve(slot_bytes * slots)
-        self._ring = SlotRing(PINNED.take(slot_bytes, slots))
+        self._device = device_ring = DeviceRing(slot_bytes, slots, self._staging)
         jobs: list[tuple[str, int, _Job]] = []
         for request in device:
             limit = slot_bytes if request.box.is_one_run() else min(slot_bytes, self._host_block)
             for offsets, lengths in self._blocks(request.box, limit):
                 part = request.box.sub(offsets, lengths)
                 destination = narrow(request.target, offsets, lengths)
-                job = _bind(self._device_part, request, part, destination)
+                job = _bind(
+                    device_ring.deliver,
+                    request,
+                    destination,
+                    functools.partial(self._fill, request, part),
+                )
                 job = self._tracked(job, [(request.item, part.nbytes)])
                 jobs.append((request.name, part.span()[0], job))
         return jobs
@@ -451,34 +452,8 @@ class _Load:
     def _host(self) -> torch.Tensor:
         return self._staging.thread_buffer(self._host_block)
 
-    def _device_part(self, request: Request, part: Box, destination: torch.Tensor) -> None:
-        assert self._ring is not None
-        stream = self._stream(destination.device)
-
-        def send(source: torch.Tensor) -> torch.cuda.Event:
-            with torch.cuda.stream(stream):
-                copy(request, destination, source, non_blocking=True)
-                event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-                event.record(stream)
-            return event
-
-        stage_through(
-            self._ring,
-            lambda buffer: fill(self._io.scatter, request, part, buffer, self._host),
-            send,
-        )
-
-    def _stream(self, device: torch.device) -> torch.cuda.Stream:
-        streams: dict[torch.device, torch.cuda.Stream] | None = getattr(
-            self._local, "streams", None
-        )
-        if streams is None:
-            streams = self._local.streams = {}
-        if device not in streams:
-            streams[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-            with self._count_lock:
-                self._streams.append(streams[device])
-        return streams[device]
+    def _fill(self, request: Request, part: Box, buffer: torch.Tensor) -> torch.Tensor:
+        return fill(self._io.scatter, request, part, buffer, self._host)
 
     # -- files ---------------------------------------------------------------------------
 
