@@ -7,7 +7,7 @@ several in flight within one file and across files:
 * a sub-box that is one byte range (only the first dimension narrowed) bound for a
   contiguous CPU tensor of the stored dtype is read with ``preadv`` straight into the
   destination; neighbouring ranges are coalesced into one call (a gap of at most
-  :data:`~hyperckpt._read.jobs.MAX_GAP` bytes is over-read into a scratch buffer) and
+  :data:`~hyperckpt._read.routes.MAX_GAP` bytes is over-read into a scratch buffer) and
   ranges above :data:`~hyperckpt._read.jobs.CHUNK_BYTES` are split so that threads share
   them;
 * any other one-range sub-box (dtype conversion, non-contiguous view) is read into a
@@ -31,7 +31,8 @@ load and reaches the caller unchanged.
 This module is the entry point and the order of a load's steps; each step lives in a
 module of its own and takes plain values: :mod:`~hyperckpt._read.requests` (read items
 resolved), :mod:`~hyperckpt._read.cold` (page-cache residency and read-ahead hints),
-:mod:`~hyperckpt._read.jobs` (the way each request is read, the staging budget, the jobs),
+:mod:`~hyperckpt._read.routes` (the way each request is read, the staging budget's shares),
+:mod:`~hyperckpt._read.jobs` (the reads and copies that deliver them),
 :mod:`~hyperckpt._read.pool` (the threads), :mod:`~hyperckpt._read.reads` (counted
 positional reads), :mod:`~hyperckpt._read.copies` (host staging and copies) and
 :mod:`~hyperckpt._read.device` (the CUDA ring).
@@ -55,19 +56,17 @@ from hyperckpt._read.device import DeviceRing
 from hyperckpt._read.jobs import (
     CHUNK_BYTES,
     COLD_CHUNK_BYTES,
-    MAX_GAP,
     STAGE_BLOCK,
     Job,
     RunsRead,
     ScatterRead,
     StagedPart,
     make_jobs,
-    route,
-    share,
 )
 from hyperckpt._read.pool import run_jobs
 from hyperckpt._read.reads import FileReads
 from hyperckpt._read.requests import resolve, spans
+from hyperckpt._read.routes import MAX_GAP, route, share
 from hyperckpt._read.staging import Staging
 from hyperckpt._read.stats import LoadStats
 from hyperckpt._read.storage_info import StorageInfo
@@ -77,7 +76,7 @@ from hyperckpt._storage.files import LocalStorage
 from hyperckpt._storage.protocol import StorageFile
 from hyperckpt._storage.stamp import FileStamp
 
-#: The tuning constants live where they are read (``jobs``, ``cold``); they are named here
+#: The tuning constants live where they are read (``routes``, ``jobs``, ``cold``); they are named here
 #: too for the stages that import them from the engine.  Patch them where they live.
 __all__ = [
     "CHUNK_BYTES",
