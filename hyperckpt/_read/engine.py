@@ -7,8 +7,9 @@ several in flight within one file and across files:
 * a sub-box that is one byte range (only the first dimension narrowed) bound for a
   contiguous CPU tensor of the stored dtype is read with ``preadv`` straight into the
   destination; neighbouring ranges are coalesced into one call (a gap of at most
-  :data:`MAX_GAP` bytes is over-read into a scratch buffer) and ranges above
-  :data:`CHUNK_BYTES` are split so that threads share them;
+  :data:`~hyperckpt._read.routes.MAX_GAP` bytes is over-read into a scratch buffer) and
+  ranges above :data:`~hyperckpt._read.jobs.CHUNK_BYTES` are split so that threads share
+  them;
 * any other one-range sub-box (dtype conversion, non-contiguous view) is read into a
   per-thread staging buffer and copied once;
 * a strided sub-box (a column slice) bound for a contiguous CPU tensor of its dtype is read
@@ -26,30 +27,47 @@ several in flight within one file and across files:
 
 The staging memory of one load stays within ``staging_bytes``.  The first error stops the
 load and reaches the caller unchanged.
+
+This module is the entry point and the order of a load's steps; each step lives in a
+module of its own and takes plain values: :mod:`~hyperckpt._read.requests` (read items
+resolved), :mod:`~hyperckpt._read.cold` (page-cache residency and read-ahead hints),
+:mod:`~hyperckpt._read.routes` (the way each request is read, the staging budget's shares),
+:mod:`~hyperckpt._read.jobs` (the reads and copies that deliver them),
+:mod:`~hyperckpt._read.pool` (the threads), :mod:`~hyperckpt._read.reads` (counted
+positional reads), :mod:`~hyperckpt._read.copies` (host staging and copies) and
+:mod:`~hyperckpt._read.device` (the CUDA ring).
 """
 
 from __future__ import annotations
 
-import bisect
-import logging
 import os
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-from torch.distributed.checkpoint.planner import LoadItemType, LoadPlanner, ReadItem
+from torch.distributed.checkpoint.planner import LoadPlanner, ReadItem
 
-from hyperckpt._read import pagecache
-from hyperckpt._read import sysio as _sysio
-from hyperckpt._read.boxes import Box, narrow
-from hyperckpt._read.coalesce import coalesce
-from hyperckpt._read.columns import Runs, Strategy, choose
-from hyperckpt._read.dtypes import to_torch_dtype
-from hyperckpt._read.staging import PINNED, SlotRing, Staging, stage_through
+from hyperckpt._read.cold import COLD_THRESHOLD, COLD_WINDOW, find_cold
+from hyperckpt._read.columns import Strategy
+from hyperckpt._read.copies import fill, through_host
+from hyperckpt._read.device import DeviceRing
+from hyperckpt._read.jobs import (
+    CHUNK_BYTES,
+    COLD_CHUNK_BYTES,
+    STAGE_BLOCK,
+    Job,
+    RunsRead,
+    ScatterRead,
+    StagedPart,
+    make_jobs,
+)
+from hyperckpt._read.pool import run_jobs
+from hyperckpt._read.reads import FileReads
+from hyperckpt._read.requests import resolve, spans
+from hyperckpt._read.routes import MAX_GAP, route, share
+from hyperckpt._read.staging import Staging
 from hyperckpt._read.stats import LoadStats
 from hyperckpt._read.storage_info import StorageInfo
 from hyperckpt._read.threads import local_ranks, threads_per_rank, usable_cores
@@ -57,8 +75,9 @@ from hyperckpt._read.tracker import ProgressTracker
 from hyperckpt._storage.files import LocalStorage
 from hyperckpt._storage.protocol import StorageFile
 from hyperckpt._storage.stamp import FileStamp
-from hyperckpt.errors import CheckpointError
 
+#: The tuning constants live where they are read (``routes``, ``jobs``, ``cold``); they are named here
+#: too for the stages that import them from the engine.  Patch them where they live.
 __all__ = [
     "CHUNK_BYTES",
     "COLD_CHUNK_BYTES",
@@ -72,29 +91,8 @@ __all__ = [
     "default_threads",
 ]
 
-logger = logging.getLogger(__name__)
-
 #: Extra memory a load may use for staging, all threads together, unless told otherwise.
 DEFAULT_STAGING_BYTES = 256 * 2**20
-#: Largest single read; longer ranges are split so that several threads share them.
-CHUNK_BYTES = 8 * 2**20
-#: Bytes between two ranges that are read and dropped rather than paying a second call.
-MAX_GAP = 16 * 2**10
-#: Bytes of whole rows one :attr:`~hyperckpt._read.columns.Strategy.STAGE` read brings into
-#: staging: small enough that the copy out of it finds the rows still in the core's cache.
-STAGE_BLOCK = 2**20
-#: Staging bytes each read thread needs at least: two elements of the widest dtype (8 bytes),
-#: in its host buffer and in each of its two pinned slots.  Smaller budgets use fewer threads.
-MIN_THREAD_STAGING = 16
-_MAX_SLOT = 16 * 2**20
-#: Cold detection and read-ahead hints work on windows of this many bytes of a file.
-COLD_WINDOW = 64 * 2**20
-#: A window is cold when at least this fraction of its pages is not in the page cache.
-COLD_THRESHOLD = 0.5
-#: Largest single read of a file that is mostly cold, split at multiples of itself.
-COLD_CHUNK_BYTES = 32 * 2**20
-
-_Job = Callable[[], None]
 #: What a changed file means for a load, and what to do.
 _AGAIN = "its data no longer matches its header; load again once the checkpoint is complete"
 
@@ -108,19 +106,6 @@ def default_threads(ranks_on_host: int | None = None) -> int:
     """
     ranks = local_ranks(os.environ, from_plans=ranks_on_host)
     return threads_per_rank(usable_cores(), ranks)
-
-
-@dataclass(frozen=True, slots=True)
-class _Request:
-    """One read item with its destination, ready to be planned."""
-
-    name: str
-    info: StorageInfo
-    box: Box
-    dtype: torch.dtype
-    target: torch.Tensor
-    fqn: str
-    item: ReadItem
 
 
 class EngineOptions(Protocol):
@@ -207,30 +192,15 @@ class ReadEngine:
 
 
 class _Load:
-    """One :meth:`ReadEngine.run`: its open files, counters, staging and pinned ring."""
+    """One :meth:`ReadEngine.run`: the order of its steps.
+
+    Opens the files, finds their cold windows, turns the requests into jobs, runs them on
+    the pool, waits for the device copies, checks the files unchanged and closes them;
+    the state the jobs share lives in one :class:`_Delivery`.
+    """
 
     def __init__(self, engine: ReadEngine) -> None:
-        self._progress = engine.progress
-        self._storage = engine.storage
-        self._stamps = engine.stamps
-        self._threads = engine.threads
-        self._local_ranks = engine.local_ranks
-        self._column_strategy = engine.column_strategy
-        self._page_cache_aware = engine.page_cache_aware
-        self._cold: dict[str, set[int]] = {}  # file -> cold windows not yet hinted
-        self._mostly_cold: set[str] = set()  # files read in larger aligned requests
-        self._cold_bytes = 0
-        self._staging = Staging(max(1, engine.options.staging_bytes))
-        self._count_lock = threading.Lock()
-        self._local = threading.local()
-        self._streams: list[torch.cuda.Stream] = []
-        self._files: dict[str, StorageFile] = {}
-        self._fds: dict[str, int] = {}  # each open file's descriptor, for positional reads
-        self._ring: SlotRing[torch.Tensor] | None = None
-        self._scratch: torch.Tensor | None = None
-        self._host_block = 0
-        self._bytes = 0
-        self._reads = 0
+        self._engine = engine
 
     def run(
         self,
@@ -239,496 +209,112 @@ class _Load:
         planner: LoadPlanner,
     ) -> LoadStats:
         """See :meth:`ReadEngine.run`; call once."""
+        engine = self._engine
         begin = time.perf_counter()
-        requests: list[_Request] = []
-        resolved: list[tuple[ReadItem, torch.Tensor]] = []
-        for item in items:
-            request = self._resolve(item, storage[item.storage_index], planner)
-            resolved.append((item, request.target))
-            requests.append(request)
+        requests = [resolve(item, storage[item.storage_index], planner) for item in items]
+        staging = Staging(max(1, engine.options.staging_bytes))
+        files: dict[str, StorageFile] = {}
+        device: DeviceRing | None = None
         try:
             for name in sorted({request.name for request in requests}):
-                self._files[name] = self._storage.open_unchanged(
-                    name, self._stamps[name], again=_AGAIN
-                )
-                self._fds[name] = self._files[name].fileno()
-            if self._page_cache_aware:
-                self._find_cold(requests)
-            self._execute(self._plan(requests))
-            for stream in self._streams:
-                stream.synchronize()
-            for name, file in self._files.items():
+                files[name] = engine.storage.open_unchanged(name, engine.stamps[name], again=_AGAIN)
+            fds = {name: file.fileno() for name, file in files.items()}
+            cold = find_cold(spans(requests), fds) if engine.page_cache_aware else None
+            routes = route(requests, cuda=torch.cuda.is_available())
+            budget = share(routes, limit=staging.limit, threads=engine.threads)
+            # Held here until the jobs are done: they hold its address only.
+            scratch = staging.allocate(max(1, budget.scratch_bytes)) if routes.in_place else None
+            jobs = make_jobs(
+                routes,
+                budget,
+                scratch=scratch.data_ptr() if scratch is not None else 0,
+                mostly_cold=cold.mostly_cold if cold is not None else frozenset(),
+                strategy=engine.column_strategy,
+                ranks=engine.local_ranks,
+            )
+            if routes.device:
+                device = DeviceRing(budget.slot_bytes, budget.slots, staging)
+            reads = FileReads(fds, cold)
+            delivery = _Delivery(reads, staging, budget.host_block, device, engine.progress)
+            run_jobs(jobs, delivery.do, threads=budget.threads)
+            if device is not None:
+                device.synchronize()
+            for name, file in files.items():
                 file.check_unchanged(
-                    self._stamps[name], when="while it was being read", again=_AGAIN
+                    engine.stamps[name], when="while it was being read", again=_AGAIN
                 )
         finally:
-            if self._ring is not None:
-                PINNED.give_back(self._ring.drain())  # kept for the next load
-            self._ring = self._scratch = None
-            for file in self._files.values():
+            if device is not None:
+                device.close()
+            for file in files.values():
                 file.close()
-        for item, target in resolved:
-            planner.commit_tensor(item, target)
+        for request in requests:
+            planner.commit_tensor(request.item, request.target)
         return LoadStats(
             tensors=len(items),
-            bytes_read=self._bytes,
+            bytes_read=reads.bytes_read,
             bytes_needed=sum(request.box.nbytes for request in requests),
-            reads=self._reads,
-            files=len(self._fds),
+            reads=reads.calls,
+            files=len(files),
             seconds=time.perf_counter() - begin,
-            staging_peak=self._staging.peak,
-            threads=self._threads,
-            cold_bytes=self._cold_bytes,
-        )
-
-    def _resolve(self, item: ReadItem, info: StorageInfo, planner: LoadPlanner) -> _Request:
-        fqn = item.dest_index.fqn
-        if item.type != LoadItemType.TENSOR:
-            raise CheckpointError(
-                f"{fqn}: asked to load a non-tensor value, but a safetensors checkpoint holds "
-                f"tensors only",
-                tensor=fqn,
-            )
-        lengths = tuple(item.lengths)
-        target = planner.resolve_tensor(item).detach()
-        if tuple(target.shape) != lengths:
-            raise CheckpointError(
-                f"{fqn}: the planner's destination has shape {list(target.shape)} but the read "
-                f"covers {list(lengths)} of {info.file}; the load planner and the checkpoint "
-                f"disagree (for DTensors with _StridedShard placements, FSDP2 over tensor "
-                f"parallelism: load with planner=hyperckpt.LoadPlanner())",
-                path=info.file,
-                tensor=fqn,
-            )
-        dtype = to_torch_dtype(info.dtype)
-        box = Box(info.offset, info.shape, tuple(item.storage_offsets), lengths, dtype.itemsize)
-        return _Request(info.file, info, box, dtype, target, fqn, item)
-
-    # -- planning ------------------------------------------------------------------------
-
-    def _plan(self, requests: list[_Request]) -> list[_Job]:
-        """Turn the requests into jobs, ordered by file and offset."""
-        direct: dict[str, list[tuple[int, int, int]]] = {}
-        owners: dict[str, list[tuple[int, int, ReadItem]]] = {}
-        staged: list[_Request] = []
-        strided: list[_Request] = []
-        device: list[_Request] = []
-        cuda = torch.cuda.is_available()
-        for request in requests:
-            target, box = request.target, request.box
-            if box.nbytes == 0:
-                continue
-            kind = target.device.type
-            if kind == "cuda" and cuda:
-                device.append(request)
-            elif not (kind == "cpu" and target.dtype == request.dtype and target.is_contiguous()):
-                staged.append(request)
-            elif (extent := box.one_run()) is not None:
-                direct.setdefault(request.name, []).append((*extent, target.data_ptr()))
-                owners.setdefault(request.name, []).append(
-                    (target.data_ptr(), extent[1], request.item)
-                )
-            else:
-                strided.append(request)
-        budget = self._staging.limit
-        scratch_bytes = min(MAX_GAP, budget // 16) if direct or strided else 0
-        host_staged = bool(staged) or any(not r.box.is_one_run() for r in device)
-        share = budget - scratch_bytes
-        ring_bytes = (share // 2 if host_staged else share) if device else 0
-        # A budget too small for a buffer of a few elements per thread reads with fewer
-        # threads; a thread's host buffer holds the widest span a request needs, never more:
-        # a large budget is a ceiling, not an allocation.
-        rooms = [ring_bytes // 2] if device else []  # two pinned slots a thread
-        if ring_bytes < share or not device:
-            rooms.append(share - ring_bytes)  # one host buffer a thread
-        self._threads = max(1, min(self._threads, min(rooms) // MIN_THREAD_STAGING))
-        widest = max((r.box.span()[1] for r in requests if r.box.nbytes), default=1)
-        self._host_block = max(1, min((share - ring_bytes) // self._threads, widest))
-        jobs: list[tuple[str, int, _Job]] = []
-        if direct or strided:
-            # Kept on the load: jobs hold its address only.
-            self._scratch = scratch = self._staging.allocate(max(1, scratch_bytes))
-            for name, extents in direct.items():
-                jobs.extend(self._direct_jobs(name, extents, scratch, scratch_bytes, owners[name]))
-            for request in strided:
-                strategy = self._strategy(request.box, scratch_bytes)
-                if strategy is Strategy.STAGE:
-                    jobs.extend(self._staged_jobs(request, min(self._host_block, STAGE_BLOCK)))
-                else:
-                    jobs.extend(self._strided_jobs(request, scratch, strategy is Strategy.SCATTER))
-        for request in staged:
-            jobs.extend(self._staged_jobs(request, self._host_block))
-        if device:
-            jobs.extend(self._device_jobs(device, ring_bytes))
-        jobs.sort(key=lambda job: (job[0], job[1]))
-        return [job for _, _, job in jobs]
-
-    def _direct_jobs(
-        self,
-        name: str,
-        extents: list[tuple[int, int, int]],
-        scratch: torch.Tensor,
-        gap: int,
-        owners: list[tuple[int, int, ReadItem]],
-    ) -> list[tuple[str, int, _Job]]:
-        fd = self._fds[name]
-        cold = name in self._mostly_cold
-        chunk = COLD_CHUNK_BYTES if cold else CHUNK_BYTES
-        reads = coalesce(extents, gap=gap, scratch=scratch.data_ptr(), chunk=chunk, aligned=cold)
-        owners.sort(key=lambda owner: owner[0])
-        return [
-            (
-                name,
-                offset,
-                self._tracked(
-                    _bind(self._read, name, fd, offset, buffers), _owned(buffers, owners)
-                ),
-            )
-            for offset, buffers in reads
-        ]
-
-    def _tracked(self, job: _Job, parts: list[tuple[ReadItem, int]]) -> _Job:
-        """``job``, then its read items' bytes told to the progress tracker (if any)."""
-        progress = self._progress
-        if progress is None:
-            return job
-
-        def tracked() -> None:
-            job()
-            progress.deliver(parts)
-
-        return tracked
-
-    def _strategy(self, box: Box, scratch_bytes: int) -> Strategy:
-        """How to read a strided ``box`` into a contiguous destination of its dtype: the
-        forced strategy where feasible, else the cost rule's choice."""
-        starts, run = box.run_starts()
-        gaps = starts[1:] - starts[:-1] - run
-        runs = Runs(
-            count=starts.numel(),
-            run=run,
-            span=int(starts[-1] - starts[0]) + run,
-            max_gap=int(gaps.max()) if gaps.numel() else 0,
-        )
-        if self._column_strategy is None:
-            return choose(
-                runs,
-                ranks=self._local_ranks,
-                scratch=scratch_bytes,
-                block=min(self._host_block, STAGE_BLOCK),
-                per_call=_per_job(runs.span // runs.count),
-            )
-        if self._column_strategy is Strategy.SCATTER and runs.max_gap > scratch_bytes:
-            return Strategy.RUNS
-        return self._column_strategy
-
-    def _strided_jobs(
-        self, request: _Request, scratch: torch.Tensor, together: bool
-    ) -> list[tuple[str, int, _Job]]:
-        """A strided sub-box into a contiguous CPU destination of its dtype, its runs landing
-        in place: with ``together``, ``preadv`` fills the gaps between them into ``scratch``
-        (one call for many runs), else each run is read on its own."""
-        starts, run = request.box.run_starts()
-        address = request.target.data_ptr()
-        span = run + (int(starts[1] - starts[0]) if starts.numel() > 1 else 0)
-        per_job = _per_job(span) if together else max(1, CHUNK_BYTES // max(1, run))
-        jobs: list[tuple[str, int, _Job]] = []
-        for first in range(0, starts.numel(), per_job):
-            part = starts[first : first + per_job]
-            job = _bind(
-                self._read_runs, request.name, part, run, address + first * run, together, scratch
-            )
-            job = self._tracked(job, [(request.item, part.numel() * run)])
-            jobs.append((request.name, int(part[0]), job))
-        return jobs
-
-    def _read_runs(
-        self,
-        name: str,
-        starts: torch.Tensor,
-        run: int,
-        address: int,
-        together: bool,
-        scratch: torch.Tensor,
-    ) -> None:
-        fd = self._fds[name]
-        count = starts.numel()
-        if self._cold:
-            self._hint(name, fd, int(starts[0]))
-        if not together:
-            calls = _sysio.read_runs(name, fd, starts, run, address)
-            with self._count_lock:
-                self._reads += calls
-                self._bytes += count * run
-            return
-        table = torch.empty((2 * count - 1, 2), dtype=torch.int64)
-        table[0::2, 0] = torch.arange(count, dtype=torch.int64) * run + address
-        table[0::2, 1] = run
-        table[1::2, 0] = scratch.data_ptr()
-        table[1::2, 1] = starts[1:] - starts[:-1] - run
-        calls = _sysio.read_table(name, fd, int(starts[0]), table)
-        with self._count_lock:
-            self._reads += calls
-            self._bytes += int(starts[-1] - starts[0]) + run
-
-    def _staged_jobs(self, request: _Request, limit: int) -> list[tuple[str, int, _Job]]:
-        """Jobs that read ``request`` in blocks of at most ``limit`` bytes (spans included)
-        into this thread's host buffer and copy each block to its destination."""
-        box, target = request.box, request.target
-        one_run = box.is_one_run()
-        jobs: list[tuple[str, int, _Job]] = []
-        for offsets, lengths in self._blocks(box, limit):
-            part = box.sub(offsets, lengths)
-            destination = narrow(target, offsets, lengths)
-            job = _bind(self._host_part, request, part, destination, one_run)
-            job = self._tracked(job, [(request.item, part.nbytes)])
-            jobs.append((request.name, part.span()[0], job))
-        return jobs
-
-    def _device_jobs(self, device: list[_Request], ring_bytes: int) -> list[tuple[str, int, _Job]]:
-        slots = max(2, 2 * self._threads)
-        largest = max(request.box.nbytes for request in device)
-        slot_bytes = max(1, min(_MAX_SLOT, ring_bytes // slots, largest))
-        slots = max(1, min(slots, ring_bytes // slot_bytes))
-        self._staging.reserve(slot_bytes * slots)
-        self._ring = SlotRing(PINNED.take(slot_bytes, slots))
-        jobs: list[tuple[str, int, _Job]] = []
-        for request in device:
-            limit = slot_bytes if request.box.is_one_run() else min(slot_bytes, self._host_block)
-            for offsets, lengths in self._blocks(request.box, limit):
-                part = request.box.sub(offsets, lengths)
-                destination = narrow(request.target, offsets, lengths)
-                job = _bind(self._device_part, request, part, destination)
-                job = self._tracked(job, [(request.item, part.nbytes)])
-                jobs.append((request.name, part.span()[0], job))
-        return jobs
-
-    # -- jobs ----------------------------------------------------------------------------
-
-    def _find_cold(self, requests: list[_Request]) -> None:
-        """Note each file's windows that are mostly not in the page cache; a file whose
-        requested bytes are mostly cold gets larger aligned reads (see :meth:`_hint`)."""
-        spans: dict[str, tuple[int, int]] = {}
-        for request in requests:
-            if request.box.nbytes:
-                offset, length = request.box.span()
-                low, high = spans.get(request.name, (offset, offset + length))
-                spans[request.name] = (min(low, offset), max(high, offset + length))
-        for name, (low, high) in spans.items():
-            cold: set[int] = set()
-            cold_bytes = 0
-            for window in range(low // COLD_WINDOW, (high - 1) // COLD_WINDOW + 1):
-                begin = max(low, window * COLD_WINDOW)
-                end = min(high, (window + 1) * COLD_WINDOW)
-                fraction = pagecache.cold_fraction(self._fds[name], begin, end - begin)
-                if fraction is None:
-                    return  # this system cannot tell: every file on the usual path
-                if fraction >= COLD_THRESHOLD:
-                    cold.add(window)
-                    cold_bytes += end - begin
-            if cold:
-                self._cold[name] = cold
-                self._cold_bytes += cold_bytes
-                if 2 * cold_bytes >= high - low:
-                    self._mostly_cold.add(name)
-        if self._cold_bytes:
-            logger.debug(
-                "%d bytes of the requested spans are not in the page cache", self._cold_bytes
-            )
-
-    def _hint(self, name: str, fd: int, offset: int) -> None:
-        """Before reading at ``offset``: ask the kernel to read ahead this cold window and
-        the next, once each, so that read-ahead stays a window or two ahead of the reads."""
-        cold = self._cold.get(name)
-        if not cold:
-            return
-        window = offset // COLD_WINDOW
-        with self._count_lock:
-            due = [w for w in (window, window + 1) if w in cold]
-            cold.difference_update(due)
-        for w in due:
-            pagecache.advise_cold(fd, w * COLD_WINDOW, COLD_WINDOW)
-
-    def _read(self, name: str, fd: int, offset: int, buffers: list[tuple[int, int]]) -> None:
-        if self._cold:
-            self._hint(name, fd, offset)
-        calls = _sysio.read_scatter(name, fd, offset, buffers)
-        with self._count_lock:
-            self._reads += calls
-            self._bytes += sum(length for _, length in buffers)
-
-    def _fill(self, request: _Request, part: Box, buffer: torch.Tensor) -> torch.Tensor:
-        """Bring ``part`` into the start of ``buffer``, compact; return it as a tensor."""
-        if part.is_one_run():
-            offset, length = part.run()
-            _check_fits(length, buffer)
-            self._read(request.name, self._fds[request.name], offset, [(buffer.data_ptr(), length)])
-            return buffer[:length].view(request.dtype).view(part.lengths)
-        compact = buffer[: part.nbytes].view(request.dtype).view(part.lengths)
-        compact.copy_(self._gather(request, part))
-        return compact
-
-    def _gather(self, request: _Request, part: Box) -> torch.Tensor:
-        """A strided ``part`` as a view of its span, read with one positional read into
-        this thread's host buffer (:meth:`_blocks` keeps every span within it)."""
-        offset, length = part.span()
-        buffer = self._staging.thread_buffer(self._host_block)
-        _check_fits(length, buffer)
-        self._read(request.name, self._fds[request.name], offset, [(buffer.data_ptr(), length)])
-        data = buffer[:length].view(request.dtype)
-        return data.as_strided(part.lengths, part.strides())
-
-    def _host_part(
-        self, request: _Request, part: Box, destination: torch.Tensor, one_run: bool
-    ) -> None:
-        if one_run:
-            source = self._fill(request, part, self._staging.thread_buffer(self._host_block))
-        else:
-            source = self._gather(request, part)
-        _copy(request, destination, source, non_blocking=False)
-
-    def _device_part(self, request: _Request, part: Box, destination: torch.Tensor) -> None:
-        assert self._ring is not None
-        stream = self._stream(destination.device)
-
-        def send(source: torch.Tensor) -> torch.cuda.Event:
-            with torch.cuda.stream(stream):
-                _copy(request, destination, source, non_blocking=True)
-                event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-                event.record(stream)
-            return event
-
-        stage_through(self._ring, lambda buffer: self._fill(request, part, buffer), send)
-
-    def _stream(self, device: torch.device) -> torch.cuda.Stream:
-        streams: dict[torch.device, torch.cuda.Stream] | None = getattr(
-            self._local, "streams", None
-        )
-        if streams is None:
-            streams = self._local.streams = {}
-        if device not in streams:
-            streams[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-            with self._count_lock:
-                self._streams.append(streams[device])
-        return streams[device]
-
-    def _execute(self, jobs: list[_Job]) -> None:
-        """Run the jobs in order on the pool; the first error stops the rest and is raised."""
-        workers = min(self._threads, len(jobs))
-        if workers <= 1:
-            for job in jobs:
-                job()
-            return
-        pending = iter(jobs)
-        lock = threading.Lock()
-        stop = threading.Event()
-
-        def work() -> None:
-            while not stop.is_set():
-                with lock:
-                    job = next(pending, None)
-                if job is None:
-                    return
-                finished = False
-                try:
-                    job()
-                    finished = True
-                finally:
-                    if not finished:
-                        stop.set()
-
-        with ThreadPoolExecutor(workers, thread_name_prefix="hyperckpt-read") as pool:
-            futures = [pool.submit(work) for _ in range(workers)]
-        for future in futures:
-            future.result()
-
-    # -- files ---------------------------------------------------------------------------
-
-    @staticmethod
-    def _blocks(box: Box, limit: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
-        """Parts of ``box`` whose bytes fit ``limit``, and whose spans too when it is strided.
-
-        A strided part's span exceeds its bytes about as the whole box's does, so the budget
-        is scaled by that ratio and halved until every span fits (one element always does).
-        """
-        if box.is_one_run():
-            return list(box.blocks(limit))
-        budget = max(box.itemsize, limit * box.nbytes // max(1, box.span()[1]))
-        while True:
-            parts = list(box.blocks(budget))
-            if budget <= box.itemsize or all(
-                box.sub(offsets, lengths).span()[1] <= limit for offsets, lengths in parts
-            ):
-                return parts
-            budget //= 2
-
-
-def _per_job(pitch: int) -> int:
-    """Runs one scatter read carries: an ``iovec`` entry for each run and gap, and at most
-    :data:`CHUNK_BYTES` of file for runs ``pitch`` bytes apart."""
-    return max(1, min((_sysio.IOV_MAX + 1) // 2, CHUNK_BYTES // max(1, pitch)))
-
-
-def _bind(function: Callable[..., None], *args: object) -> _Job:
-    def job() -> None:
-        function(*args)
-
-    return job
-
-
-def _owned(
-    buffers: list[tuple[int, int]], owners: list[tuple[int, int, ReadItem]]
-) -> list[tuple[ReadItem, int]]:
-    """Which read item each destination buffer of a coalesced read belongs to, with its
-    bytes (scratch buffers for gaps belong to none); ``owners`` sorted by address."""
-    starts = [address for address, _, _ in owners]
-    parts = []
-    for address, length in buffers:
-        index = bisect.bisect_right(starts, address) - 1
-        if index >= 0 and address < owners[index][0] + owners[index][1]:
-            parts.append((owners[index][2], length))
-    return parts
-
-
-def _check_fits(length: int, buffer: torch.Tensor) -> None:
-    """Refuse to read past a staging buffer (its address goes to ``preadv`` unchecked)."""
-    if length > buffer.numel():
-        raise ValueError(
-            f"staging_bytes is too small: a read of {length} bytes does not fit a "
-            f"{buffer.numel()}-byte staging buffer; use a larger staging_bytes"
+            staging_peak=staging.peak,
+            threads=budget.threads,
+            cold_bytes=cold.cold_bytes if cold is not None else 0,
         )
 
 
-#: Elements below which torch copies on the calling thread (ATen's ``GRAIN_SIZE``).
-_SERIAL_ELEMENTS = 32768
+@dataclass(frozen=True, slots=True)
+class _Delivery:
+    """What a load's jobs share while they run.
 
-
-def _copy(
-    request: _Request, destination: torch.Tensor, source: torch.Tensor, *, non_blocking: bool
-) -> None:
-    """Copy ``source`` into ``destination``; between CPU tensors, in pieces small enough
-    that torch runs each on this thread.
-
-    The read threads already keep the cores busy: a large CPU copy would start torch's
-    intra-op thread team from each of them, and on a busy machine its threads wait for
-    one another (measured: a 512 KiB strided bf16 copy took 16 ms instead of 15 us on the
-    2-core VM while the other core was busy).
+    Attributes:
+        reads: The load's counted reads of its open files.
+        staging: The load's staging memory (each thread's host buffer).
+        host_block: Bytes of each thread's host buffer.
+        device: The pinned ring, when some destination is a CUDA tensor.
+        progress: Told each job's bytes once they have arrived, when given.
     """
-    try:
-        if destination.device.type != "cpu" or destination.numel() < _SERIAL_ELEMENTS:
-            destination.copy_(source, non_blocking=non_blocking)
-            return
-        whole = Box(
-            0, tuple(destination.shape), (0,) * destination.dim(), tuple(destination.shape), 1
-        )
-        for offsets, lengths in whole.blocks(_SERIAL_ELEMENTS - 1):
-            narrow(destination, offsets, lengths).copy_(narrow(source, offsets, lengths))
-    except RuntimeError as err:
-        stored = str(request.dtype).removeprefix("torch.")
-        raise CheckpointError(
-            f"{request.fqn}: cannot convert the stored {stored} of {request.name} to the "
-            f"destination's {destination.dtype} on {destination.device}: {err}; load into a "
-            f"tensor of the stored dtype",
-            path=request.name,
-            tensor=request.fqn,
-        ) from err
+
+    reads: FileReads
+    staging: Staging
+    host_block: int
+    device: DeviceRing | None
+    progress: ProgressTracker | None
+
+    def do(self, job: Job) -> None:
+        """Do one job on this thread, then tell the progress tracker its bytes."""
+        reads = self.reads
+        if isinstance(job, ScatterRead):
+            reads.scatter(job.name, job.offset, job.buffers)
+        elif isinstance(job, RunsRead):
+            reads.runs(
+                job.name,
+                job.starts,
+                job.run,
+                job.address,
+                together=job.together,
+                scratch=job.scratch,
+            )
+        elif isinstance(job, StagedPart):
+            through_host(
+                reads.scatter,
+                job.request,
+                job.part,
+                job.destination,
+                self.host,
+                one_run=job.one_run,
+            )
+        else:
+            assert self.device is not None
+            request, part = job.request, job.part
+            self.device.deliver(
+                request,
+                job.destination,
+                lambda buffer: fill(reads.scatter, request, part, buffer, self.host),
+            )
+        if self.progress is not None:
+            self.progress.deliver(job.parts)
+
+    def host(self) -> torch.Tensor:
+        """This thread's host buffer (allocated on its first use)."""
+        return self.staging.thread_buffer(self.host_block)

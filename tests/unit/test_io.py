@@ -15,7 +15,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 from hyperckpt import ReadOptions
 from hyperckpt._layout.directory import huggingface_layout
 from hyperckpt._load.readers import to_metadata
-from hyperckpt._read import engine as engine_io
+from hyperckpt._read import copies, jobs
 from hyperckpt._read import staging as _staging
 from hyperckpt._read import sysio as _sysio
 from hyperckpt._read.boxes import Box
@@ -131,7 +131,7 @@ def test_first_rows_of_adjacent_tensors_share_a_read_over_a_small_gap(tmp_path: 
 def test_a_range_larger_than_a_chunk_is_split_across_threads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(engine_io, "CHUNK_BYTES", 1000)
+    monkeypatch.setattr(jobs, "CHUNK_BYTES", 1000)
     tensors = {"a": torch.randn(100, 100)}
     out = {"a": _poisoned(tensors["a"])}
     stats, _ = _load(tmp_path, tensors, out, threads=3)
@@ -224,7 +224,7 @@ def test_many_small_tensors_on_many_threads_all_arrive(tmp_path: Path) -> None:
 def test_a_read_error_in_one_thread_reaches_the_caller_unchanged(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(engine_io, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(jobs, "CHUNK_BYTES", 4096)
     tensors = {"a": torch.randn(256, 64)}
     out = {"a": _poisoned(tensors["a"])}
     failure = OSError(5, "injected failure")
@@ -368,9 +368,9 @@ def test_coalesce_never_joins_overlapping_or_far_extents_or_too_many_buffers() -
 
 
 def test_large_staged_copies_go_in_pieces_and_stay_bit_exact(tmp_path: Path) -> None:
-    # over ATen's grain size, so the copy out of staging is split (see io._copy)
+    # over ATen's grain size, so the copy out of staging is split (see copies.copy)
     source = torch.randn(300, 400).to(torch.bfloat16)
-    assert source.numel() > engine_io._SERIAL_ELEMENTS
+    assert source.numel() > copies._SERIAL_ELEMENTS
     converted = _poisoned(source, torch.float32)
     transposed = _poisoned(source.t().contiguous()).t()  # non-contiguous destination
     columns = _poisoned(source[:, 100:300])

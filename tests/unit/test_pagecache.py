@@ -11,8 +11,7 @@ import torch.distributed.checkpoint as dcp
 from helpers import mismatch, poison_, sample_tensor, write_hf_checkpoint
 
 from hyperckpt import HuggingFaceStorageReader
-from hyperckpt._read import engine as engine_io
-from hyperckpt._read import pagecache
+from hyperckpt._read import cold, jobs, pagecache
 from hyperckpt._read.coalesce import coalesce
 
 
@@ -107,8 +106,8 @@ def test_a_cold_checkpoint_is_hinted_window_by_window_and_loads_bit_exact(
 ) -> None:
     if not _disk_backed(tmp_path):
         pytest.skip("the test directory is in memory (tmpfs): its pages cannot be evicted")
-    monkeypatch.setattr(engine_io, "COLD_WINDOW", 2**20)
-    monkeypatch.setattr(engine_io, "COLD_CHUNK_BYTES", 2**20)
+    monkeypatch.setattr(cold, "COLD_WINDOW", 2**20)
+    monkeypatch.setattr(jobs, "COLD_CHUNK_BYTES", 2**20)
     hinted: list[tuple[int, int]] = []
     real = pagecache.advise_cold
     monkeypatch.setattr(

@@ -1,0 +1,313 @@
+"""A load's routed requests as jobs: values naming each read (and copy) and what it delivers.
+
+Pure: :func:`make_jobs` builds the jobs from the requests as
+:func:`~hyperckpt._read.routes.route` sorted them and the staging budget
+:func:`~hyperckpt._read.routes.share` gave them; the engine runs them.  A job names one
+read (or one read and one copy) and the bytes it delivers to each read item; the jobs come
+ordered by file and offset.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import torch
+from torch.distributed.checkpoint.planner import ReadItem
+
+from hyperckpt._read import sysio as _sysio
+from hyperckpt._read.boxes import Box, narrow
+from hyperckpt._read.coalesce import coalesce
+from hyperckpt._read.columns import Runs, Strategy, choose
+from hyperckpt._read.requests import Request
+from hyperckpt._read.routes import Budget, Routes
+
+__all__ = [
+    "CHUNK_BYTES",
+    "COLD_CHUNK_BYTES",
+    "STAGE_BLOCK",
+    "DevicePart",
+    "Job",
+    "RunsRead",
+    "ScatterRead",
+    "StagedPart",
+    "make_jobs",
+]
+
+#: Largest single read; longer ranges are split so that several threads share them.
+CHUNK_BYTES = 8 * 2**20
+#: Largest single read of a file that is mostly cold, split at multiples of itself.
+COLD_CHUNK_BYTES = 32 * 2**20
+#: Bytes of whole rows one :attr:`~hyperckpt._read.columns.Strategy.STAGE` read brings into
+#: staging: small enough that the copy out of it finds the rows still in the core's cache.
+STAGE_BLOCK = 2**20
+
+#: Bytes delivered to each read item: what the progress tracker is told after a job.
+Parts = list[tuple[ReadItem, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class ScatterRead:
+    """One positional read of a file's consecutive bytes into their destinations.
+
+    Attributes:
+        name: The file.
+        offset: Its first byte, absolute in the file.
+        buffers: ``(address, length)`` of each destination range, in file order; the gaps
+            between ranges land in the scratch buffer.
+        parts: Bytes delivered to each read item.
+    """
+
+    name: str
+    offset: int
+    buffers: list[tuple[int, int]]
+    parts: Parts
+
+
+@dataclass(frozen=True, slots=True)
+class RunsRead:
+    """Runs of a strided sub-box read straight into a contiguous destination.
+
+    Attributes:
+        name: The file.
+        offset: The first run's first byte, absolute in the file.
+        starts: Each run's first byte, absolute in the file (int64, ascending).
+        run: Bytes of each run.
+        address: Where the first run lands; the others follow it.
+        together: One scatter read for all runs, the bytes between them landing in the
+            scratch buffer; otherwise one read per run.
+        scratch: Address of the scratch buffer.
+        parts: Bytes delivered to each read item.
+    """
+
+    name: str
+    offset: int
+    starts: torch.Tensor
+    run: int
+    address: int
+    together: bool
+    scratch: int
+    parts: Parts
+
+
+@dataclass(frozen=True, slots=True)
+class StagedPart:
+    """A block of a request read into the thread's host buffer and copied once.
+
+    Attributes:
+        name: The file.
+        offset: The block's first byte, absolute in the file.
+        request: The request the block belongs to.
+        part: The block, a sub-box of the request's box.
+        destination: Where the block lands.
+        one_run: Whether the request's whole box is one byte run.
+        parts: Bytes delivered to each read item.
+    """
+
+    name: str
+    offset: int
+    request: Request
+    part: Box
+    destination: torch.Tensor
+    one_run: bool
+    parts: Parts
+
+
+@dataclass(frozen=True, slots=True)
+class DevicePart:
+    """A block of a request staged through a pinned slot into a CUDA destination.
+
+    Attributes:
+        name: The file.
+        offset: The block's first byte, absolute in the file.
+        request: The request the block belongs to.
+        part: The block, a sub-box of the request's box.
+        destination: Where the block lands.
+        parts: Bytes delivered to each read item.
+    """
+
+    name: str
+    offset: int
+    request: Request
+    part: Box
+    destination: torch.Tensor
+    parts: Parts
+
+
+Job = ScatterRead | RunsRead | StagedPart | DevicePart
+
+
+def make_jobs(
+    routes: Routes,
+    budget: Budget,
+    *,
+    scratch: int,
+    mostly_cold: frozenset[str],
+    strategy: Strategy | None,
+    ranks: int,
+) -> list[Job]:
+    """The jobs that read every routed request, ordered by file and offset.
+
+    Args:
+        routes: The requests by the way they are read.
+        budget: The staging memory's shares.
+        scratch: Address of the scratch buffer, ``budget.scratch_bytes`` long (at least
+            one byte), when ``routes.in_place``.
+        mostly_cold: Files mostly not in the page cache: read in larger aligned requests.
+        strategy: Read every column slice this way where it is feasible; ``None`` lets
+            the cost rule choose per request.
+        ranks: Ranks of this host loading at the same time (weighs over-read bytes in
+            the cost rule).
+    """
+    jobs: list[Job] = []
+    for name, extents in routes.direct.items():
+        owners = routes.owners[name]
+        jobs.extend(_direct_jobs(name, extents, scratch, budget.scratch_bytes, owners, mostly_cold))
+    for request in routes.strided:
+        chosen = _strategy(request.box, budget, strategy, ranks)
+        if chosen is Strategy.STAGE:
+            jobs.extend(_staged_jobs(request, min(budget.host_block, STAGE_BLOCK)))
+        else:
+            jobs.extend(_strided_jobs(request, scratch, chosen is Strategy.SCATTER))
+    for request in routes.staged:
+        jobs.extend(_staged_jobs(request, budget.host_block))
+    for request in routes.device:
+        jobs.extend(_device_jobs(request, budget))
+    jobs.sort(key=lambda job: (job.name, job.offset))
+    return jobs
+
+
+def _direct_jobs(
+    name: str,
+    extents: list[tuple[int, int, int]],
+    scratch: int,
+    gap: int,
+    owners: list[tuple[int, int, ReadItem]],
+    mostly_cold: frozenset[str],
+) -> list[Job]:
+    cold = name in mostly_cold
+    chunk = COLD_CHUNK_BYTES if cold else CHUNK_BYTES
+    reads = coalesce(extents, gap=gap, scratch=scratch, chunk=chunk, aligned=cold)
+    by_address = sorted(owners, key=lambda owner: owner[0])
+    return [
+        ScatterRead(name, offset, buffers, _owned(buffers, by_address)) for offset, buffers in reads
+    ]
+
+
+def _strategy(box: Box, budget: Budget, forced: Strategy | None, ranks: int) -> Strategy:
+    """How to read a strided ``box`` into a contiguous destination of its dtype: the
+    ``forced`` strategy where feasible, else the cost rule's choice."""
+    starts, run = box.run_starts()
+    gaps = starts[1:] - starts[:-1] - run
+    runs = Runs(
+        count=starts.numel(),
+        run=run,
+        span=int(starts[-1] - starts[0]) + run,
+        max_gap=int(gaps.max()) if gaps.numel() else 0,
+    )
+    if forced is None:
+        return choose(
+            runs,
+            ranks=ranks,
+            scratch=budget.scratch_bytes,
+            block=min(budget.host_block, STAGE_BLOCK),
+            per_call=_per_job(runs.span // runs.count),
+        )
+    if forced is Strategy.SCATTER and runs.max_gap > budget.scratch_bytes:
+        return Strategy.RUNS
+    return forced
+
+
+def _strided_jobs(request: Request, scratch: int, together: bool) -> list[Job]:
+    """A strided sub-box into a contiguous CPU destination of its dtype, its runs landing
+    in place: with ``together``, ``preadv`` fills the gaps between them into ``scratch``
+    (one call for many runs), else each run is read on its own."""
+    starts, run = request.box.run_starts()
+    address = request.target.data_ptr()
+    span = run + (int(starts[1] - starts[0]) if starts.numel() > 1 else 0)
+    per_job = _per_job(span) if together else max(1, CHUNK_BYTES // max(1, run))
+    jobs: list[Job] = []
+    for first in range(0, starts.numel(), per_job):
+        part = starts[first : first + per_job]
+        parts = [(request.item, part.numel() * run)]
+        jobs.append(
+            RunsRead(
+                request.name,
+                int(part[0]),
+                part,
+                run,
+                address + first * run,
+                together,
+                scratch,
+                parts,
+            )
+        )
+    return jobs
+
+
+def _staged_jobs(request: Request, limit: int) -> list[Job]:
+    """Jobs that read ``request`` in blocks of at most ``limit`` bytes (spans included)
+    into the thread's host buffer and copy each block to its destination."""
+    box, target = request.box, request.target
+    one_run = box.is_one_run()
+    jobs: list[Job] = []
+    for offsets, lengths in _blocks(box, limit):
+        part = box.sub(offsets, lengths)
+        destination = narrow(target, offsets, lengths)
+        parts = [(request.item, part.nbytes)]
+        jobs.append(
+            StagedPart(request.name, part.span()[0], request, part, destination, one_run, parts)
+        )
+    return jobs
+
+
+def _device_jobs(request: Request, budget: Budget) -> list[Job]:
+    """Jobs that stage ``request`` through the pinned ring in blocks of at most one slot
+    (a strided block's span fits the host buffer it is gathered through)."""
+    box = request.box
+    limit = budget.slot_bytes if box.is_one_run() else min(budget.slot_bytes, budget.host_block)
+    jobs: list[Job] = []
+    for offsets, lengths in _blocks(box, limit):
+        part = box.sub(offsets, lengths)
+        destination = narrow(request.target, offsets, lengths)
+        parts = [(request.item, part.nbytes)]
+        jobs.append(DevicePart(request.name, part.span()[0], request, part, destination, parts))
+    return jobs
+
+
+def _blocks(box: Box, limit: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Parts of ``box`` whose bytes fit ``limit``, and whose spans too when it is strided.
+
+    A strided part's span exceeds its bytes about as the whole box's does, so the budget
+    is scaled by that ratio and halved until every span fits (one element always does).
+    """
+    if box.is_one_run():
+        return list(box.blocks(limit))
+    budget = max(box.itemsize, limit * box.nbytes // max(1, box.span()[1]))
+    while True:
+        parts = list(box.blocks(budget))
+        if budget <= box.itemsize or all(
+            box.sub(offsets, lengths).span()[1] <= limit for offsets, lengths in parts
+        ):
+            return parts
+        budget //= 2
+
+
+def _per_job(pitch: int) -> int:
+    """Runs one scatter read carries: an ``iovec`` entry for each run and gap, and at most
+    :data:`CHUNK_BYTES` of file for runs ``pitch`` bytes apart."""
+    return max(1, min((_sysio.IOV_MAX + 1) // 2, CHUNK_BYTES // max(1, pitch)))
+
+
+def _owned(
+    buffers: list[tuple[int, int]], owners: list[tuple[int, int, ReadItem]]
+) -> list[tuple[ReadItem, int]]:
+    """Which read item each destination buffer of a coalesced read belongs to, with its
+    bytes (scratch buffers for gaps belong to none); ``owners`` sorted by address."""
+    starts = [address for address, _, _ in owners]
+    parts = []
+    for address, length in buffers:
+        index = bisect.bisect_right(starts, address) - 1
+        if index >= 0 and address < owners[index][0] + owners[index][1]:
+            parts.append((owners[index][2], length))
+    return parts
