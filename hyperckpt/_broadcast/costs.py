@@ -20,6 +20,7 @@ cache, so exchanging bytes only adds copies.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
 from hyperckpt._broadcast.schedule import BroadcastSchedule, item_key
 from hyperckpt._broadcast.strategy import Strategy, plan_exchange
-from hyperckpt._broadcast.stripes import StripeSchedule
+from hyperckpt._broadcast.stripes import StripeSchedule, StripesTooLarge
 from hyperckpt._read.boxes import Box
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.engine import CHUNK_BYTES, MAX_GAP, StorageInfo
@@ -42,6 +43,8 @@ __all__ = [
     "estimate",
     "pick",
 ]
+
+logger = logging.getLogger(__name__)
 
 STRATEGIES: tuple[Strategy, ...] = ("off", "replicated", "striped")
 
@@ -122,13 +125,19 @@ def compare(
         strategies: The strategies to plan.
 
     Returns:
-        By strategy: its cost and the plans carrying its schedules.
+        By strategy: its cost and the plans carrying its schedules.  A striped plan past
+        :data:`~hyperckpt._broadcast.stripes.MAX_ROUTED_BOXES` is left out (logged): it
+        would cost more to plan than any load it could speed up.
     """
     results = {}
     for strategy in strategies:
-        planned = plan_exchange(
-            plans, strategy, storage, round_bytes=round_bytes, batch_bytes=batch_bytes
-        )
+        try:
+            planned = plan_exchange(
+                plans, strategy, storage, round_bytes=round_bytes, batch_bytes=batch_bytes
+            )
+        except StripesTooLarge as err:
+            logger.info("hyperckpt: exchange %s not considered: %s", strategy, err)
+            continue
         results[strategy] = (estimate(strategy, planned, hosts, storage, model), planned)
     return results
 

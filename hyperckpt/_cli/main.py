@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from hyperckpt._cli import verify as verify_command
 from hyperckpt._layout.directory import describe
+from hyperckpt._layout.gcpause import collector_paused
 from hyperckpt._layout.mapping import MappedLayout
 from hyperckpt._layout.model import CheckpointLayout
 from hyperckpt._read.progress import StatusLine, format_bytes
@@ -456,6 +457,7 @@ def _validate(args: argparse.Namespace) -> int:
 # ---- plan ----------------------------------------------------------------------------------
 
 
+@collector_paused()  # a plan of many ranks makes millions of small acyclic objects
 def _plan(args: argparse.Namespace) -> int:
     from hyperckpt._broadcast.costs import CostModel, pick
     from hyperckpt._cli import dryrun as _plan
@@ -485,6 +487,9 @@ def _plan(args: argparse.Namespace) -> int:
     layout, _ = _described(args)
     made = None if target is None else dtype_policy.layout_conversions(layout, target)
     try:
+        planned = _plan.rank_plans(
+            layout, args.layout, args.world, tp=args.tp, replicas=args.replicas
+        )
         costs = _plan.strategy_costs(
             layout,
             args.layout,
@@ -493,6 +498,7 @@ def _plan(args: argparse.Namespace) -> int:
             tp=args.tp,
             replicas=args.replicas,
             model=model,
+            planned=planned,
         )
     except ValueError as err:
         raise _UsageError(str(err)) from err
@@ -508,6 +514,7 @@ def _plan(args: argparse.Namespace) -> int:
         tp=args.tp,
         replicas=args.replicas,
         exchange=exchange,
+        planned=planned,
     )
     if args.json:
         print(
