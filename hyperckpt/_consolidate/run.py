@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, cast
 
+import torch
 import torch.distributed as dist
 
 from hyperckpt._consolidate.assign import (
@@ -42,7 +43,7 @@ logger = logging.getLogger("hyperckpt")
 MARKER_NAME: Final = ".hyperckpt-consolidate-incomplete"
 DEFAULT_STAGING_BYTES: Final = 256 * 2**20
 _LEFTOVER: Final = re.compile(r".*\.tmp-[0-9]+")
-_FAILURES: Final = (CheckpointError, OSError, ValueError, RuntimeError)
+_FAILURES: Final = (CheckpointError, OSError, ValueError, TypeError, RuntimeError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +81,7 @@ def consolidate(
     *,
     max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
     like: str | os.PathLike[str] | None = None,
-    dtype: str | None = None,
+    dtype: str | torch.dtype | None = None,
     overwrite: bool = False,
     staging_bytes: int = DEFAULT_STAGING_BYTES,
     thread_count: int | None = None,
@@ -111,12 +112,13 @@ def consolidate(
             gets a file of its own.  Default 50GB, as transformers 5's ``save_pretrained``.
         like: A Hugging Face checkpoint (directory or index) whose file names and tensor
             assignment to reproduce; it must name exactly the input's tensors.
-        dtype: Write float tensors (F16, BF16, F32, F64) as this dtype, e.g. ``"bf16"``;
-            other tensors are written as stored.
+        dtype: Write float tensors (F16, BF16, F32, F64) as this dtype, e.g. ``"bf16"`` or
+            ``torch.bfloat16``; other tensors are written as stored.
         overwrite: Replace the safetensors files and index already in ``output`` (other
             files, e.g. ``config.json``, are kept).
         staging_bytes: Most bytes of buffers per rank (default 256 MiB).
-        thread_count: Tensors written at the same time per rank (default: up to 4).
+        thread_count: Tensors written at the same time per rank (default: up to 4); fewer
+            when ``staging_bytes`` gives each less than 4 KiB.
         process_group: The ranks taking part; the default group when initialized.
         progress: Called with a :class:`~hyperckpt.Progress` of this rank's writing (bytes
             and tensors written of those it writes) at a bounded rate from the writer
@@ -131,7 +133,9 @@ def consolidate(
             is not empty; nothing was written.  :class:`CheckpointChangedError` when an
             input file changed while it was read.  Raised on every rank when any rank fails
             (the others name that rank).
-        ValueError: An option is malformed.
+        ValueError: An option is malformed, or the output path cannot be resolved.
+        TypeError: An option has the wrong type (``dtype`` neither a string nor a
+            ``torch.dtype``).
         OSError: The output cannot be written.
     """
     begin = time.perf_counter()
@@ -151,7 +155,7 @@ def consolidate(
         threads = min(4, os.cpu_count() or 1) if thread_count is None else thread_count
         if threads < 1:
             raise ValueError(f"thread_count must be at least 1, got {thread_count}")
-        code = None if dtype is None else output_dtype_code(dtype)
+        code = None if dtype is None else output_dtype_code(_dtype_name(dtype))
         layout = torch_sharded_layout(source)
         plan = plan_output(
             layout.tensors,
@@ -223,15 +227,38 @@ def consolidate(
     return report
 
 
+def _dtype_name(dtype: str | torch.dtype) -> str:
+    """A ``torch.dtype`` by its name (``"torch.bfloat16"``); anything else as given (a
+    string, or what :func:`output_dtype_code` refuses as not one)."""
+    return str(dtype) if isinstance(dtype, torch.dtype) else dtype
+
+
 def _check_places(source: Path, out: Path) -> None:
-    """Refuse an output inside the input (its files would join the input's)."""
-    src = source.resolve()
-    dst = out.resolve()
+    """Refuse an output inside the input (its files would join the input's), or one whose
+    path cannot be resolved (a symlink loop)."""
+    src = _resolved(source, "source")
+    dst = _resolved(out, "output")
     if dst == src or src in dst.parents:
         raise ValueError(
             f"{out}: the output is inside the input directory {source}; its files would "
             f"become part of the input: choose an output outside it"
         )
+
+
+def _resolved(path: Path, what: str) -> Path:
+    """``path`` with every symlink resolved.
+
+    Raises:
+        ValueError: A symlink on the way loops (``Path.resolve`` raises ``RuntimeError``
+            for it before Python 3.13, ``OSError`` after).
+    """
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError) as err:
+        raise ValueError(
+            f"{path}: the {what} path cannot be resolved ({err}); a symlink on it points "
+            f"back to itself: remove the link or choose another {what} directory"
+        ) from err
 
 
 def _prepare(out: Path, source: Path, *, overwrite: bool) -> None:
@@ -246,7 +273,7 @@ def _prepare(out: Path, source: Path, *, overwrite: bool) -> None:
         raise NotADirectoryError(f"{out}: exists and is not a directory; pass a directory")
     out.mkdir(parents=True, exist_ok=True)
     entries = sorted(os.listdir(out))
-    if source.resolve().parent == out.resolve():
+    if _resolved(source, "source").parent == _resolved(out, "output"):
         entries = [e for e in entries if e != source.name]
     resumed = MARKER_NAME in entries
     if entries and not (overwrite or resumed):
@@ -296,4 +323,6 @@ def _failed(failure: Failure) -> Exception:
         return ValueError(text)
     if failure.kind == "RuntimeError":
         return RuntimeError(text)
+    if failure.kind == "TypeError":
+        return TypeError(text)
     return OSError(text)
