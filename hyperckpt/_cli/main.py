@@ -95,7 +95,9 @@ def _is_root(args: argparse.Namespace, err: CheckpointNotFoundError) -> bool:
 
 
 def _error(args: argparse.Namespace, err: Exception, status: int) -> int:
-    message = str(err).replace("\n", " ")
+    # One printable line whatever raised: an OSError's or ValueError's text may hold a name
+    # from the checkpoint (a CheckpointError's is escaped already).
+    message = printable(str(err).replace("\n", " "))
     if getattr(args, "json", False):
         print(json.dumps({"error": message, "type": type(err).__name__, "exit": status}))
     print(f"hyperckpt {args.command}: error: {message}", file=sys.stderr)
@@ -336,6 +338,7 @@ def _mapping_summary(name: str, mapped: MappedLayout) -> dict[str, Any]:
 
 def _print_mapping(summary: dict[str, Any], *, limit: int) -> None:
     fused = [d for d in summary["destinations"] if len(d["sources"]) > 1]
+    # Destination and source names come from the checkpoint: escaped, one line each.
     print(
         f"  mapping {summary['name']}: {len(summary['destinations'])} destinations, "
         f"{summary['renamed']} renamed or fused, {summary['fused']} fused"
@@ -343,13 +346,15 @@ def _print_mapping(summary: dict[str, Any], *, limit: int) -> None:
     for dest in fused[:limit]:
         sources = dest["sources"]
         print(
-            f"    {dest['name']}  {dest['dtype']}{dest['shape']}  from {len(sources)} tensors "
-            f"({sources[0]} ... {sources[-1]})"
+            printable(
+                f"    {dest['name']}  {dest['dtype']}{dest['shape']}  from {len(sources)} "
+                f"tensors ({sources[0]} ... {sources[-1]})"
+            )
         )
     if len(fused) > limit:
         print(f"    ... and {len(fused) - limit} more fused (--json lists every destination)")
     for note in summary["unmatched"]:
-        print(f"    note: {note}")
+        print(printable(f"    note: {note}"))
 
 
 def _inspect_summary(layout: CheckpointLayout, *, largest: int = _LARGEST) -> dict[str, Any]:
@@ -432,7 +437,7 @@ def _validate(args: argparse.Namespace) -> int:
             "total_bytes": None if layout is None else layout.nbytes,
         }
         if layout is not None and verify_command.wants_data(args):
-            data_ok = verify_command.validate_data(args, report)
+            data_ok = verify_command.validate_data(args, report, layout)
         print(json.dumps(report, indent=2))
     elif layout is not None:
         print(
@@ -441,7 +446,7 @@ def _validate(args: argparse.Namespace) -> int:
             f"{format_bytes(layout.nbytes)} in {_files(len(layout.files))}"
         )
         if verify_command.wants_data(args):
-            data_ok = verify_command.validate_data(args, None)
+            data_ok = verify_command.validate_data(args, None, layout)
     else:
         count = len(findings.problems)
         kind = f" {findings.kind}" if findings.kind else ""

@@ -31,13 +31,22 @@ from hyperckpt._verify.checksums import Expected, GitBlobHash, cache_blob_digest
 from hyperckpt._verify.scan import FLOAT_CODES, ScanCounts, Scanner
 from hyperckpt.errors import CheckpointChangedError, CheckpointError, CheckpointNotFoundError
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "FileCheck", "TensorCheck", "VerifyReport", "verify"]
+__all__ = [
+    "DEFAULT_CHUNK_BYTES",
+    "FileCheck",
+    "TensorCheck",
+    "VerifyReport",
+    "verify",
+    "verify_layout",
+]
 
 logger = logging.getLogger(__name__)
 
 #: Bytes each worker reads, hashes and scans at a time.
 DEFAULT_CHUNK_BYTES = 32 * 2**20
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+#: What an empty tensor holds (nothing is scanned for it).
+_EMPTY = ScanCounts(nan=0, posinf=0, neginf=0, all_zero=False, units=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,14 +271,48 @@ def verify(
         CheckpointError: A header breaks a rule, the checksum file is malformed, or a file
             cannot be read.
         CheckpointChangedError: A file changed while it was being read.
+        ValueError: ``threads`` or ``chunk_bytes`` is out of range.
+    """
+    return verify_layout(
+        describe(path),
+        whole_directory=os.path.isdir(path),
+        checksums=checksums,
+        threads=threads,
+        chunk_bytes=chunk_bytes,
+        progress=progress,
+    )
+
+
+def verify_layout(
+    layout: CheckpointLayout,
+    *,
+    whole_directory: bool,
+    checksums: str | os.PathLike[str] | None = None,
+    threads: int | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    progress: ProgressCallback | None = None,
+) -> VerifyReport:
+    """:func:`verify` of a checkpoint already described (``hyperckpt validate --data``
+    validates first and must not hold a second description of a large checkpoint).
+
+    Args:
+        layout: The validated layout.
+        whole_directory: Whether the checkpoint is a directory (its index is hashed too),
+            not a single file.
+        checksums: As :func:`verify`.
+        threads: As :func:`verify`.
+        chunk_bytes: As :func:`verify`.
+        progress: As :func:`verify`.
+
+    Raises:
+        ValueError: ``threads`` or ``chunk_bytes`` is out of range.
     """
     if chunk_bytes < 4096:
         raise ValueError(f"chunk_bytes must be at least 4096, got {chunk_bytes}")
     if threads is not None and threads < 1:
         raise ValueError(f"threads must be at least 1, got {threads}")
-    layout = describe(path)
     listed = {} if checksums is None else read_checksums(checksums)
-    jobs, missing = _jobs(layout, listed, whole_directory=os.path.isdir(path))
+    jobs, missing = _jobs(layout, listed, whole_directory=whole_directory)
     expected = {name: _expectations(job.path, listed.get(name)) for name, job in jobs.items()}
     for job in jobs.values():
         job.git_size = any(e.algorithm == "git-sha1" for e in expected[job.name])
@@ -329,13 +372,15 @@ def _jobs(
         for name, header in layout.files.items()
     }
     extras = set(listed)
-    if whole_directory and os.path.lexists(os.path.join(root, INDEX_NAME)):
+    # The index is hashed when describe used it: when it exists, following links (a
+    # dangling link to it is no index, for describe as here).
+    if whole_directory and os.path.exists(os.path.join(root, INDEX_NAME)):
         extras.add(INDEX_NAME)
     missing = []
     for name in sorted(extras - set(jobs)):
         full = os.path.join(root, name)
         if not os.path.exists(full):
-            missing.append(name)
+            missing.append(name)  # only a listed file can be missing: the index exists
             continue
         jobs[name] = _FileJob(name, full, None)
     return jobs, missing
@@ -410,7 +455,8 @@ def _read_file(job: _FileJob, chunk_bytes: int, tracker: ProgressTracker) -> _Fi
         buffer = bytearray(min(chunk_bytes, max(1, size)))
         view = memoryview(buffer)
         data = torch.frombuffer(buffer, dtype=torch.uint8)
-        scanners = {entry.name: Scanner(entry.dtype) for entry in job.entries}
+        # No scanner for an empty tensor (a header may hold hundreds of thousands).
+        scanners = {entry.name: Scanner(entry.dtype) for entry in job.entries if entry.nbytes}
         entries = job.entries
         first = 0  # entries before this one end before the current chunk
         offset = 0
@@ -493,7 +539,7 @@ def _tensor_checks(
 ) -> tuple[TensorCheck, ...]:
     checks = []
     for tensor in layout.tensors.values():
-        counts = [results[piece.file].counts[tensor.name] for piece in tensor.pieces]
+        counts = [results[piece.file].counts.get(tensor.name, _EMPTY) for piece in tensor.pieces]
         elements = math.prod(tensor.shape)
         checks.append(
             TensorCheck(
