@@ -446,9 +446,9 @@ class Fuse:
                     present = [p for p in present if p in tensors]
                     file = tensors[present[0]].layout.pieces[0].file
                     raise CheckpointError(
-                        f"mapping rule {self.describe()}: destination {name!r} needs source "
-                        f"{source!r}, which is not in the checkpoint (of its sources only "
-                        f"{preview(present, _SHOWN)} are, in {file}); the mapping belongs to another "
+                        f"mapping rule {self.describe()}: destination {_shown(name)} needs source "
+                        f"{_shown(source)}, which is not in the checkpoint (of its sources only "
+                        f"{_names(present)} are, in {file}); the mapping belongs to another "
                         f"model, or the checkpoint is incomplete",
                         path=file,
                         tensor=name,
@@ -469,9 +469,9 @@ class Fuse:
         if multi and not (stacked <= dim < out_rank):
             lowest = "1" if stacked else "0"
             raise CheckpointError(
-                f"mapping rule {self.describe()}: destination {name!r}: dim={self.dim} is "
+                f"mapping rule {self.describe()}: destination {_shown(name)}: dim={self.dim} is "
                 f"outside dimensions {lowest}..{out_rank - 1} of a {out_rank}-d destination "
-                f"built from {rank}-d sources like {first_name!r} {list(first.layout.shape)}",
+                f"built from {rank}-d sources like {_shown(first_name)} {list(first.layout.shape)}",
                 tensor=name,
             )
         axis = dim - stacked if multi else 0
@@ -486,26 +486,28 @@ class Fuse:
                 if layout.dtype != dtype:
                     rule_id = "mapping.dtype"
                     problem = (
-                        f"is {layout.dtype} but {first_name!r} is {dtype}; a fused tensor has "
+                        f"is {layout.dtype} but {_shown(first_name)} is {dtype}; a fused tensor has "
                         f"one dtype"
                     )
                 elif len(layout.shape) != rank:
-                    problem = f"has {len(layout.shape)} dimensions but {first_name!r} has {rank}"
+                    problem = (
+                        f"has {len(layout.shape)} dimensions but {_shown(first_name)} has {rank}"
+                    )
                 elif index and layout.shape != like.layout.shape:
                     problem = (
-                        f"has shape {list(layout.shape)} but {like_name!r} has "
+                        f"has shape {list(layout.shape)} but {_shown(like_name)} has "
                         f"{list(like.layout.shape)}; stacked sources share one shape"
                     )
                 elif not index and layout.shape[:axis] + layout.shape[axis + 1 :] != across:
                     problem = (
-                        f"has shape {list(layout.shape)} but {first_name!r} has "
+                        f"has shape {list(layout.shape)} but {_shown(first_name)} has "
                         f"{list(first_shape)}; concatenated sources agree in every "
                         f"dimension but {axis} (the destination's dim {dim})"
                     )
                 if problem:
                     raise CheckpointError(
-                        f"mapping rule {self.describe()}: destination {name!r}: source "
-                        f"{source!r} (in {layout.pieces[0].file}) {problem}",
+                        f"mapping rule {self.describe()}: destination {_shown(name)}: source "
+                        f"{_shown(source)} (in {layout.pieces[0].file}) {problem}",
                         path=layout.pieces[0].file,
                         tensor=name,
                         rule=rule_id,
@@ -692,8 +694,8 @@ def _renamed(layout: TensorLayout, name: str) -> TensorLayout:
 
 def _collision(rule: str, name: str, first: _Tensor, second: _Tensor) -> CheckpointError:
     return CheckpointError(
-        f"mapping rule {rule}: two tensors end up named {name!r}: one from checkpoint "
-        f"tensor(s) {preview(first.sources, _SHOWN)}, one from {preview(second.sources, _SHOWN)} "
+        f"mapping rule {rule}: two tensors end up named {_shown(name)}: one from checkpoint "
+        f"tensor(s) {_names(first.sources)}, one from {_names(second.sources)} "
         f"(in {second.layout.pieces[0].file}); "
         f"each destination must come from one place (a rename too broad, or a prefix twice?)",
         path=second.layout.pieces[0].file,
@@ -729,6 +731,13 @@ def _call(function: abc.Callable[[str], str | None], name: str, file: str, rule:
             tensor=name,
             rule="mapping.function",
         ) from err
+
+
+def _names(names: abc.Sequence[str]) -> str:
+    """Up to :data:`_SHOWN` names for a message, each by :func:`_shown`, then how many more."""
+    return preview([_shown(name) for name in names[:_SHOWN]], _SHOWN, quote=False) + (
+        f", ... ({len(names) - _SHOWN} more)" if len(names) > _SHOWN else ""
+    )
 
 
 def _shown(text: str, *, quote: bool = True) -> str:
