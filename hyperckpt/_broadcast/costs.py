@@ -126,8 +126,8 @@ def compare(
 
     Returns:
         By strategy: its cost and the plans carrying its schedules.  A striped plan past
-        :data:`~hyperckpt._broadcast.stripes.MAX_ROUTED_BOXES` is left out (logged): it
-        would cost more to plan than any load it could speed up.
+        its limit (:class:`~hyperckpt._broadcast.stripes.StripesTooLarge`) is left out
+        (logged): planning it would cost more than the plans it starts from.
     """
     results = {}
     for strategy in strategies:

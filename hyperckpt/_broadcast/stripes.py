@@ -26,7 +26,8 @@ from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from hyperckpt._broadcast.schedule import ALIGN, ItemKey, item_key
 
 __all__ = [
-    "MAX_ROUTED_BOXES",
+    "ROUTED_BASE",
+    "ROUTED_PER_ITEM",
     "ChunkKey",
     "ChunkRows",
     "StripeMessage",
@@ -38,27 +39,33 @@ __all__ = [
     "plan_stripes",
 ]
 
-#: Most boxes (a request's rows within one part) a striped plan may route.  Every rank
-#: needing every stripe (a replicated layout) makes ranks x stripes of them, and stripes
-#: grow with the ranks too: 1M boxes take 10-30 s to plan; 65,536 ranks replicating a
-#: checkpoint would take billions.
-MAX_ROUTED_BOXES: Final = 2**20
+#: A striped plan may route at most ROUTED_BASE + ROUTED_PER_ITEM x (read items of all
+#: ranks) boxes (a request's rows within one part), so that planning it stays linear in
+#: the plans it starts from.  Where every rank needs every stripe (a replicated layout) it
+#: would route ranks x stripes boxes, and the stripes grow with the ranks too: 1M boxes at
+#: 1,024 replicating ranks took 30 s; 65,536 ranks would make billions.
+ROUTED_BASE: Final = 4096
+ROUTED_PER_ITEM: Final = 16
 
 
 class StripesTooLarge(ValueError):
-    """A striped plan would route more than :data:`MAX_ROUTED_BOXES` boxes.
+    """A striped plan would route more boxes than its read items allow (see
+    :data:`ROUTED_PER_ITEM`).
 
     Attributes:
         boxes: The boxes it would route.
+        limit: The most it may route.
     """
 
-    def __init__(self, boxes: int, world: int) -> None:
+    def __init__(self, boxes: int, limit: int, world: int) -> None:
         super().__init__(
             f"the striped exchange on {world} ranks would route {boxes:,} boxes (each rank's "
-            f"rows of each stripe), more than the limit of {MAX_ROUTED_BOXES:,}: its plan "
-            f"grows with ranks x stripes when many ranks need the same rows; use the "
-            f"replicated exchange (or none) on this many ranks"
+            f"rows of each stripe), more than the limit of {limit:,} for these plans "
+            f"({ROUTED_PER_ITEM} a read item): its plan grows with ranks x stripes when many "
+            f"ranks need the same rows; use the replicated exchange (or none) here"
         )
+        self.boxes = boxes
+        self.limit = limit
         self.boxes = boxes
 
 
@@ -201,7 +208,8 @@ def plan_stripes(
         Each rank's schedule, by rank, and the plan's totals.
 
     Raises:
-        StripesTooLarge: The plan would route more than :data:`MAX_ROUTED_BOXES` boxes.
+        StripesTooLarge: The plan would route more boxes than :data:`ROUTED_BASE` +
+            :data:`ROUTED_PER_ITEM` x the plans' read items.
     """
     world = len(plans)
     readers = list(range(world)) if readers is None else list(readers)
@@ -229,8 +237,9 @@ def plan_stripes(
     routed = sum(
         requests[chunk].count(first, stop) for own in parts.values() for chunk, first, stop in own
     )
-    if routed > MAX_ROUTED_BOXES:
-        raise StripesTooLarge(routed, world)
+    limit = ROUTED_BASE + ROUTED_PER_ITEM * sum(len(plan.items) for plan in plans)
+    if routed > limit:
+        raise StripesTooLarge(routed, limit, world)
     return _schedule(parts, requests, chunks, world, round_bytes)
 
 
