@@ -45,7 +45,7 @@ __all__ = [
 #: would route ranks x stripes boxes, and the stripes grow with the ranks too: 1M boxes at
 #: 1,024 replicating ranks took 30 s; 65,536 ranks would make billions.
 ROUTED_BASE: Final = 4096
-ROUTED_PER_ITEM: Final = 16
+ROUTED_PER_ITEM: Final = 4
 
 
 class StripesTooLarge(ValueError):
