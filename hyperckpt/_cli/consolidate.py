@@ -14,6 +14,7 @@ from hyperckpt._cli.flags import number
 from hyperckpt._consolidate.run import DEFAULT_STAGING_BYTES, STAGING_BYTES, consolidate
 from hyperckpt._read.progress import format_bytes
 from hyperckpt._read.tracker import ProgressLine
+from hyperckpt.errors import printable
 
 __all__ = ["add_parser"]
 
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         report = consolidate(
             args.path,
             args.output,
-            max_shard_size=_size(args.max_shard_size),
+            max_shard_size=args.max_shard_size,
             like=args.like,
             dtype=args.dtype,
             overwrite=args.overwrite,
@@ -108,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         rate = report.total_size / report.seconds / 1e9 if report.seconds > 0 else 0.0
         count = len(report.files)
         print(
-            f"{report.output}: {report.tensors} tensors, {format_bytes(report.total_size)} in "
+            f"{printable(report.output)}: {report.tensors} tensors, {format_bytes(report.total_size)} in "
             f"{count} file{'s' * (count != 1)}{' and the index' if report.indexed else ''} "
             f"({report.seconds:.2f} s, {rate:.2f} GB/s, {len(report.bytes_written)} rank(s))"
         )
@@ -118,10 +119,6 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if started:
             dist.destroy_process_group()
-
-
-def _size(text: str) -> int | str:
-    return int(text) if text.strip().isdigit() else text
 
 
 def _join_torchrun() -> bool:

@@ -15,7 +15,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeAlias
 
 import torch
 from torch.distributed.checkpoint.metadata import MetadataIndex
@@ -28,15 +28,23 @@ from hyperckpt._exchange.schedule import item_key, plan_replicated
 from hyperckpt._exchange.strategy import Strategy, chunk_rows
 from hyperckpt._exchange.stripes import plan_stripes
 from hyperckpt._format.header import DTYPES
-from hyperckpt._layout.model import CheckpointLayout, Piece
+from hyperckpt._layout.model import CheckpointLayout, Piece, TensorLayout
 from hyperckpt._load.readers import BATCH_BYTES
-from hyperckpt._planner.regions import DTENSOR, FSDP, Order, fsdp_order_applies, local_regions
+from hyperckpt._planner.regions import (
+    DTENSOR,
+    FSDP,
+    Order,
+    RegionMaker,
+    fsdp_order_applies,
+)
 from hyperckpt._read.engine import DEFAULT_STAGING_BYTES
 from hyperckpt._read.storage_info import StorageInfo
 
 __all__ = [
     "LAYOUTS",
+    "MAX_WORLD",
     "RankPlan",
+    "RankPlans",
     "hosts_of",
     "mesh_shape",
     "placements_for",
@@ -45,10 +53,22 @@ __all__ = [
     "strategy_costs",
 ]
 
+#: Most ranks ``hyperckpt plan`` plans for.
+MAX_WORLD: Final = 2**20
 #: The layouts ``hyperckpt plan`` knows.
 LAYOUTS: Final = ("fsdp", "tp", "fsdp-tp", "hsdp", "replicate")
 _ROWWISE: Final = ("o_proj.weight", "down_proj.weight", "out_proj.weight", "wo.weight", "w2.weight")
 _PACKED: Final = ("gate_up_proj.weight", "qkv_proj.weight", "w13.weight")
+
+
+#: What :func:`rank_plans` returns: each rank's mesh coordinate and DCP load plan, each
+#: read item's ``(bytes, file, chunk offset)`` and each stored chunk's storage info.
+RankPlans: TypeAlias = tuple[
+    list[tuple[int, ...]],
+    list[LoadPlan],
+    dict[tuple[object, ...], tuple[int, str, int]],
+    dict[MetadataIndex, StorageInfo],
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +102,11 @@ def mesh_shape(layout: str, world: int, *, tp: int = 2, replicas: int = 2) -> tu
     """
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
-    if world < 1:
-        raise ValueError(f"--world must be at least 1, got {world}")
+    if not 1 <= world <= MAX_WORLD:
+        raise ValueError(
+            f"--world must be between 1 and {MAX_WORLD:,} (more ranks than any job runs; a "
+            f"plan costs time and memory in proportion to ranks x tensors), got {world}"
+        )
     if layout == "fsdp-tp":
         if tp < 1 or world % tp:
             raise ValueError(f"fsdp-tp needs --world divisible by --tp ({world} by {tp})")
@@ -146,6 +169,7 @@ def plan_load(
     tp: int = 2,
     replicas: int = 2,
     exchange: Strategy = "replicated",
+    planned: RankPlans | None = None,
 ) -> tuple[RankPlan, ...]:
     """Each rank's reads for ``checkpoint`` loaded in ``layout`` on ``world`` ranks.
 
@@ -158,6 +182,8 @@ def plan_load(
         exchange: The readers' exchange: ``"off"`` (every rank reads what it needs),
             ``"replicated"`` (slices several ranks need read once and sent) or
             ``"striped"`` (needed rows read once in stripes and sent).
+        planned: What :func:`rank_plans` gave for the same arguments, to plan once for
+            this and :func:`strategy_costs`; computed when ``None``.
 
     Returns:
         One plan per rank, by rank.
@@ -165,9 +191,9 @@ def plan_load(
     Raises:
         ValueError: The layout is unknown or ``world`` does not fit it.
     """
-    coordinates, plans, sizes, infos = rank_plans(
-        checkpoint, layout, world, tp=tp, replicas=replicas
-    )
+    if planned is None:
+        planned = rank_plans(checkpoint, layout, world, tp=tp, replicas=replicas)
+    coordinates, plans, sizes, infos = planned
     read = [0] * world
     received = [0] * world
     files: list[set[str]] = [set() for _ in range(world)]
@@ -226,12 +252,7 @@ def rank_plans(
     *,
     tp: int = 2,
     replicas: int = 2,
-) -> tuple[
-    list[tuple[int, ...]],
-    list[LoadPlan],
-    dict[tuple[object, ...], tuple[int, str, int]],
-    dict[MetadataIndex, StorageInfo],
-]:
+) -> RankPlans:
     """Every rank's DCP load plan for ``checkpoint`` in ``layout``, as the planner makes it.
 
     Returns:
@@ -251,7 +272,8 @@ def rank_plans(
         )
     coordinates = list(itertools.product(*(range(size) for size in mesh)))
     sizes: dict[tuple[object, ...], tuple[int, str, int]] = {}
-    plans = [LoadPlan(_rank_items(checkpoint, layout, mesh, coord, sizes)) for coord in coordinates]
+    placed = _placed(checkpoint, layout, mesh)
+    plans = [LoadPlan(_rank_items(placed, coord, sizes)) for coord in coordinates]
     infos = {
         MetadataIndex(tensor.name, torch.Size(piece.offsets)): StorageInfo(
             piece.file, piece.start, piece.nbytes, tensor.dtype, piece.shape
@@ -278,6 +300,7 @@ def strategy_costs(
     tp: int = 2,
     replicas: int = 2,
     model: CostModel | None = None,
+    planned: RankPlans | None = None,
 ) -> dict[Strategy, StrategyCost]:
     """Each exchange's reads, traffic and predicted time for ``checkpoint`` in ``layout``.
 
@@ -289,11 +312,14 @@ def strategy_costs(
         tp: Tensor-parallel degree of ``fsdp-tp``.
         replicas: Replica groups of ``hsdp``.
         model: Bandwidths and latencies; :class:`~hyperckpt.CostModel` defaults if ``None``.
+        planned: What :func:`rank_plans` gave for the same arguments; computed when ``None``.
 
     Returns:
         By strategy, its cost (see :class:`~hyperckpt._exchange.costs.StrategyCost`).
     """
-    _, plans, _, infos = rank_plans(checkpoint, layout, world, tp=tp, replicas=replicas)
+    if planned is None:
+        planned = rank_plans(checkpoint, layout, world, tp=tp, replicas=replicas)
+    _, plans, _, infos = planned
     results = compare(
         plans,
         hosts_of(world, hosts),
@@ -309,22 +335,40 @@ def _index(chunk: tuple[str, tuple[int, ...]]) -> MetadataIndex:
     return MetadataIndex(chunk[0], torch.Size(chunk[1]))
 
 
+@dataclass(frozen=True, slots=True)
+class _Placed:
+    """One tensor as every rank's plan sees it: its regions by coordinate, once made."""
+
+    tensor: TensorLayout
+    bits: int
+    regions: RegionMaker
+
+
+def _placed(checkpoint: CheckpointLayout, layout: str, mesh: tuple[int, ...]) -> list[_Placed]:
+    """Every tensor with elements, its placements checked once for all ranks."""
+    placed = []
+    for tensor in checkpoint.tensors.values():
+        if not math.prod(tensor.shape):
+            continue  # nothing to read on any rank
+        placements = placements_for(layout, tensor.name, len(tensor.shape))
+        # FSDP2 over tensor parallelism lays rows out in its own order (regions.py).
+        fsdp = fsdp_order_applies(mesh, placements, len(tensor.shape))
+        order: Order = FSDP if fsdp else DTENSOR
+        maker = RegionMaker(tensor.shape, mesh, placements, order=order)
+        placed.append(_Placed(tensor, DTYPES[tensor.dtype].bits, maker))
+    return placed
+
+
 def _rank_items(
-    checkpoint: CheckpointLayout,
-    layout: str,
-    mesh: tuple[int, ...],
+    placed: Sequence[_Placed],
     coordinate: tuple[int, ...],
     sizes: dict[tuple[object, ...], tuple[int, str, int]],
 ) -> list[ReadItem]:
     """The read items DCP's planner would make for one rank: region x stored piece."""
     items = []
-    for tensor in checkpoint.tensors.values():
-        bits = DTYPES[tensor.dtype].bits
-        placements = placements_for(layout, tensor.name, len(tensor.shape))
-        # FSDP2 over tensor parallelism lays rows out in its own order (regions.py).
-        fsdp = fsdp_order_applies(mesh, placements, len(tensor.shape))
-        order: Order = FSDP if fsdp else DTENSOR
-        for region in local_regions(tensor.shape, mesh, placements, coordinate, order=order):
+    for entry in placed:
+        tensor = entry.tensor
+        for region in entry.regions(coordinate):
             for piece in tensor.pieces:
                 overlap = _overlap(region.offsets, region.sizes, piece)
                 if overlap is None:
@@ -346,7 +390,11 @@ def _rank_items(
                     lengths=torch.Size(lengths),
                 )
                 items.append(item)
-                sizes[item_key(item)] = (math.prod(lengths) * bits // 8, piece.file, piece.start)
+                sizes[item_key(item)] = (
+                    math.prod(lengths) * entry.bits // 8,
+                    piece.file,
+                    piece.start,
+                )
     return items
 
 

@@ -26,6 +26,7 @@ from hyperckpt._cli.status import StatusLine
 from hyperckpt._deprecate import deprecation_message
 from hyperckpt._exchange.costs import BANDWIDTH, LATENCY
 from hyperckpt._layout.directory import describe_directory as describe
+from hyperckpt._layout.gcpause import collector_paused
 from hyperckpt._layout.mapping import MappedLayout
 from hyperckpt._layout.model import CheckpointLayout
 from hyperckpt._read.progress import format_bytes
@@ -102,7 +103,9 @@ def _is_root(args: argparse.Namespace, err: CheckpointNotFoundError) -> bool:
 
 
 def _error(args: argparse.Namespace, err: Exception, status: int) -> int:
-    message = str(err).replace("\n", " ")
+    # One printable line whatever raised: an OSError's or ValueError's text may hold a name
+    # from the checkpoint (a CheckpointError's is escaped already).
+    message = printable(str(err).replace("\n", " "))
     if getattr(args, "json", False):
         print(json.dumps({"error": message, "type": type(err).__name__, "exit": status}))
     print(f"hyperckpt {args.command}: error: {message}", file=sys.stderr)
@@ -365,6 +368,7 @@ def _mapping_summary(name: str, mapped: MappedLayout) -> dict[str, Any]:
 
 def _print_mapping(summary: dict[str, Any], *, limit: int) -> None:
     fused = [d for d in summary["destinations"] if len(d["sources"]) > 1]
+    # Destination and source names come from the checkpoint: escaped, one line each.
     print(
         f"  mapping {summary['name']}: {len(summary['destinations'])} destinations, "
         f"{summary['renamed']} renamed or fused, {summary['fused']} fused"
@@ -372,13 +376,15 @@ def _print_mapping(summary: dict[str, Any], *, limit: int) -> None:
     for dest in fused[:limit]:
         sources = dest["sources"]
         print(
-            f"    {dest['name']}  {dest['dtype']}{dest['shape']}  from {len(sources)} tensors "
-            f"({sources[0]} ... {sources[-1]})"
+            printable(
+                f"    {dest['name']}  {dest['dtype']}{dest['shape']}  from {len(sources)} "
+                f"tensors ({sources[0]} ... {sources[-1]})"
+            )
         )
     if len(fused) > limit:
         print(f"    ... and {len(fused) - limit} more fused (--json lists every destination)")
     for note in summary["unmatched"]:
-        print(f"    note: {note}")
+        print(printable(f"    note: {note}"))
 
 
 def _inspect_summary(layout: CheckpointLayout, *, largest: int = _LARGEST) -> dict[str, Any]:
@@ -461,7 +467,7 @@ def _validate(args: argparse.Namespace) -> int:
             "total_bytes": None if layout is None else layout.nbytes,
         }
         if layout is not None and verify_command.wants_data(args):
-            data_ok = verify_command.validate_data(args, report)
+            data_ok = verify_command.validate_data(args, report, layout)
         print(json.dumps(report, indent=2))
     elif layout is not None:
         print(
@@ -470,7 +476,7 @@ def _validate(args: argparse.Namespace) -> int:
             f"{format_bytes(layout.nbytes)} in {_files(len(layout.files))}"
         )
         if verify_command.wants_data(args):
-            data_ok = verify_command.validate_data(args, None)
+            data_ok = verify_command.validate_data(args, None, layout)
     else:
         count = len(findings.problems)
         kind = f" {findings.kind}" if findings.kind else ""
@@ -486,6 +492,7 @@ def _validate(args: argparse.Namespace) -> int:
 # ---- plan ----------------------------------------------------------------------------------
 
 
+@collector_paused()  # a plan of many ranks makes millions of small acyclic objects
 def _plan(args: argparse.Namespace) -> int:
     from hyperckpt._cli import dryrun as _plan
     from hyperckpt._exchange.costs import CostModel, pick
@@ -512,6 +519,9 @@ def _plan(args: argparse.Namespace) -> int:
     layout, _ = _described(args)
     made = None if target is None else dtype_policy.layout_conversions(layout, target)
     try:
+        planned = _plan.rank_plans(
+            layout, args.layout, args.world, tp=args.tp, replicas=args.replicas
+        )
         costs = _plan.strategy_costs(
             layout,
             args.layout,
@@ -520,6 +530,7 @@ def _plan(args: argparse.Namespace) -> int:
             tp=args.tp,
             replicas=args.replicas,
             model=model,
+            planned=planned,
         )
     except ValueError as err:
         raise _UsageError(str(err)) from err
@@ -533,6 +544,7 @@ def _plan(args: argparse.Namespace) -> int:
         tp=args.tp,
         replicas=args.replicas,
         exchange=exchange,
+        planned=planned,
     )
     if args.json:
         print(

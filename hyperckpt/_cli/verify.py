@@ -7,10 +7,12 @@ from collections import defaultdict
 from typing import Any, Final
 
 from hyperckpt._format.preview import preview
+from hyperckpt._layout.model import CheckpointLayout
 from hyperckpt._read.progress import format_bytes
 from hyperckpt._read.tracker import ProgressLine
 from hyperckpt._verify.checksums import write_checksums
-from hyperckpt._verify.run import VerifyReport, verify
+from hyperckpt._verify.run import VerifyReport, verify_layout
+from hyperckpt.errors import printable
 
 __all__ = [
     "add_arguments",
@@ -57,8 +59,9 @@ def wants_data(args: argparse.Namespace) -> bool:
     return bool(args.data or args.checksums or args.write_checksums or args.allow_nonfinite)
 
 
-def run_data_pass(args: argparse.Namespace) -> tuple[VerifyReport, bool]:
-    """Verify the data with a progress line on terminals; write checksums if asked.
+def run_data_pass(args: argparse.Namespace, layout: CheckpointLayout) -> tuple[VerifyReport, bool]:
+    """Verify the data of ``layout`` (validated already from ``args.path``) with a progress
+    line on terminals; write checksums if asked.
 
     Returns:
         The report, and whether the checksum file was written.
@@ -70,8 +73,8 @@ def run_data_pass(args: argparse.Namespace) -> tuple[VerifyReport, bool]:
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be at least 1, got {args.threads}")
     line = ProgressLine("verify")
-    report = verify(
-        args.path,
+    report = verify_layout(
+        layout,
         checksums=args.checksums,
         threads=args.threads,
         progress=line if line.enabled else None,
@@ -125,25 +128,30 @@ def report_json(report: VerifyReport, *, allow_nonfinite: bool) -> dict[str, Any
 
 
 def print_report(report: VerifyReport, *, allow_nonfinite: bool, written: str | None) -> None:
-    """The data pass for people: throughput, checksums, a per-dtype table, the problems."""
+    """The data pass for people: throughput, checksums, a per-dtype table, the problems.
+
+    File and tensor names come from the checkpoint: every line goes out through
+    :func:`_say`, so a name holding a newline, a carriage return, a Unicode line break or
+    an ANSI escape cannot start a line of its own (a forged ``result: OK``).
+    """
     rate = report.bytes_read / report.seconds / 1e9 if report.seconds > 0 else 0.0
-    print(
+    _say(
         f"data: read {format_bytes(report.bytes_read)} of {len(report.files)} files once in "
         f"{report.seconds:.2f} s ({rate:.2f} GB/s)"
     )
     checked = [f for f in report.files if f.expected]
     sources = sorted({e.source.split(":")[0] for f in checked for e in f.expected})
-    print(
+    _say(
         f"checksums: {len(checked) - len(report.mismatches)} of {len(checked)} checked files "
         f"match ({', '.join(sources) or 'no checksum source'}); "
         f"{len(report.unchecked)} files without a checksum"
     )
     for f in report.mismatches[:_SHOWN]:
         if f.missing:
-            print(f"  MISSING  {f.name} (listed in {f.expected[0].source})")
+            _say(f"  MISSING  {f.name} (listed in {f.expected[0].source})")
         for e in f.mismatched:
             got = f.sha256 if e.algorithm == "sha256" else "a different git blob id"
-            print(f"  MISMATCH {f.name}: {e.algorithm} is {got}, {e.source} says {e.digest}")
+            _say(f"  MISMATCH {f.name}: {e.algorithm} is {got}, {e.source} says {e.digest}")
     rows: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0, 0])
     for t in report.tensors:
         row = rows[t.dtype]
@@ -153,40 +161,48 @@ def print_report(report: VerifyReport, *, allow_nonfinite: bool, written: str | 
         row[3] += t.posinf
         row[4] += t.neginf
         row[5] += t.all_zero
-    print(
+    _say(
         f"  {'dtype':<12}{'tensors':>9}{'values':>15}{'NaN':>10}{'+Inf':>10}{'-Inf':>10}"
         f"{'all-zero':>10}"
     )
     for dtype in sorted(rows):
         n, values, nan, pos, neg, zero = rows[dtype]
-        print(f"  {dtype:<12}{n:>9}{values:>15}{nan:>10}{pos:>10}{neg:>10}{zero:>10}")
+        _say(f"  {dtype:<12}{n:>9}{values:>15}{nan:>10}{pos:>10}{neg:>10}{zero:>10}")
     bad = report.nonfinite
     if bad:
-        print(f"tensors with NaN/Inf: {len(bad)}" + (" (allowed)" if allow_nonfinite else ""))
+        _say(f"tensors with NaN/Inf: {len(bad)}" + (" (allowed)" if allow_nonfinite else ""))
         for t in bad[:_SHOWN]:
-            print(
+            _say(
                 f"  {t.name}  {t.dtype}  NaN {t.nan}  +Inf {t.posinf}  -Inf {t.neginf}  "
                 f"of {t.elements}  in {', '.join(t.files)}"
             )
         if len(bad) > _SHOWN:
-            print(f"  ... ({len(bad) - _SHOWN} more)")
+            _say(f"  ... ({len(bad) - _SHOWN} more)")
     zeros = report.all_zero
     if zeros:
         names = preview([t.name for t in zeros], _SHOWN, quote=False)
-        print(f"all-zero tensors (not an error): {len(zeros)}: {names}")
+        _say(f"all-zero tensors (not an error): {len(zeros)}: {names}")
     if written:
-        print(f"checksums written to {written}")
+        _say(f"checksums written to {written}")
     ok = report.ok(allow_nonfinite=allow_nonfinite)
-    print(f"result: {'OK' if ok else 'FAILED'}")
+    _say(f"result: {'OK' if ok else 'FAILED'}")
 
 
-def validate_data(args: argparse.Namespace, summary: dict[str, Any] | None) -> bool:
-    """Run the data pass for a valid checkpoint; print (or add to ``summary`` for --json).
+def _say(line: str) -> None:
+    """Print one line of the report, every character that is not printable escaped."""
+    print(printable(line))
+
+
+def validate_data(
+    args: argparse.Namespace, summary: dict[str, Any] | None, layout: CheckpointLayout
+) -> bool:
+    """Run the data pass for a valid checkpoint (``layout``, validated from ``args.path``);
+    print (or add to ``summary`` for --json).
 
     Returns:
         Whether the data checks out.
     """
-    report, written = run_data_pass(args)
+    report, written = run_data_pass(args, layout)
     allow = bool(args.allow_nonfinite)
     if summary is not None:
         summary["data"] = report_json(report, allow_nonfinite=allow)
@@ -196,5 +212,5 @@ def validate_data(args: argparse.Namespace, summary: dict[str, Any] | None) -> b
             report, allow_nonfinite=allow, written=args.write_checksums if written else None
         )
         if args.write_checksums and not written:
-            print(f"checksums NOT written to {args.write_checksums}: a file does not match")
+            _say(f"checksums NOT written to {args.write_checksums}: a file does not match")
     return report.ok(allow_nonfinite=allow)

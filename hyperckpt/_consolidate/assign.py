@@ -18,6 +18,7 @@ import re
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from types import MappingProxyType
 from typing import Final
@@ -73,7 +74,10 @@ _UNITS: Final = {
     "GIB": 2**30,
     "TIB": 2**40,
 }
-_SIZE: Final = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*")
+#: Most digits a ``max_shard_size`` number may have (10**30 bytes is beyond any file).
+_SIZE_DIGITS: Final = 30
+_SIZE_CHARS: Final = 64
+_SIZE: Final = re.compile(r"\s*([0-9]{1,30}(?:\.[0-9]{0,30})?|\.[0-9]{1,30})\s*([A-Za-z]*)\s*")
 _DTYPE_NAMES: Final = {
     "F16": ("f16", "fp16", "float16", "half"),
     "BF16": ("bf16", "bfloat16"),
@@ -191,7 +195,9 @@ def parse_size(value: int | str) -> int:
     """A shard size in bytes, with Hugging Face's units.
 
     ``"5GB"`` is ``5 * 10**9`` and ``"5GiB"`` is ``5 * 2**30`` (KB, MB, GB, TB and their
-    binary KiB, MiB, GiB, TiB; case-insensitive); an int or a bare number is bytes.
+    binary KiB, MiB, GiB, TiB; case-insensitive); an int or a bare number is bytes.  The
+    arithmetic is exact (``"0.1GB"`` is 100,000,000 bytes) and a number has at most
+    :data:`_SIZE_DIGITS` digits: any larger size is far beyond any file.
 
     Raises:
         TypeError: Neither an int nor a string (``True`` is not an int here).
@@ -205,19 +211,18 @@ def parse_size(value: int | str) -> int:
     if isinstance(value, int):
         size = value
     else:
-        match = _SIZE.fullmatch(value)
+        shown = repr(value) if len(value) <= 40 else f"{value[:20]!r}... ({len(value)} characters)"
+        match = _SIZE.fullmatch(value) if len(value) <= _SIZE_CHARS else None
         unit = match.group(2).upper() if match else ""
         if match is None or unit not in _UNITS:
             raise ValueError(
-                f"max_shard_size {_short(value)} is not a size: use bytes or a number with KB, MB, "
-                f"GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. '5GB'"
+                f"max_shard_size {shown} is not a size: use bytes or a number of at most "
+                f"{_SIZE_DIGITS} digits with KB, MB, GB, TB (powers of 1000) or KiB, MiB, "
+                f"GiB, TiB (powers of 1024), e.g. '5GB'"
             )
-        number = float(match.group(1)) * _UNITS[unit]  # a long digit string is inf
-        size = int(number) if number <= MAX_BYTES else MAX_BYTES + 1
+        size = int(Fraction(match.group(1)) * _UNITS[unit])
     if not 1 <= size <= MAX_BYTES:
-        raise ValueError(
-            f"max_shard_size must be at least 1 byte and at most 2**62, got {_short(value)}"
-        )
+        raise ValueError(f"max_shard_size must be at least 1 byte and at most 2**62, got {shown}")
     return size
 
 
@@ -227,11 +232,17 @@ def _short(value: object) -> str:
 
 
 def output_dtype_code(name: str) -> str:
-    """The safetensors code of a ``dtype=`` option: ``"bf16"``, ``"bfloat16"``, ``"BF16"``...
+    """The safetensors code of a ``dtype=`` option: ``"bf16"``, ``"bfloat16"``, ``"BF16"``,
+    ``"torch.bfloat16"`` (``str`` of a ``torch.dtype``)...
 
     Raises:
+        TypeError: ``name`` is not a string.
         ValueError: Not one of the float dtypes a consolidation converts to.
     """
+    if not isinstance(name, str):
+        raise TypeError(
+            f"dtype must be a string such as 'bf16' or a torch.dtype, not {type(name).__name__}"
+        )
     wanted = name.strip().removeprefix("torch.")
     for code, names in _DTYPE_NAMES.items():
         if wanted == code or wanted.lower() in names:

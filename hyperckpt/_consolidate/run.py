@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, cast
 
+import torch
 import torch.distributed as dist
 
 from hyperckpt._arguments import (
@@ -96,7 +97,7 @@ def consolidate(
     *,
     max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
     like: str | os.PathLike[str] | None = None,
-    dtype: str | None = None,
+    dtype: str | torch.dtype | None = None,
     overwrite: bool = False,
     staging_bytes: int = DEFAULT_STAGING_BYTES,
     thread_count: int | None = None,
@@ -127,13 +128,13 @@ def consolidate(
             gets a file of its own.  Default 50GB, as transformers 5's ``save_pretrained``.
         like: A Hugging Face checkpoint (directory or index) whose file names and tensor
             assignment to reproduce; it must name exactly the input's tensors.
-        dtype: Write float tensors (F16, BF16, F32, F64) as this dtype, e.g. ``"bf16"``;
-            other tensors are written as stored.
+        dtype: Write float tensors (F16, BF16, F32, F64) as this dtype, e.g. ``"bf16"`` or
+            ``torch.bfloat16``; other tensors are written as stored.
         overwrite: Replace the safetensors files and index already in ``output`` (other
             files, e.g. ``config.json``, are kept).
         staging_bytes: Most bytes of buffers per rank, at least 4096 (default 256 MiB).
         thread_count: Tensors written at the same time per rank, 1 to 1024 (default: up
-            to 4).
+            to 4); fewer when ``staging_bytes`` gives each less than 4 KiB.
         process_group: The ranks taking part; the default group when initialized.
         progress: Called with a :class:`~hyperckpt.Progress` of this rank's writing (bytes
             and tensors written of those it writes) at a bounded rate from the writer
@@ -153,10 +154,12 @@ def consolidate(
             (the others name that rank).
         ValueError: An option's value is refused (the message names it): a malformed
             ``max_shard_size``, an unknown ``dtype``, ``staging_bytes`` or ``thread_count``
-            out of range, NaN or infinite.
+            out of range, NaN or infinite; or the output path cannot be resolved (a
+            symlink loop).
         TypeError: An argument's type is wrong (the message names it): ``True`` or
             ``2.0`` for a count, a path that is not a ``str`` or ``os.PathLike``, a
-            ``progress`` that cannot be called.
+            ``dtype`` neither a string nor a ``torch.dtype``, a ``progress`` that cannot
+            be called.
         OSError: The output cannot be written.
     """
     begin = time.perf_counter()
@@ -181,7 +184,7 @@ def consolidate(
     failure: BaseException | None = None
     try:
         limit = parse_size(max_shard_size)
-        code = None if dtype is None else output_dtype_code(dtype)
+        code = None if dtype is None else output_dtype_code(_dtype_name(dtype))
         layout = torch_sharded_layout(source)
         plan = plan_output(
             layout.tensors,
@@ -271,7 +274,9 @@ def _check_options(
     check_path("source", source)
     check_path("output", output)
     check_path("like", like, optional=True)
-    check_type("dtype", dtype, (str, type(None)), "a dtype name such as 'bf16', or None")
+    check_type(
+        "dtype", dtype, (str, torch.dtype, type(None)), "a dtype name such as 'bf16', a torch.dtype or None"
+    )
     check_flag("overwrite", overwrite)
     check_number("staging_bytes", staging_bytes, STAGING_BYTES)
     check_type("process_group", process_group, (dist.ProcessGroup, type(None)), _GROUP)
@@ -281,15 +286,38 @@ def _check_options(
     return int(check_number("thread_count", thread_count, THREADS))
 
 
+def _dtype_name(dtype: str | torch.dtype) -> str:
+    """A ``torch.dtype`` by its name (``"torch.bfloat16"``); anything else as given (a
+    string, or what :func:`output_dtype_code` refuses as not one)."""
+    return str(dtype) if isinstance(dtype, torch.dtype) else dtype
+
+
 def _check_places(source: Path, out: Path) -> None:
-    """Refuse an output inside the input (its files would join the input's)."""
-    src = source.resolve()
-    dst = out.resolve()
+    """Refuse an output inside the input (its files would join the input's), or one whose
+    path cannot be resolved (a symlink loop)."""
+    src = _resolved(source, "source")
+    dst = _resolved(out, "output")
     if dst == src or src in dst.parents:
         raise ValueError(
             f"{out}: the output is inside the input directory {source}; its files would "
             f"become part of the input: choose an output outside it"
         )
+
+
+def _resolved(path: Path, what: str) -> Path:
+    """``path`` with every symlink resolved.
+
+    Raises:
+        ValueError: A symlink on the way loops (``Path.resolve`` raises ``RuntimeError``
+            for it before Python 3.13, ``OSError`` after).
+    """
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError) as err:
+        raise ValueError(
+            f"{path}: the {what} path cannot be resolved ({err}); a symlink on it points "
+            f"back to itself: remove the link or choose another {what} directory"
+        ) from err
 
 
 def _prepare(
@@ -312,7 +340,7 @@ def _prepare(
     """
     output.make_root()
     entries = output.names()
-    if source.resolve().parent == Path(output.root).resolve():
+    if _resolved(source, "source").parent == _resolved(Path(output.root), "output"):
         entries = [e for e in entries if e != source.name]
     marker = output.entry(MARKER_NAME) if MARKER_NAME in entries else None
     if marker is not None and marker.kind != "file":
@@ -397,4 +425,6 @@ def _failed(failure: Failure) -> Exception:
         return TypeError(text)
     if failure.kind == "RuntimeError":
         return RuntimeError(text)
+    if failure.kind == "TypeError":
+        return TypeError(text)
     return OSError(text)

@@ -73,7 +73,8 @@ class WriteOptions:
     Attributes:
         staging_bytes: Most bytes of staging buffers this rank allocates, all threads
             together.
-        thread_count: Tensors written at the same time on this rank.
+        thread_count: Tensors written at the same time on this rank (at most one thread
+            per :data:`MIN_STAGING_BYTES` of ``staging_bytes`` runs).
         copy_file_range: Copy contiguous pieces inside the kernel when the file system
             allows it (else through the staging buffers).
     """
@@ -187,7 +188,12 @@ class _Writer:
             for tensor in file.tensors:
                 progress.expect((file.name, tensor.name), tensor.nbytes)
         self._tasks = iter(tasks)
-        self._threads = max(1, min(options.thread_count, len(tasks)))
+        # Every thread gets at least MIN_STAGING_BYTES of the budget (room for whole rows
+        # of the widest element, converted): a budget too small for the threads asked for
+        # runs fewer of them.
+        self._threads = max(
+            1, min(options.thread_count, len(tasks), options.staging_bytes // MIN_STAGING_BYTES)
+        )
         self._convert = any(t.dtype != t.source.dtype for _, t in tasks)
         # Buffers no larger than the largest tensor needs (each holds a block of it), nor
         # than a block that stays in cache.

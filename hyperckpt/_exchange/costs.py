@@ -20,6 +20,7 @@ cache, so exchanging bytes only adds copies.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from hyperckpt._arguments import Limits, check_number
 from hyperckpt._exchange.schedule import ReplicatedSchedule, item_key
 from hyperckpt._exchange.strategy import Strategy, plan_exchange
-from hyperckpt._exchange.stripes import StripeSchedule
+from hyperckpt._exchange.stripes import StripeSchedule, StripesTooLarge
 from hyperckpt._read.boxes import Box
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.engine import CHUNK_BYTES, MAX_GAP
@@ -48,6 +49,8 @@ __all__ = [
     "estimate",
     "pick",
 ]
+
+logger = logging.getLogger(__name__)
 
 STRATEGIES: tuple[Strategy, ...] = ("off", "replicated", "striped")
 #: A bandwidth of the model: from 1 kB/s to 1 PB/s, so that every predicted time is finite.
@@ -153,13 +156,19 @@ def compare(
         strategies: The strategies to plan.
 
     Returns:
-        By strategy: its cost and the plans carrying its schedules.
+        By strategy: its cost and the plans carrying its schedules.  A striped plan past
+        its limit (:class:`~hyperckpt._exchange.stripes.StripesTooLarge`) is left out
+        (logged): planning it would cost more than the plans it starts from.
     """
     results = {}
     for strategy in strategies:
-        planned = plan_exchange(
-            plans, strategy, storage, round_bytes=round_bytes, batch_bytes=batch_bytes
-        )
+        try:
+            planned = plan_exchange(
+                plans, strategy, storage, round_bytes=round_bytes, batch_bytes=batch_bytes
+            )
+        except StripesTooLarge as err:
+            logger.info("hyperckpt: exchange %s not considered: %s", strategy, err)
+            continue
         results[strategy] = (estimate(strategy, planned, hosts, storage, model), planned)
     return results
 

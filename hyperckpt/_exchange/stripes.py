@@ -19,12 +19,15 @@ import bisect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
 from hyperckpt._exchange.schedule import ALIGN, ItemKey, item_key
 
 __all__ = [
+    "ROUTED_BASE",
+    "ROUTED_PER_ITEM",
     "ChunkKey",
     "ChunkRows",
     "StripeMessage",
@@ -32,8 +35,39 @@ __all__ = [
     "StripeSchedule",
     "StripeSlot",
     "StripeTotals",
+    "StripesTooLarge",
     "plan_stripes",
 ]
+
+#: A striped plan may route at most ROUTED_BASE + ROUTED_PER_ITEM x (read items of all
+#: ranks) boxes (a request's rows within one part), so that planning it stays linear in
+#: the plans it starts from.  Where every rank needs every stripe (a replicated layout) it
+#: would route ranks x stripes boxes, and the stripes grow with the ranks too: 1M boxes at
+#: 1,024 replicating ranks took 30 s; 65,536 ranks would make billions.
+ROUTED_BASE: Final = 4096
+ROUTED_PER_ITEM: Final = 4
+
+
+class StripesTooLarge(ValueError):
+    """A striped plan would route more boxes than its read items allow (see
+    :data:`ROUTED_PER_ITEM`).
+
+    Attributes:
+        boxes: The boxes it would route.
+        limit: The most it may route.
+    """
+
+    def __init__(self, boxes: int, limit: int, world: int) -> None:
+        super().__init__(
+            f"the striped exchange on {world} ranks would route {boxes:,} boxes (each rank's "
+            f"rows of each stripe), more than the limit of {limit:,} for these plans "
+            f"({ROUTED_PER_ITEM} a read item): its plan grows with ranks x stripes when many "
+            f"ranks need the same rows; use the replicated exchange (or none) here"
+        )
+        self.boxes = boxes
+        self.limit = limit
+        self.boxes = boxes
+
 
 #: A stored chunk's identity: tensor name and the chunk's offsets in the whole tensor.
 ChunkKey = tuple[str, tuple[int, ...]]
@@ -172,6 +206,10 @@ def plan_stripes(
 
     Returns:
         Each rank's schedule, by rank, and the plan's totals.
+
+    Raises:
+        StripesTooLarge: The plan would route more boxes than :data:`ROUTED_BASE` +
+            :data:`ROUTED_PER_ITEM` x the plans' read items.
     """
     world = len(plans)
     readers = list(range(world)) if readers is None else list(readers)
@@ -194,6 +232,14 @@ def plan_stripes(
     part_bytes = max(1, round_bytes // max(1, round(fanout)))
     parts = _parts(stripes, chunks, part_bytes)
     requests = {chunk: _Requests(boxes) for chunk, boxes in wanted.items()}
+    # Counted before any is built (two bisections a part), so an absurd plan is refused
+    # in time linear in its parts, not after quadratic work.
+    routed = sum(
+        requests[chunk].count(first, stop) for own in parts.values() for chunk, first, stop in own
+    )
+    limit = ROUTED_BASE + ROUTED_PER_ITEM * sum(len(plan.items) for plan in plans)
+    if routed > limit:
+        raise StripesTooLarge(routed, limit, world)
     return _schedule(parts, requests, chunks, world, round_bytes)
 
 
@@ -335,9 +381,15 @@ class _Requests:
     def __init__(self, boxes: list[tuple[int, int, int, ItemKey, int]]) -> None:
         self.boxes = sorted(boxes)
         self.begins = [box[0] for box in self.boxes]
+        self.ends = sorted(box[1] for box in self.boxes)
         self.reach: list[int] = []  # the largest stop among the first i + 1 requests
         for box in self.boxes:
             self.reach.append(max(box[1], self.reach[-1] if self.reach else box[1]))
+
+    def count(self, first: int, stop: int) -> int:
+        """How many requests hold rows within ``[first, stop)``: those starting before
+        ``stop``, less those ending by ``first`` (which all start before it)."""
+        return bisect.bisect_left(self.begins, stop) - bisect.bisect_right(self.ends, first)
 
     def within(self, first: int, stop: int) -> list[_Box]:
         """The requests' rows within ``[first, stop)``."""

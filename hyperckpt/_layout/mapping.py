@@ -11,7 +11,6 @@ with no full-tensor copy.  Everything is decided from the headers; no torch impo
 from __future__ import annotations
 
 import logging
-import re
 from collections import abc
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -20,6 +19,7 @@ from typing import Final, Protocol, TypeAlias
 from hyperckpt._format.preview import preview
 from hyperckpt._layout import tiling
 from hyperckpt._layout.model import CheckpointLayout, Piece, TensorLayout
+from hyperckpt._layout.templates import PLACEHOLDER, Template, looks_numeric
 from hyperckpt.errors import CheckpointError, RuleId
 
 __all__ = [
@@ -38,51 +38,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_PLACEHOLDER: Final = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
-_INDEX: Final = r"0|[1-9][0-9]*"
 _SHOWN: Final = 6
-
-
-# ---- templates ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Template:
-    """A tensor name with ``{placeholder}`` fields, e.g. ``"{layer}.experts.{e}.w1.weight"``.
-
-    Attributes:
-        text: The template as written.
-        fields: Its placeholders, in order of first appearance.
-    """
-
-    text: str
-    fields: tuple[str, ...]
-
-    @staticmethod
-    def parse(text: str) -> _Template:
-        if not isinstance(text, str) or not text:
-            raise ValueError(f"a name template must be a non-empty string, got {text!r}")
-        names = _PLACEHOLDER.findall(text)
-        return _Template(text, tuple(dict.fromkeys(names)))
-
-    def pattern(self, index_field: str | None) -> re.Pattern[str]:
-        """A regex matching whole names; ``index_field`` matches a decimal index only."""
-        out, seen, last = [], set(), 0
-        for match in _PLACEHOLDER.finditer(self.text):
-            out.append(re.escape(self.text[last : match.start()]))
-            name = match.group(1)
-            if name in seen:
-                out.append(f"(?P={name})")
-            else:
-                body = _INDEX if name == index_field else ".+?"
-                out.append(f"(?P<{name}>{body})")
-                seen.add(name)
-            last = match.end()
-        out.append(re.escape(self.text[last:]))
-        return re.compile("".join(out))
-
-    def format(self, binding: abc.Mapping[str, str]) -> str:
-        return _PLACEHOLDER.sub(lambda m: binding[m.group(1)], self.text)
+_LONG_NAME: Final = 200
 
 
 # ---- rules ---------------------------------------------------------------------------------
@@ -119,8 +76,8 @@ class _NameRule:
     def describe(self) -> str:
         raise NotImplementedError
 
-    def _rename(self, name: str) -> str | None:
-        """The new name, or ``None`` to leave ``name`` alone."""
+    def _rename(self, name: str, file: str) -> str | None:
+        """The new name, or ``None`` to leave ``name`` (held in ``file``) alone."""
         raise NotImplementedError
 
     def _unmatched(self, renamed: int) -> list[str]:
@@ -130,16 +87,20 @@ class _NameRule:
         out: _Tensors = {}
         renamed = 0
         for name, tensor in tensors.items():
-            new = self._rename(name)
+            new = self._rename(name, tensor.layout.pieces[0].file)
             if new is None or new == name:
                 new = name
             else:
                 renamed += 1
                 if not isinstance(new, str) or not new:
+                    file = tensor.layout.pieces[0].file
                     raise CheckpointError(
-                        f"mapping rule {self.describe()} renamed tensor {name!r} to {new!r}; a "
-                        f"tensor name must be a non-empty string",
+                        f"mapping rule {self.describe()} renamed tensor {_shown(name)} (in "
+                        f"{file}) to {_shown(repr(new), quote=False)}; a rename function "
+                        f"returns a non-empty string, or None to leave the name alone",
+                        path=file,
                         tensor=name,
+                        rule="mapping.function",
                     )
                 tensor = _Tensor(_renamed(tensor.layout, new), tensor.sources)
             if new in out:
@@ -152,10 +113,13 @@ class _NameRule:
 class Rename(_NameRule):
     """Rename tensors: names from a dict, or any name through a function.
 
-    A dict key may be a template with ``{placeholders}`` (each matching any text), its
+    A dict key may be a template with ``{placeholders}`` (each matching any non-empty text,
+    each used once; matched in linear time, see :mod:`hyperckpt._layout.templates`), its
     value a template with the same ones: ``{"model.layers.{i}.mlp.up_proj.weight":
     "layers.{i}.feed_forward.w3.weight"}``.  Exact names are looked up first, then the
-    templates in order; the first that matches renames.
+    templates in order; the first that matches renames.  Whatever a rename function
+    raises comes back as a :class:`CheckpointError` naming the tensor
+    (``mapping.function``).
 
     Attributes:
         names: Checkpoint name (or template) to new name (or template), or a function of
@@ -163,12 +127,12 @@ class Rename(_NameRule):
     """
 
     names: abc.Mapping[str, str] | abc.Callable[[str], str | None]
-    _patterns: tuple[tuple[re.Pattern[str], _Template, str], ...] = field(
+    _patterns: tuple[tuple[Template, Template, str], ...] = field(
         init=False, repr=False, compare=False
     )
 
     def __post_init__(self) -> None:
-        patterns: list[tuple[re.Pattern[str], _Template, str]] = []
+        patterns: list[tuple[Template, Template, str]] = []
         if isinstance(self.names, abc.Mapping):
             pairs = dict(self.names)
             bad = [
@@ -179,11 +143,11 @@ class Rename(_NameRule):
             if bad:
                 raise ValueError(f"Rename: names must map strings to non-empty strings: {bad[0]}")
             for old, new in pairs.items():
-                source, target = _Template.parse(old), _Template.parse(new)
+                source, target = Template.parse(old), Template.parse(new)
                 if set(source.fields) != set(target.fields):
                     raise ValueError(f"Rename: {old!r} and {new!r} must have the same placeholders")
                 if source.fields:
-                    patterns.append((source.pattern(None), target, old))
+                    patterns.append((source, target, old))
             object.__setattr__(self, "names", MappingProxyType(pairs))
         elif not callable(self.names):
             raise TypeError(f"Rename takes a dict or a function, not {type(self.names).__name__}")
@@ -196,16 +160,16 @@ class Rename(_NameRule):
             return f"Rename({{{shown}{more}}})"
         return f"Rename({getattr(self.names, '__qualname__', repr(self.names))})"
 
-    def _rename(self, name: str) -> str | None:
+    def _rename(self, name: str, file: str) -> str | None:
         if not isinstance(self.names, abc.Mapping):
-            return self.names(name)
+            return _call(self.names, name, file, self.describe())
         exact = self.names.get(name)
-        if exact is not None and not _PLACEHOLDER.search(name):
+        if exact is not None and not PLACEHOLDER.search(name):
             return exact
-        for pattern, target, _ in self._patterns:
-            match = pattern.fullmatch(name)
-            if match is not None:
-                return target.format(match.groupdict())
+        for source, target, _ in self._patterns:
+            binding = source.match(name)
+            if binding is not None:
+                return target.format(binding)
         return None
 
     def _apply(self, tensors: _Tensors) -> tuple[_Tensors, list[str]]:
@@ -215,8 +179,8 @@ class Rename(_NameRule):
             absent = sorted(n for n in self.names if n not in tensors and n not in templated)
             idle = [
                 old
-                for pattern, _, old in self._patterns
-                if not any(pattern.fullmatch(name) for name in tensors)
+                for source, _, old in self._patterns
+                if not any(source.match(name) is not None for name in tensors)
             ]
             notes = [f"Rename: not in the checkpoint: {preview(absent + idle, _SHOWN)}"]
             notes = notes if absent or idle else []
@@ -242,7 +206,7 @@ class Replace(_NameRule):
     def describe(self) -> str:
         return f"Replace({self.old!r}, {self.new!r})"
 
-    def _rename(self, name: str) -> str | None:
+    def _rename(self, name: str, file: str) -> str | None:
         return name.replace(self.old, self.new) if self.old in name else None
 
 
@@ -263,7 +227,7 @@ class AddPrefix(_NameRule):
     def describe(self) -> str:
         return f"AddPrefix({self.prefix!r})"
 
-    def _rename(self, name: str) -> str | None:
+    def _rename(self, name: str, file: str) -> str | None:
         return self.prefix + name
 
 
@@ -284,7 +248,7 @@ class StripPrefix(_NameRule):
     def describe(self) -> str:
         return f"StripPrefix({self.prefix!r})"
 
-    def _rename(self, name: str) -> str | None:
+    def _rename(self, name: str, file: str) -> str | None:
         return name.removeprefix(self.prefix) if name.startswith(self.prefix) else None
 
 
@@ -292,11 +256,14 @@ class StripPrefix(_NameRule):
 class Fuse:
     """A destination tensor made of checkpoint tensors: concatenated, and/or stacked.
 
-    Names are templates whose ``{placeholders}`` match any text (the same text in every
-    template of one destination).  For each binding, the destination ``dest`` is the
-    concatenation along ``dim`` of ``sources`` in order; with ``stack``, that placeholder
-    matches a decimal index ``0..K-1`` and the destination stacks the ``K`` concatenations
-    along a new leading dimension.  For example transformers 5's fused MoE experts::
+    Names are templates whose ``{placeholders}`` match any non-empty text (the same text in
+    every template of one destination; each placeholder used once per template).  For each
+    binding, the destination ``dest`` is the concatenation along ``dim`` of ``sources`` in
+    order; with ``stack``, that placeholder matches a plain decimal index ``0..K-1`` and the
+    destination stacks the ``K`` concatenations along a new leading dimension.  A source
+    whose index reads as a number but not a plain one (``01``, ``-1``, ``+2``) is refused
+    (``mapping.stack_index``) rather than left out.  For example transformers 5's fused
+    MoE experts::
 
         Fuse("{m}.experts.gate_up_proj",
              ("{m}.experts.{e}.gate_proj.weight", "{m}.experts.{e}.up_proj.weight"),
@@ -319,7 +286,7 @@ class Fuse:
     sources: abc.Sequence[str]
     dim: int = 0
     stack: str | None = None
-    _templates: tuple[_Template, ...] = field(init=False, repr=False, compare=False)
+    _templates: tuple[Template, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         sources = (self.sources,) if isinstance(self.sources, str) else tuple(self.sources)
@@ -328,8 +295,8 @@ class Fuse:
             raise ValueError(f"Fuse({self.dest!r}): needs at least one source")
         if type(self.dim) is not int:
             raise TypeError(f"Fuse({self.dest!r}): dim must be an int, got {self.dim!r}")
-        dest = _Template.parse(self.dest)
-        templates = tuple(_Template.parse(s) for s in self.sources)
+        dest = Template.parse(self.dest)
+        templates = tuple(Template.parse(s) for s in self.sources)
         for template in templates:
             if set(template.fields) != set(templates[0].fields):
                 raise ValueError(
@@ -353,6 +320,9 @@ class Fuse:
             raise ValueError(
                 f"Fuse({self.dest!r}): one source and no stack is a rename; use Rename"
             )
+        if self.stack is not None:
+            for template in templates:
+                template.check_stack(self.stack)
         object.__setattr__(self, "_templates", (dest, *templates))
 
     def describe(self) -> str:
@@ -362,31 +332,40 @@ class Fuse:
 
     def _apply(self, tensors: _Tensors) -> tuple[_Tensors, list[str]]:
         dest, *templates = self._templates
-        patterns = [t.pattern(self.stack) for t in templates]
+        # An index of more digits than the checkpoint has tensors leaves a gap below it,
+        # whatever else the checkpoint holds: it is never turned into an int.
+        digits = len(str(len(tensors)))
         groups: dict[str, dict[int, dict[str, str]]] = {}
         for name in tensors:
-            match = patterns[0].fullmatch(name)
-            if match is not None:
-                binding = match.groupdict()
-                index = int(binding[self.stack]) if self.stack else 0
-                groups.setdefault(dest.format(binding), {})[index] = binding
+            binding = templates[0].match(name, stack=self.stack, digits=digits)
+            if binding is None:
+                self._check_index(name, templates[0], tensors)
+                continue
+            index = int(binding[self.stack]) if self.stack else 0
+            groups.setdefault(dest.format(binding), {})[index] = binding
         used: set[str] = set()
         fused: _Tensors = {}
         for name, bindings in groups.items():
             fused[name] = self._fuse(name, bindings, templates, tensors, used)
-        for pattern, template in zip(patterns[1:], templates[1:], strict=True):
+        for template in templates[1:]:
             for name in tensors:
-                if name not in used and pattern.fullmatch(name):
-                    raise CheckpointError(
-                        f"mapping rule {self.describe()}: checkpoint tensor {name!r} (in "
-                        f"{tensors[name].layout.pieces[0].file}) matches source "
-                        f"{template.text!r}, but its partner {self._partner(pattern, name)!r} "
-                        f"is not in the checkpoint; the sources of a fused tensor come together "
-                        f"(a missing tensor, or the mapping belongs to another model)",
-                        path=tensors[name].layout.pieces[0].file,
-                        rule="mapping.partner",
-                        tensor=name,
-                    )
+                if name in used:
+                    continue
+                binding = template.match(name, stack=self.stack, digits=digits)
+                if binding is None:
+                    self._check_index(name, template, tensors)
+                    continue
+                file = tensors[name].layout.pieces[0].file
+                raise CheckpointError(
+                    f"mapping rule {self.describe()}: checkpoint tensor {_shown(name)} (in "
+                    f"{file}) matches source {template.text!r}, but its partner "
+                    f"{_shown(templates[0].format(binding))} is not in the checkpoint; the "
+                    f"sources of a fused tensor come together (a missing tensor, or the "
+                    f"mapping belongs to another model)",
+                    path=file,
+                    rule="mapping.partner",
+                    tensor=name,
+                )
         if not groups:
             return tensors, [f"{self.describe()}: matched no tensor"]
         out = {name: tensor for name, tensor in tensors.items() if name not in used}
@@ -396,31 +375,64 @@ class Fuse:
             out[name] = tensor
         return out, []
 
-    def _partner(self, pattern: re.Pattern[str], name: str) -> str:
-        match = pattern.fullmatch(name)
-        assert match is not None
-        return self._templates[1].format(match.groupdict())
+    def _check_index(self, name: str, template: Template, tensors: _Tensors) -> None:
+        """Refuse ``name`` when it is a source but for its stacked index: one that reads as
+        a number but is not a plain one (``01``, ``-1``, ``+2``), or one too large to be
+        part of ``0..K-1`` in this checkpoint.  Such a tensor would otherwise be left out
+        of the fused tensor without a word."""
+        if self.stack is None:
+            return
+        binding = template.match(name)
+        if binding is None or not looks_numeric(binding[self.stack]):
+            return
+        text = binding[self.stack]
+        file = tensors[name].layout.pieces[0].file
+        where = f"mapping rule {self.describe()}: checkpoint tensor {_shown(name)} (in {file})"
+        if text.isascii() and text.isdigit() and text[0] != "0":
+            raise CheckpointError(
+                f"{where} has {self.stack} index {_shown(text, quote=False)}, a number of "
+                f"{len(text)} digits, but the checkpoint holds only {len(tensors)} tensors: "
+                f"stacked sources numbered 0..K-1 end far below it, so there is a gap (a "
+                f"corrupt or hostile tensor name, or most of the checkpoint is missing)",
+                path=file,
+                tensor=name,
+                rule="mapping.stack_gap",
+            )
+        raise CheckpointError(
+            f"{where} matches source {template.text!r} but its {self.stack} index "
+            f"{_shown(text)} is not a plain decimal index (0, 1, 2, ... in ASCII digits, "
+            f"without sign or leading zeros), so it would be left out of the fused tensor; "
+            f"fix the names, or rename them before the Fuse",
+            path=file,
+            tensor=name,
+            rule="mapping.stack_index",
+        )
 
     def _fuse(
         self,
         name: str,
         bindings: dict[int, dict[str, str]],
-        templates: list[_Template],
+        templates: list[Template],
         tensors: _Tensors,
         used: set[str],
     ) -> _Tensor:
         """One destination from its sources, checked: all present, one dtype, shapes that fit;
         the sources' names are added to ``used``."""
         count = len(bindings)
-        if self.stack is not None and sorted(bindings) != list(range(count)):
-            missing = min(set(range(max(bindings) + 1)) - set(bindings))
+        indices = sorted(bindings)
+        if self.stack is not None and indices[-1] != count - 1:
+            # Sorted distinct indices: the first that is not its own position starts a gap,
+            # which ends just below it.  Described by its bounds, never enumerated.
+            first = next(position for position, index in enumerate(indices) if index != position)
+            upto = indices[first] - 1
             example = next(iter(bindings.values()))
-            expected = templates[0].format({**example, self.stack: str(missing)})
+            expected = templates[0].format({**example, self.stack: str(first)})
+            missing = f"index {first} is" if first == upto else f"indices {first}-{upto} are"
             raise CheckpointError(
-                f"mapping rule {self.describe()}: destination {name!r} stacks indices "
-                f"{_ranges(sorted(bindings))} but index {missing} is missing: no tensor "
-                f"{expected!r} in the checkpoint; stacked sources must be numbered 0..K-1 "
-                f"without a gap (a missing expert?)",
+                f"mapping rule {self.describe()}: destination {_shown(name)} stacks indices "
+                f"{_ranges(indices)} but {missing} missing: no tensor {_shown(expected)} in "
+                f"the checkpoint; stacked sources must be numbered 0..K-1 without a gap (a "
+                f"missing expert?)",
                 tensor=name,
                 rule="mapping.stack_gap",
             )
@@ -434,9 +446,9 @@ class Fuse:
                     present = [p for p in present if p in tensors]
                     file = tensors[present[0]].layout.pieces[0].file
                     raise CheckpointError(
-                        f"mapping rule {self.describe()}: destination {name!r} needs source "
-                        f"{source!r}, which is not in the checkpoint (of its sources only "
-                        f"{preview(present, _SHOWN)} are, in {file}); the mapping belongs to another "
+                        f"mapping rule {self.describe()}: destination {_shown(name)} needs source "
+                        f"{_shown(source)}, which is not in the checkpoint (of its sources only "
+                        f"{_names(present)} are, in {file}); the mapping belongs to another "
                         f"model, or the checkpoint is incomplete",
                         path=file,
                         tensor=name,
@@ -457,9 +469,9 @@ class Fuse:
         if multi and not (stacked <= dim < out_rank):
             lowest = "1" if stacked else "0"
             raise CheckpointError(
-                f"mapping rule {self.describe()}: destination {name!r}: dim={self.dim} is "
+                f"mapping rule {self.describe()}: destination {_shown(name)}: dim={self.dim} is "
                 f"outside dimensions {lowest}..{out_rank - 1} of a {out_rank}-d destination "
-                f"built from {rank}-d sources like {first_name!r} {list(first.layout.shape)}",
+                f"built from {rank}-d sources like {_shown(first_name)} {list(first.layout.shape)}",
                 tensor=name,
             )
         axis = dim - stacked if multi else 0
@@ -474,26 +486,28 @@ class Fuse:
                 if layout.dtype != dtype:
                     rule_id = "mapping.dtype"
                     problem = (
-                        f"is {layout.dtype} but {first_name!r} is {dtype}; a fused tensor has "
+                        f"is {layout.dtype} but {_shown(first_name)} is {dtype}; a fused tensor has "
                         f"one dtype"
                     )
                 elif len(layout.shape) != rank:
-                    problem = f"has {len(layout.shape)} dimensions but {first_name!r} has {rank}"
+                    problem = (
+                        f"has {len(layout.shape)} dimensions but {_shown(first_name)} has {rank}"
+                    )
                 elif index and layout.shape != like.layout.shape:
                     problem = (
-                        f"has shape {list(layout.shape)} but {like_name!r} has "
+                        f"has shape {list(layout.shape)} but {_shown(like_name)} has "
                         f"{list(like.layout.shape)}; stacked sources share one shape"
                     )
                 elif not index and layout.shape[:axis] + layout.shape[axis + 1 :] != across:
                     problem = (
-                        f"has shape {list(layout.shape)} but {first_name!r} has "
+                        f"has shape {list(layout.shape)} but {_shown(first_name)} has "
                         f"{list(first_shape)}; concatenated sources agree in every "
                         f"dimension but {axis} (the destination's dim {dim})"
                     )
                 if problem:
                     raise CheckpointError(
-                        f"mapping rule {self.describe()}: destination {name!r}: source "
-                        f"{source!r} (in {layout.pieces[0].file}) {problem}",
+                        f"mapping rule {self.describe()}: destination {_shown(name)}: source "
+                        f"{_shown(source)} (in {layout.pieces[0].file}) {problem}",
                         path=layout.pieces[0].file,
                         tensor=name,
                         rule=rule_id,
@@ -681,8 +695,8 @@ def _renamed(layout: TensorLayout, name: str) -> TensorLayout:
 
 def _collision(rule: str, name: str, first: _Tensor, second: _Tensor) -> CheckpointError:
     return CheckpointError(
-        f"mapping rule {rule}: two tensors end up named {name!r}: one from checkpoint "
-        f"tensor(s) {preview(first.sources, _SHOWN)}, one from {preview(second.sources, _SHOWN)} "
+        f"mapping rule {rule}: two tensors end up named {_shown(name)}: one from checkpoint "
+        f"tensor(s) {_names(first.sources)}, one from {_names(second.sources)} "
         f"(in {second.layout.pieces[0].file}); "
         f"each destination must come from one place (a rename too broad, or a prefix twice?)",
         path=second.layout.pieces[0].file,
@@ -692,14 +706,48 @@ def _collision(rule: str, name: str, first: _Tensor, second: _Tensor) -> Checkpo
 
 
 def _ranges(values: list[int]) -> str:
-    """Sorted distinct integers as runs: ``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    """Sorted distinct integers as runs: ``[0, 1, 2, 5]`` -> ``"0-2, 5"``; past
+    :data:`_SHOWN` runs, the first ones and how many more (a message stays short)."""
     runs: list[list[int]] = []
     for value in values:
         if runs and value == runs[-1][1] + 1:
             runs[-1][1] = value
         else:
             runs.append([value, value])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    shown = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs[:_SHOWN])
+    more = len(runs) - _SHOWN
+    return shown if more <= 0 else f"{shown}, ... ({more} more runs, up to {values[-1]})"
+
+
+def _call(function: abc.Callable[[str], str | None], name: str, file: str, rule: str) -> str | None:
+    """A user's rename function of ``name``; whatever it raises comes back naming the tensor."""
+    try:
+        return function(name)
+    except Exception as err:  # a user's function may raise anything; say where it did
+        raise CheckpointError(
+            f"mapping rule {rule} raised {type(err).__name__} ({_shown(str(err), quote=False)}) "
+            f"on tensor {_shown(name)} (in {file}); fix the function, or return None from it "
+            f"for the names it does not rename",
+            path=file,
+            tensor=name,
+            rule="mapping.function",
+        ) from err
+
+
+def _names(names: abc.Sequence[str]) -> str:
+    """Up to :data:`_SHOWN` names for a message, each by :func:`_shown`, then how many more."""
+    return preview([_shown(name) for name in names[:_SHOWN]], _SHOWN, quote=False) + (
+        f", ... ({len(names) - _SHOWN} more)" if len(names) > _SHOWN else ""
+    )
+
+
+def _shown(text: str, *, quote: bool = True) -> str:
+    """``text`` for a message (``repr`` when ``quote``): whole up to 200 characters, else
+    its start and end around how long it is, so a hostile name cannot make a message huge."""
+    shown = repr(text) if quote else text
+    if len(shown) <= _LONG_NAME:
+        return shown
+    return f"{shown[:80]}...{shown[-40:]} ({len(text)} characters)"
 
 
 # ---- presets -------------------------------------------------------------------------------

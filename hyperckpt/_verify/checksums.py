@@ -115,7 +115,13 @@ def parse_checksums(text: str, *, source: str) -> dict[str, Expected]:
             checkpoint directory, or a path is listed twice with different digests.
     """
     found: dict[str, Expected] = {}
-    for number, line in enumerate(text.splitlines(), 1):
+    # Lines end at "\n" only (and a "\r" before it, written on Windows), as sha256sum
+    # reads them: str.splitlines would also cut at "\x0c", "\x85", U+2028 and other
+    # characters a file name may hold.
+    lines = text.split("\n")
+    if lines and not lines[-1]:
+        lines.pop()
+    for number, line in enumerate((line.removesuffix("\r") for line in lines), 1):
         if not line.strip():
             continue
         gnu = _GNU.match(line)
@@ -165,8 +171,9 @@ def read_checksums(path: str | os.PathLike[str]) -> dict[str, Expected]:
         over_limit_rule="checksums.too_big",
     )
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
+        # Names that are not UTF-8 come back as os.listdir gives them (lone surrogates).
+        text = raw.decode("utf-8", errors="surrogateescape")
+    except UnicodeDecodeError as err:  # surrogateescape maps every byte: kept for safety
         raise CheckpointError(
             f"{shown}: cannot read the checksum file: not UTF-8 (byte {err.start})", path=shown
         ) from err
@@ -174,11 +181,16 @@ def read_checksums(path: str | os.PathLike[str]) -> dict[str, Expected]:
 
 
 def format_checksums(digests: Mapping[str, str]) -> str:
-    """``sha256sum`` text for ``{relative path: sha256 hex}``, sorted by path."""
+    """``sha256sum`` text for ``{relative path: sha256 hex}``, sorted by path.
+
+    As sha256sum does, a name holding ``\\``, ``\n`` or ``\r`` is written escaped
+    behind a leading backslash; every other character is written as it is (lines end at
+    ``\n`` only), so :func:`parse_checksums` gives back exactly these names.
+    """
     lines = []
     for name in sorted(digests):
-        if "\\" in name or "\n" in name:
-            escaped = name.replace("\\", "\\\\").replace("\n", "\\n")
+        if "\\" in name or "\n" in name or "\r" in name:
+            escaped = name.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
             lines.append(f"\\{digests[name]}  {escaped}\n")
         else:
             lines.append(f"{digests[name]}  {name}\n")
@@ -195,7 +207,7 @@ def write_checksums(path: str | os.PathLike[str], digests: Mapping[str, str]) ->
     """
     target = os.path.abspath(os.fspath(path))
     folder = LocalStorage(os.path.dirname(target))
-    folder.write_atomically(os.path.basename(target), [format_checksums(digests).encode()])
+    folder.write_atomically(os.path.basename(target), [format_checksums(digests).encode("utf-8", "surrogateescape")])
 
 
 def files_to_hash(names: Iterable[str], extra: Iterable[str]) -> list[str]:

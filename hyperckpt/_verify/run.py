@@ -35,7 +35,14 @@ from hyperckpt._verify.checksums import Expected, GitBlobHash, cache_blob_digest
 from hyperckpt._verify.scan import FLOAT_CODES, ScanCounts, Scanner
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "FileCheck", "TensorCheck", "VerifyReport", "verify"]
+__all__ = [
+    "DEFAULT_CHUNK_BYTES",
+    "FileCheck",
+    "TensorCheck",
+    "VerifyReport",
+    "verify",
+    "verify_layout",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +52,8 @@ DEFAULT_CHUNK_BYTES = 32 * 2**20
 CHUNK_BYTES: Final = Limits(4096, 2**30, unit="bytes")
 #: What a changed file means for a verification, and what to do.
 _AGAIN = "its digest would not be the file's; verify again once the checkpoint is complete"
+#: What an empty tensor holds (nothing is scanned for it).
+_EMPTY = ScanCounts(nan=0, posinf=0, neginf=0, all_zero=False, units=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,7 +293,34 @@ def verify(
         threads = int(check_number("threads", threads, THREADS))
     chunk_bytes = int(check_number("chunk_bytes", chunk_bytes, CHUNK_BYTES))
     check_callable("progress", progress)
-    layout = describe(path)
+    return verify_layout(
+        describe(path),
+        checksums=checksums,
+        threads=threads,
+        chunk_bytes=chunk_bytes,
+        progress=progress,
+    )
+
+
+def verify_layout(
+    layout: CheckpointLayout,
+    *,
+    checksums: str | os.PathLike[str] | None = None,
+    threads: int | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    progress: ProgressCallback | None = None,
+) -> VerifyReport:
+    """:func:`verify` of a checkpoint already described (``hyperckpt validate --data``
+    validates first and must not hold a second description of a large checkpoint); the
+    options already checked.
+
+    Args:
+        layout: The validated layout.
+        checksums: As :func:`verify`.
+        threads: As :func:`verify`.
+        chunk_bytes: As :func:`verify`.
+        progress: As :func:`verify`.
+    """
     listed = {} if checksums is None else read_checksums(checksums)
     storage = LocalStorage(layout.root)
     jobs, missing = _jobs(storage, layout, listed)
@@ -400,7 +436,8 @@ def _read_file(
         buffer = bytearray(min(chunk_bytes, max(1, size)))
         view = memoryview(buffer)
         data = torch.frombuffer(buffer, dtype=torch.uint8)
-        scanners = {entry.name: Scanner(entry.dtype) for entry in job.entries}
+        # No scanner for an empty tensor (a header may hold hundreds of thousands).
+        scanners = {entry.name: Scanner(entry.dtype) for entry in job.entries if entry.nbytes}
         entries = job.entries
         first = 0  # entries before this one end before the current chunk
         offset = 0
@@ -453,7 +490,7 @@ def _tensor_checks(
 ) -> tuple[TensorCheck, ...]:
     checks = []
     for tensor in layout.tensors.values():
-        counts = [results[piece.file].counts[tensor.name] for piece in tensor.pieces]
+        counts = [results[piece.file].counts.get(tensor.name, _EMPTY) for piece in tensor.pieces]
         elements = math.prod(tensor.shape)
         checks.append(
             TensorCheck(

@@ -340,6 +340,11 @@ def _mapped(
     return trigger
 
 
+def _renamed_from_a_table(name: str) -> str:
+    """A user's rename function that knows only some names (raises ``KeyError``)."""
+    return {"v": "value"}[name]
+
+
 def _expert(shape: list[int], dtype: str = "BF16") -> tuple[str, list[int]]:
     return dtype, shape
 
@@ -571,9 +576,16 @@ _READ_RULES: tuple[Rule, ...] = (
     Rule("mapping.partner", "A checkpoint tensor matching a fused tensor's source comes with its "
          "partners.", _E, r"but its partner .* is not in the checkpoint",
          _mapped({f"{_X}.0.up_proj.weight": _expert([2, 3])}, "qwen3-moe")),
-    Rule("mapping.stack_gap", "Stacked sources are numbered 0..K-1 without a gap.", _E,
-         r"index \d+ is missing",
+    Rule("mapping.stack_gap", "Stacked sources are numbered 0..K-1 without a gap (an index "
+         "with more digits than the checkpoint has tensors is refused before it is read as a "
+         "number).", _E, r"(index \d+ is|indices \d+-\d+ are) missing|so there is a gap",
          _mapped({f"{_X}.{e}.down_proj.weight": _expert([3, 2]) for e in (0, 2)}, "qwen3-moe")),
+    Rule("mapping.stack_index", "A stacked source's index is a plain decimal number (`0`, `1`, "
+         "... in ASCII digits; not `01`, `-1` or `+2`).", _E, r"is not a plain decimal index",
+         _mapped({f"{_X}.{e}.down_proj.weight": _expert([3, 2]) for e in ("0", "01")}, "qwen3-moe")),
+    Rule("mapping.function", "A rename function returns a non-empty string or `None` for every "
+         "tensor, and raises nothing.", _E, r"raised \w+ .* on tensor|a rename function returns",
+         _mapped({"w": _expert([2])}, _renamed_from_a_table)),
     Rule("mapping.dtype", "The sources of a fused tensor share one dtype.", _E,
          r"is \w+ but .* is \w+; a fused tensor has one dtype",
          _mapped({f"{_X}.{e}.down_proj.weight": _expert([3, 2], ("BF16", "F16")[e]) for e in (0, 1)},
