@@ -222,7 +222,9 @@ def parse_size(value: int | str) -> int:
             )
         size = int(Fraction(match.group(1)) * _UNITS[unit])
     if not 1 <= size <= MAX_BYTES:
-        raise ValueError(f"max_shard_size must be at least 1 byte and at most 2**62, got {shown}")
+        raise ValueError(
+            f"max_shard_size must be at least 1 byte and at most 2**62, got {_short(value)}"
+        )
     return size
 
 
