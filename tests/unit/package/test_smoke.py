@@ -28,7 +28,7 @@ def test_the_package_declares_what_it_needs_at_run_time() -> None:
     # must not depend on that (.ci/run also runs the README's first command in a fresh venv).
     import tomllib
 
-    pyproject = Path(__file__).parents[2] / "pyproject.toml"
+    pyproject = Path(__file__).parents[3] / "pyproject.toml"
     declared = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
     names = {re.split(r"[<>=!~ ;\[]", requirement, maxsplit=1)[0] for requirement in declared}
     assert {"torch", "numpy", "safetensors"} <= names

@@ -10,7 +10,7 @@ from hyperckpt.errors import CheckpointError
 from hyperckpt.testing import FILE_FAULT_RULES, HF_FAULT_RULES
 from hyperckpt.testing.rules import RULES, Rule, provoke, render_rules_page
 
-PAGE = Path(__file__).resolve().parents[2] / "docs" / "rules.md"
+PAGE = Path(__file__).resolve().parents[3] / "docs" / "rules.md"
 REGENERATE = "python -m hyperckpt.testing.rules docs/rules.md"
 
 

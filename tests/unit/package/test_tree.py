@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[2] / "hyperckpt"
+PACKAGE = Path(__file__).resolve().parents[3] / "hyperckpt"
 
 #: The stages in pipeline order; a module may import from its own stage and those before it.
 STAGES = [
