@@ -145,7 +145,9 @@ def choose_exchange(
 ) -> tuple[Strategy, list[LoadPlan]]:
     """What ``exchange="auto"`` does: ``"off"`` on one host, else the fastest prediction.
 
-    Ties go to the simpler strategy (``off``, then ``replicated``, then ``striped``).
+    Across hosts every strategy is priced in closed form from the requests
+    (:func:`hyperckpt._exchange.pricing.price`) and only the winner is planned.  Ties go to
+    the simpler strategy (``off``, then ``replicated``, then ``striped``).
 
     Returns:
         The strategy and the plans carrying its schedules.
@@ -154,11 +156,21 @@ def choose_exchange(
         return "off", plan_exchange(
             plans, "off", storage, round_bytes=round_bytes, batch_bytes=batch_bytes
         )
-    results = compare(
-        plans, hosts, storage, model, round_bytes=round_bytes, batch_bytes=batch_bytes
+    # Imported here: pricing builds on this module's model and timing.
+    from hyperckpt._exchange.pricing import price
+    from hyperckpt._exchange.requests import requests_of
+
+    costs = price(
+        requests_of(plans, storage),
+        hosts,
+        model,
+        round_bytes=round_bytes,
+        batch_bytes=batch_bytes,
     )
-    best = pick({s: cost for s, (cost, _) in results.items()}, hosts=len(set(hosts)))
-    return best, results[best][1]
+    best = pick(costs, hosts=len(set(hosts)))
+    return best, plan_exchange(
+        plans, best, storage, round_bytes=round_bytes, batch_bytes=batch_bytes
+    )
 
 
 def pick(costs: Mapping[Strategy, StrategyCost], *, hosts: int) -> Strategy:
@@ -261,22 +273,63 @@ def estimate(
                     for transfer in schedule.transfers:
                         if transfer.source == rank:
                             host_bytes[host_of[rank]] += sum(s.nbytes for s in transfer.slots)
-    host_reads = [0] * len(names)
+    return timing(
+        strategy,
+        read_bytes,
+        reads,
+        host_bytes,
+        (inter_out, inter_in, intra),
+        exchanged,
+        rounds,
+        host_of=host_of,
+        model=model,
+    )
+
+
+def timing(
+    strategy: Strategy,
+    read_bytes: Sequence[int],
+    reads: Sequence[int],
+    host_bytes: Sequence[int],
+    traffic: tuple[Sequence[int], Sequence[int], Sequence[int]],
+    exchanged: int,
+    rounds: int,
+    *,
+    host_of: Sequence[int],
+    model: CostModel,
+) -> StrategyCost:
+    """The model's time for a strategy's figures.
+
+    Args:
+        strategy: The strategy.
+        read_bytes: Bytes each rank reads, by rank.
+        reads: Read calls each rank issues, by rank.
+        host_bytes: Bytes each host fetches from storage, by host.
+        traffic: Bytes each host sends to other hosts, receives from them, and copies
+            between its own ranks, each by host.
+        exchanged: Payload bytes sent between ranks, in total.
+        rounds: Exchange rounds.
+        host_of: Each rank's host index, by rank.
+        model: The bandwidths and latencies.
+    """
+    inter_out, inter_in, intra = traffic
+    world, hosts = len(read_bytes), len(host_bytes)
+    host_reads = [0] * hosts
     for rank in range(world):
-        host_reads[host_of[rank]] += reads[rank]
+        host_reads[host_of[rank]] += int(reads[rank])
     storage_seconds = max(
         (
-            host_bytes[h] / (model.storage_gbps * 1e9)
+            int(host_bytes[h]) / (model.storage_gbps * 1e9)
             + host_reads[h] * model.read_latency_ms / 1e3 / max(1, model.reads_in_flight)
-            for h in range(len(names))
+            for h in range(hosts)
         ),
         default=0.0,
     )
     network = max(
         (
-            max(inter_out[h], inter_in[h]) / (model.interconnect_gbps * 1e9)
-            + intra[h] / (model.intra_host_gbps * 1e9)
-            for h in range(len(names))
+            max(int(inter_out[h]), int(inter_in[h])) / (model.interconnect_gbps * 1e9)
+            + int(intra[h]) / (model.intra_host_gbps * 1e9)
+            for h in range(hosts)
         ),
         default=0.0,
     )
@@ -284,12 +337,12 @@ def estimate(
     exchange_seconds = network + round_cost
     return StrategyCost(
         strategy=strategy,
-        read_bytes=tuple(read_bytes),
-        reads=tuple(reads),
-        host_read_bytes=tuple(host_bytes),
-        exchanged_bytes=exchanged,
-        inter_host_bytes=sum(inter_out),
-        rounds=rounds,
+        read_bytes=tuple(int(n) for n in read_bytes),
+        reads=tuple(int(n) for n in reads),
+        host_read_bytes=tuple(int(n) for n in host_bytes),
+        exchanged_bytes=int(exchanged),
+        inter_host_bytes=sum(int(n) for n in inter_out),
+        rounds=int(rounds),
         seconds=storage_seconds + exchange_seconds,
         storage_seconds=storage_seconds,
         exchange_seconds=exchange_seconds,
