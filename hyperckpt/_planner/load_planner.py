@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 from torch.distributed.tensor import DTensor, Partial
 
+from hyperckpt._planner.local_items import local_read_items
 from hyperckpt._planner.placements import is_strided
 from hyperckpt._planner.regions import DTENSOR, FSDP, Order, Region, local_regions, orders_differ
 from hyperckpt._planner.shapes import shape_mismatch
@@ -124,10 +125,17 @@ class LoadPlanner(DefaultLoadPlanner):
             {fqn: value for fqn, value in self.state_dict.items() if fqn in known},
             strided_layout=self.strided_layout,
         )
-        plan = super().create_local_plan()
+        if self.flatten_state_dict and not known.keys() <= self.state_dict.keys():
+            # torch's planner may swap in a pre-2.4 flattening here: let it.
+            plan = super().create_local_plan()
+            items = [item for item in plan.items if item.dest_index.fqn not in regions]
+        else:
+            # The same items as torch's, in time for this rank's own tensors.
+            strict = not self.allow_partial_load
+            items = local_read_items(self.state_dict, self.metadata, strict=strict, skip=regions)
+            plan = LoadPlan(items)
         if not regions:
             return plan
-        items = [item for item in plan.items if item.dest_index.fqn not in regions]
         for fqn, held in regions.items():
             md = known[fqn]
             if not isinstance(md, TensorStorageMetadata):
