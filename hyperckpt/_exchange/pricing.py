@@ -19,14 +19,13 @@ strategy's :class:`~hyperckpt._exchange.costs.StrategyCost` comes straight from 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
 
 from hyperckpt._exchange.costs import CostModel, StrategyCost, timing
 from hyperckpt._exchange.requests import Requests
-from hyperckpt._exchange.schedule import ALIGN
+from hyperckpt._exchange.schedule import choose_readers, rounds_of
 from hyperckpt._exchange.strategy import Strategy
 from hyperckpt._exchange.stripes import ChunkKey, ChunkRows, _cut
 from hyperckpt._read.engine import CHUNK_BYTES
@@ -143,6 +142,11 @@ def _replicated(
             r.item_keys[k],
         ),
     )
+    ordered = [*large, *small]
+    holder_lists = [pair_rank[starts[k] : starts[k + 1]].tolist() for k in ordered]
+    ordered_sizes = [int(size[k]) for k in ordered]
+    readers = choose_readers(holder_lists, ordered_sizes, load.tolist(), batch_bytes)
+    rounds = 1 + max(rounds_of(ordered_sizes, round_bytes), default=-1)
     read = np.zeros(world, np.int64)
     reads = np.zeros(world, np.int64)
     host_bytes = np.zeros(hosts, np.int64)
@@ -150,38 +154,25 @@ def _replicated(
     into = np.zeros(hosts, np.int64)
     intra = np.zeros(hosts, np.int64)
     exchanged = 0
-    previous = -1
-    rounds, used = 0, 0
-    for k in [*large, *small]:
-        ranks = pair_rank[starts[k] : starts[k + 1]]
-        nbytes = int(size[k])
-        reader = int(ranks[int(np.argmin(load[ranks]))])
-        if (
-            nbytes < batch_bytes
-            and previous >= 0
-            and previous in ranks
-            and load[previous] - load[reader] <= batch_bytes
-        ):
-            reader = previous
-        previous = reader
-        load[reader] += nbytes
-        read[reader] += nbytes
-        reads[reader] += 1
-        source_host = int(host_of[reader])
-        host_bytes[source_host] += nbytes
-        receivers = ranks[ranks != reader]
-        exchanged += nbytes * len(receivers)
-        receiver_hosts = host_of[receivers]
-        local = int(np.count_nonzero(receiver_hosts == source_host))
-        intra[source_host] += nbytes * local
-        out[source_host] += nbytes * (len(receivers) - local)
-        np.add.at(into, receiver_hosts[receiver_hosts != source_host], nbytes)
-        aligned = math.ceil(nbytes / ALIGN) * ALIGN
-        if used and used + aligned > round_bytes:
-            rounds += 1
-            used = 0
-        used += aligned
-    rounds = rounds + 1 if shared_keys else 0
+    if ordered:
+        source = np.asarray(readers, dtype=np.int64)
+        nbytes = np.asarray(ordered_sizes, dtype=np.int64)
+        np.add.at(read, source, nbytes)
+        np.add.at(reads, source, 1)
+        np.add.at(host_bytes, host_of[source], nbytes)
+        # Every holder but the reader receives the slice.
+        count = np.asarray([len(h) for h in holder_lists], dtype=np.int64)
+        slice_of = np.repeat(np.arange(len(ordered)), count)
+        receiver = np.concatenate([np.asarray(h, dtype=np.int64) for h in holder_lists])
+        sent = receiver != source[slice_of]
+        slice_of, receiver = slice_of[sent], receiver[sent]
+        moved = nbytes[slice_of]
+        exchanged = int(moved.sum())
+        a, b = host_of[source[slice_of]], host_of[receiver]
+        across = a != b
+        np.add.at(out, a[across], moved[across])
+        np.add.at(into, b[across], moved[across])
+        np.add.at(intra, a[~across], moved[~across])
     own = ~shared[r.key]
     read += np.bincount(r.rank[own], weights=r.nbytes[own], minlength=world).astype(np.int64)
     reads += np.bincount(r.rank[own], weights=r.calls[own], minlength=world).astype(np.int64)

@@ -106,7 +106,7 @@ def _items_for(fqn: str, md: TensorStorageMetadata, box: ChunkStorageMetadata) -
     saved = chunks[0]
     lengths = []
     for offset, size, whole in zip(box.offsets, box.sizes, saved.sizes, strict=True):
-        if offset >= whole or 0 >= offset + size:  # torch's overlap test, as it reads
+        if offset >= whole or offset + size <= 0:  # torch's overlap test, as it reads
             return []
         lengths.append(min(whole, offset + size) - offset)
     return [
