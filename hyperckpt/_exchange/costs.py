@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
 from hyperckpt._exchange.schedule import ReplicatedSchedule, item_key
-from hyperckpt._exchange.strategy import Strategy, plan_exchange
+from hyperckpt._exchange.strategy import Strategy, plan_exchange, without_gc
 from hyperckpt._exchange.stripes import StripeSchedule
 from hyperckpt._read.boxes import Box
 from hyperckpt._read.dtypes import to_torch_dtype
@@ -160,13 +160,14 @@ def choose_exchange(
     from hyperckpt._exchange.pricing import price
     from hyperckpt._exchange.requests import requests_of
 
-    costs = price(
-        requests_of(plans, storage),
-        hosts,
-        model,
-        round_bytes=round_bytes,
-        batch_bytes=batch_bytes,
-    )
+    with without_gc():
+        costs = price(
+            requests_of(plans, storage),
+            hosts,
+            model,
+            round_bytes=round_bytes,
+            batch_bytes=batch_bytes,
+        )
     best = pick(costs, hosts=len(set(hosts)))
     return best, plan_exchange(
         plans, best, storage, round_bytes=round_bytes, batch_bytes=batch_bytes

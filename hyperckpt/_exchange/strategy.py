@@ -9,10 +9,12 @@ asks the cost model (:mod:`hyperckpt._exchange.costs`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Literal
 
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
@@ -29,6 +31,7 @@ __all__ = [
     "chunk_rows",
     "exchange_option",
     "plan_exchange",
+    "without_gc",
 ]
 
 #: The ``exchange`` option of the readers and ``hyperckpt.load``.
@@ -89,6 +92,36 @@ def plan_exchange(
             else plan
             for plan in plans
         ]
+    with without_gc():
+        return _plan(plans, strategy, storage, round_bytes=round_bytes, batch_bytes=batch_bytes)
+
+
+@contextlib.contextmanager
+def without_gc() -> Iterator[None]:
+    """Hold the cyclic garbage collector while planning.
+
+    The planners allocate hundreds of thousands of small acyclic objects next to every
+    rank's plan (millions of objects on the coordinator); each collection they trigger walks
+    all of those, which doubled the stripe planner's time (measured: 0.72 s against 0.31 s
+    at 64 ranks).  Reference counting still frees everything; the collector is restored.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _plan(
+    plans: list[LoadPlan],
+    strategy: Strategy,
+    storage: Callable[[ReadItem], StorageInfo],
+    *,
+    round_bytes: int,
+    batch_bytes: int,
+) -> list[LoadPlan]:
     schedules: Sequence[object]
     if strategy == "striped":
         schedules, _ = plan_stripes(
