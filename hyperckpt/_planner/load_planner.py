@@ -166,10 +166,19 @@ def strided_regions(
     """
     regions = {}
     problems: list[CheckpointError] = []
+    kinds: dict[object, tuple[bool, bool]] = {}  # placements -> (partial, strided)
     for fqn, value in sorted(state_dict.items()):
         if not isinstance(value, DTensor):
             continue
-        if any(isinstance(p, Partial) for p in value.placements):
+        placements = value.placements
+        kind = kinds.get(placements)
+        if kind is None:
+            kind = kinds[placements] = (
+                any(isinstance(p, Partial) for p in placements),
+                any(is_strided(p) for p in placements),
+            )
+        partial, strided = kind
+        if partial:
             problems.append(
                 CheckpointError(
                     f"{fqn}: DTensor with placements {_show(value.placements)} on mesh "
@@ -179,9 +188,7 @@ def strided_regions(
                     tensor=fqn,
                 )
             )
-        elif any(is_strided(p) for p in value.placements) and (
-            value.device_mesh.get_coordinate() is not None
-        ):
+        elif strided and value.device_mesh.get_coordinate() is not None:
             # Go on after a problem: later tensors may take an all-reduce the other ranks
             # of their mesh are waiting for.
             try:

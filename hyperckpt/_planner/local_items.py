@@ -53,6 +53,7 @@ def local_read_items(
     known = metadata.state_dict_metadata
     skipped = set(skip)
     boxes: dict[tuple[object, ...], ChunkStorageMetadata] = {}
+    members: dict[int, bool] = {}  # id(mesh) -> whether this rank is in it
     items: list[ReadItem] = []
     for fqn, obj in state_dict.items():
         md = known.get(fqn)
@@ -69,19 +70,25 @@ def local_read_items(
                 f"Size mismatch between saved {md.size} and current: {obj.size()} for {fqn}",  # type: ignore[attr-defined]
             )
         if isinstance(obj, DTensor):
-            if obj.device_mesh.get_coordinate() is None or fqn in skipped:
+            spec = obj._spec
+            mesh = spec.mesh
+            inside = members.get(id(mesh))
+            if inside is None:
+                inside = members[id(mesh)] = mesh.get_coordinate() is not None
+            if not inside or fqn in skipped:
                 continue
             if not isinstance(md, TensorStorageMetadata) or hasattr(
                 obj._local_tensor, "__create_chunk_list__"
             ):
                 items += _create_read_items(fqn, md, obj)
                 continue
-            signature = (tuple(obj.shape), obj.device_mesh, tuple(obj.placements))
+            # The mesh lives as long as the state dict that holds it: its id is stable here.
+            signature = (spec.shape, id(mesh), spec.placements)
             box = boxes.get(signature)
             if box is None:
                 obj._raise_if_contains_partial_placements()
                 sizes, offsets = compute_local_shape_and_global_offset(
-                    obj.shape, obj.device_mesh, obj.placements
+                    obj.shape, mesh, spec.placements
                 )
                 box = boxes[signature] = ChunkStorageMetadata(
                     offsets=torch.Size(offsets), sizes=torch.Size(sizes)
