@@ -130,7 +130,7 @@ def _replicated(
     shared_keys = np.flatnonzero(shared).tolist()
     large = sorted(
         (k for k in shared_keys if size[k] >= batch_bytes),
-        key=lambda k: (-int(size[k]), r.item_keys[k]),
+        key=lambda k: (-int(size[k]), r.item_key(k)),
     )
     chunk_of_key = np.zeros(keys, np.int64)
     chunk_of_key[r.key] = r.chunk
@@ -139,7 +139,7 @@ def _replicated(
         key=lambda k: (
             r.files[r.chunk_file[chunk_of_key[k]]],
             int(r.chunk_offset[chunk_of_key[k]]),
-            r.item_keys[k],
+            r.item_key(k),
         ),
     )
     ordered = [*large, *small]

@@ -49,8 +49,7 @@ class Requests:
         chunk_rows: Each chunk's rows (1 for a 0-d chunk).
         chunk_row_bytes: Bytes of one row of each chunk (the whole chunk when 0-d).
         files: The files, sorted by name (so file indices order as names do).
-        item_keys: Each key's ``item_key`` tuple (tensor, chunk offsets, sub-box offsets,
-            lengths), by key index.
+        raw_keys: Each key's (chunk index, sub-box offsets, lengths), by key index.
     """
 
     world: int
@@ -67,12 +66,18 @@ class Requests:
     chunk_rows: Ints
     chunk_row_bytes: Ints
     files: tuple[str, ...]
-    item_keys: tuple[tuple[str, tuple[int, ...], tuple[int, ...], tuple[int, ...]], ...]
+    raw_keys: tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...]
 
     @property
     def keys(self) -> int:
         """Distinct byte ranges asked for."""
-        return len(self.item_keys)
+        return len(self.raw_keys)
+
+    def item_key(self, key: int) -> tuple[str, tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """The ``item_key`` tuple (tensor, chunk offsets, sub-box offsets, lengths) of a key."""
+        chunk, offsets, lengths = self.raw_keys[key]
+        name, chunk_offsets = self.chunks[chunk]
+        return name, chunk_offsets, tuple(offsets), tuple(lengths)
 
 
 def requests_of(plans: Sequence[LoadPlan], storage: Callable[[ReadItem], StorageInfo]) -> Requests:
@@ -84,8 +89,7 @@ def requests_of(plans: Sequence[LoadPlan], storage: Callable[[ReadItem], Storage
     chunk_ids: dict[tuple[str, object], int] = {}
     infos: list[StorageInfo] = []
     chunk_names: list[tuple[str, tuple[int, ...]]] = []
-    key_ids: dict[tuple[int, object, object], int] = {}
-    item_keys: list[tuple[str, tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = []
+    key_ids: dict[tuple[int, tuple[int, ...], tuple[int, ...]], int] = {}
     costs: dict[tuple[int, object], tuple[int, int]] = {}
     rank_col: list[int] = []
     chunk_col: list[int] = []
@@ -105,9 +109,6 @@ def requests_of(plans: Sequence[LoadPlan], storage: Callable[[ReadItem], Storage
                 chunk_names.append((index.fqn, tuple(index.offset or ())))
             offsets, lengths = item.storage_offsets, item.lengths
             kid = key_ids.setdefault((cid, offsets, lengths), len(key_ids))
-            if kid == len(item_keys):
-                name, chunk_offsets = chunk_names[cid]
-                item_keys.append((name, chunk_offsets, tuple(offsets), tuple(lengths)))
             cost = costs.get((cid, lengths))
             if cost is None:
                 cost = costs[cid, lengths] = request_cost(infos[cid], tuple(lengths))
@@ -148,7 +149,7 @@ def requests_of(plans: Sequence[LoadPlan], storage: Callable[[ReadItem], Storage
         chunk_rows=_ints(rows),
         chunk_row_bytes=_ints(row_bytes),
         files=tuple(files),
-        item_keys=tuple(item_keys),
+        raw_keys=tuple(key_ids),
     )
 
 
