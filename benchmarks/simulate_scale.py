@@ -46,10 +46,11 @@ from hyperckpt._exchange.costs import STRATEGIES, StrategyCost, estimate, pick
 from hyperckpt._exchange.pricing import price
 from hyperckpt._exchange.requests import requests_of
 from hyperckpt._exchange.schedule import ReplicatedSchedule
-from hyperckpt._exchange.strategy import plan_exchange, without_gc
+from hyperckpt._exchange.strategy import plan_exchange
 from hyperckpt._exchange.stripes import StripeSchedule
 from hyperckpt._format.header import DTYPES
 from hyperckpt._load.readers import BATCH_BYTES
+from hyperckpt._planner.gc_hold import without_gc
 from hyperckpt._read.engine import DEFAULT_STAGING_BYTES
 
 logger = logging.getLogger("simulate_scale")

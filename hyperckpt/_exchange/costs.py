@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
 from hyperckpt._exchange.schedule import ReplicatedSchedule, item_key
-from hyperckpt._exchange.strategy import Strategy, plan_exchange, without_gc
+from hyperckpt._exchange.strategy import Strategy, plan_exchange
 from hyperckpt._exchange.stripes import StripeSchedule
+from hyperckpt._planner.gc_hold import without_gc
 from hyperckpt._read.boxes import Box
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.engine import CHUNK_BYTES, MAX_GAP

@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 from torch.distributed.tensor import DTensor, Partial
 
+from hyperckpt._planner.gc_hold import without_gc
 from hyperckpt._planner.local_items import local_read_items
 from hyperckpt._planner.placements import is_strided
 from hyperckpt._planner.regions import DTENSOR, FSDP, Order, Region, local_regions, orders_differ
@@ -104,12 +105,18 @@ class LoadPlanner(DefaultLoadPlanner):
     def create_local_plan(self) -> LoadPlan:
         """The default plan, with each ``_StridedShard`` DTensor planned by region.
 
+        Made with the cyclic collector held (see :func:`~hyperckpt._planner.gc_hold.without_gc`).
+
         Raises:
             CheckpointError: A destination's shape differs from the checkpoint's tensor
                 (naming both shapes, and a missing shard file when the destination is
                 larger), a DTensor is ``Partial``, or its regions cannot be matched to its
                 local tensor; the message names the parameter, placements and mesh.
         """
+        with without_gc():
+            return self._local_plan()
+
+    def _local_plan(self) -> LoadPlan:
         assert self.metadata is not None, "set_up_planner runs before create_local_plan"
         known = self.metadata.state_dict_metadata
         for fqn, value in self.state_dict.items():
