@@ -26,13 +26,13 @@ from dataclasses import dataclass
 
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
+from hyperckpt._exchange.requests import request_cost
 from hyperckpt._exchange.schedule import ReplicatedSchedule, item_key
 from hyperckpt._exchange.strategy import Strategy, plan_exchange
 from hyperckpt._exchange.stripes import StripeSchedule
 from hyperckpt._planner.gc_hold import without_gc
-from hyperckpt._read.boxes import Box
 from hyperckpt._read.dtypes import to_torch_dtype
-from hyperckpt._read.engine import CHUNK_BYTES, MAX_GAP
+from hyperckpt._read.engine import CHUNK_BYTES
 from hyperckpt._read.storage_info import StorageInfo
 
 __all__ = [
@@ -369,19 +369,4 @@ def _read_calls(extents: list[tuple[int, str, int, int]]) -> int:
 
 def _request(item: ReadItem, info: StorageInfo) -> tuple[int, int]:
     """Bytes and read calls the engine spends on one request (runs closer than 16 KiB join)."""
-    itemsize = to_torch_dtype(info.dtype).itemsize
-    box = Box(info.offset, info.shape, tuple(item.storage_offsets), tuple(item.lengths), itemsize)
-    if box.nbytes == 0:
-        return 0, 0
-    if box.is_one_run():
-        return box.nbytes, math.ceil(box.nbytes / CHUNK_BYTES)
-    narrowed = [d for d in range(len(box.shape)) if box.lengths[d] != box.shape[d]]
-    inner = narrowed[-1]
-    run = math.prod(box.lengths[inner:]) * itemsize
-    runs = box.nbytes // run
-    strides = box.strides()
-    gap = strides[inner - 1] * itemsize - run if inner else 0
-    if gap <= MAX_GAP:
-        _, span = box.span()
-        return box.nbytes, math.ceil(span / CHUNK_BYTES)
-    return box.nbytes, runs
+    return request_cost(info, tuple(item.lengths))
