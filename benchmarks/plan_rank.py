@@ -159,14 +159,19 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 rows.append(row)
                 del state, md, theirs, ours
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
+                _write(args.out, rows)  # partial results survive a kill
+    _write(args.out, rows)
+    return 0
+
+
+def _write(out: Path, rows: list[dict[str, object]]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
         json.dumps(
             {"command": "python benchmarks/plan_rank.py " + " ".join(sys.argv[1:]), "rows": rows},
             indent=1,
         )
     )
-    return 0
 
 
 if __name__ == "__main__":
