@@ -30,6 +30,7 @@ import argparse
 import gc
 import json
 import logging
+import pickle
 import shlex
 import sys
 import time
@@ -42,11 +43,14 @@ from scale import deepseek_v3_tensors
 from hyperckpt import CheckpointLayout, CostModel, Piece, TensorLayout
 from hyperckpt._cli.dryrun import hosts_of, rank_plans
 from hyperckpt._exchange.costs import STRATEGIES, StrategyCost, estimate, pick
+from hyperckpt._exchange.pricing import price
+from hyperckpt._exchange.requests import requests_of
 from hyperckpt._exchange.schedule import ReplicatedSchedule
 from hyperckpt._exchange.strategy import plan_exchange
 from hyperckpt._exchange.stripes import StripeSchedule
 from hyperckpt._format.header import DTYPES
 from hyperckpt._load.readers import BATCH_BYTES
+from hyperckpt._planner.gc_hold import without_gc
 from hyperckpt._read.engine import DEFAULT_STAGING_BYTES
 
 logger = logging.getLogger("simulate_scale")
@@ -137,18 +141,37 @@ def simulate(
     checkpoint: CheckpointLayout,
     ranks_per_host: int = RANKS_PER_HOST,
 ) -> dict[str, object]:
-    """One model x layout x world: every exchange planned, timed and priced."""
+    """One model x layout x world: every exchange planned, timed and priced.
+
+    Times are CPU seconds of this process (``time.process_time``): the machine is shared.
+    """
     hosts = max(1, world // ranks_per_host)
     gc.collect()
-    begin = time.perf_counter()
+    begin = time.process_time()
     tp = min(ranks_per_host, world)
     _, plans, _, infos = rank_plans(checkpoint, layout, world, tp=tp, replicas=hosts)
-    dcp_seconds = time.perf_counter() - begin
+    dcp_seconds = time.process_time() - begin
     names = hosts_of(world, hosts)
 
     def storage(item: object) -> object:
         return infos[item.storage_index]  # type: ignore[attr-defined]
 
+    # What dcp.load gathers on the coordinator: every rank's pickled local plan.
+    gather_bytes = sum(len(pickle.dumps(plan)) for plan in plans)
+    gc.collect()
+    begin = time.process_time()
+    with without_gc():  # as choose_exchange runs them
+        requests = requests_of(plans, storage)  # type: ignore[arg-type]
+        requests_seconds = time.process_time() - begin
+        priced = price(
+            requests,
+            names,
+            cost_model,
+            round_bytes=DEFAULT_STAGING_BYTES,
+            batch_bytes=BATCH_BYTES,
+        )
+        pricing_seconds = time.process_time() - begin
+    del requests
     row: dict[str, object] = {
         "model": model,
         "layout": layout,
@@ -158,11 +181,16 @@ def simulate(
         "read_items": sum(len(p.items) for p in plans),
         "item_planning_seconds": dcp_seconds,
         "checkpoint_bytes": checkpoint.nbytes,
+        "gather_bytes": gather_bytes,
+        "requests_seconds": requests_seconds,
+        "pricing_seconds": pricing_seconds,
+        "auto_priced": pick(priced, hosts=hosts),
+        "priced": {s: {"seconds": c.seconds, "rounds": c.rounds} for s, c in priced.items()},
     }
     costs: dict[str, StrategyCost] = {}
     for strategy in STRATEGIES:
         gc.collect()
-        begin = time.perf_counter()
+        begin = time.process_time()
         planned = plan_exchange(
             plans,
             strategy,
@@ -170,9 +198,13 @@ def simulate(
             round_bytes=DEFAULT_STAGING_BYTES,
             batch_bytes=BATCH_BYTES,
         )
-        planning = time.perf_counter() - begin
+        planning = time.process_time() - begin
+        begin = time.process_time()
         cost = estimate(strategy, planned, names, storage, cost_model)  # type: ignore[arg-type]
+        estimating = time.process_time() - begin
         messages, slots = _schedule_entries(list(planned))
+        # What dcp.load scatters back: every rank's plan with its part of the schedule.
+        scatter_bytes = sum(len(pickle.dumps(plan)) for plan in planned)
         costs[strategy] = cost
         total_reads = sum(cost.reads)
         row[strategy] = {
@@ -188,19 +220,32 @@ def simulate(
             "inter_host_bytes": cost.inter_host_bytes,
             "rounds": cost.rounds,
             "planner_seconds": planning,
+            "estimate_seconds": estimating,
+            "scatter_bytes": scatter_bytes,
             "messages": messages,
             "slots": slots,
         }
         del planned
     row["auto"] = pick(costs, hosts=hosts)  # type: ignore[arg-type]
+    # The coordinator's cost of "auto" before (plan and price all three) and now (price in
+    # closed form, plan the winner).
+    every = [row[s] for s in STRATEGIES if hosts > 1]
+    row["auto_coordinator_before"] = sum(
+        e["planner_seconds"] + e["estimate_seconds"]  # type: ignore[index]
+        for e in every
+    )
+    winner = row[str(row["auto_priced"])] if hosts > 1 else row["off"]
+    row["auto_coordinator_after"] = (pricing_seconds if hosts > 1 else 0.0) + winner[  # type: ignore[index]
+        "planner_seconds"
+    ]
     return row
 
 
 def _table(rows: list[dict[str, object]]) -> str:
     lines = [
         "| model | layout | ranks | hosts | read items | off | replicated | striped | auto "
-        "| striped: read/host, reads/rank, exchanged | stripe planner |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|---|---:|",
+        "| striped: read/host, reads/rank, exchanged |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for row in rows:
         s = row["striped"]
@@ -210,7 +255,31 @@ def _table(rows: list[dict[str, object]]) -> str:
             f"| {row['model']} | {row['layout']} | {row['world']} | {row['hosts']} "
             f"| {row['read_items']:,} | {' | '.join(times)} | {row['auto']} "
             f"| {s['read_bytes_max_host'] / 1e9:.1f} GB, {s['reads_max_rank']:,}, "
-            f"{s['exchanged_bytes'] / 1e9:.0f} GB | {s['planner_seconds']:.2f} s |"
+            f"{s['exchanged_bytes'] / 1e9:.0f} GB |"
+        )
+    lines += [
+        "",
+        "Coordinator CPU seconds (process time, one process playing every rank) and planning "
+        "messages:",
+        "",
+        "| model | layout | ranks | DCP items (all ranks) | replicated planner | striped planner "
+        "| auto before: plan + price all three | auto now: closed-form price + winner "
+        "| priced pick = planned pick | gathered plans | scattered plans (striped) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+    ]
+    for row in rows:
+        r, s = row["replicated"], row["striped"]
+        assert isinstance(r, dict)
+        assert isinstance(s, dict)
+        lines.append(
+            f"| {row['model']} | {row['layout']} | {row['world']} "
+            f"| {row['item_planning_seconds']:.1f} s | {r['planner_seconds']:.2f} s "
+            f"| {s['planner_seconds']:.2f} s | {row.get('auto_coordinator_before', 0):.2f} s "
+            f"| {row.get('auto_coordinator_after', 0):.2f} s "
+            f"(price {row.get('pricing_seconds', 0):.2f} s) "
+            f"| {'yes' if row.get('auto_priced', row['auto']) == row['auto'] else 'no'} "
+            f"| {row.get('gather_bytes', 0) / 2**20:.1f} MiB "
+            f"| {s.get('scatter_bytes', 0) / 2**20:.1f} MiB |"
         )
     return "\n".join(lines) + "\n"
 

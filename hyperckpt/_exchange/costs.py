@@ -29,12 +29,13 @@ from typing import Final
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
 from hyperckpt._arguments import Limits, check_number
+from hyperckpt._exchange.requests import request_cost
 from hyperckpt._exchange.schedule import ReplicatedSchedule, item_key
 from hyperckpt._exchange.strategy import Strategy, plan_exchange
 from hyperckpt._exchange.stripes import StripeSchedule, StripesTooLarge
-from hyperckpt._read.boxes import Box
+from hyperckpt._planner.gc_hold import without_gc
 from hyperckpt._read.dtypes import to_torch_dtype
-from hyperckpt._read.engine import CHUNK_BYTES, MAX_GAP
+from hyperckpt._read.engine import CHUNK_BYTES
 from hyperckpt._read.storage_info import StorageInfo
 
 __all__ = [
@@ -184,7 +185,9 @@ def choose_exchange(
 ) -> tuple[Strategy, list[LoadPlan]]:
     """What ``exchange="auto"`` does: ``"off"`` on one host, else the fastest prediction.
 
-    Ties go to the simpler strategy (``off``, then ``replicated``, then ``striped``).
+    Across hosts every strategy is priced in closed form from the requests
+    (:func:`hyperckpt._exchange.pricing.price`) and only the winner is planned.  Ties go to
+    the simpler strategy (``off``, then ``replicated``, then ``striped``).
 
     Returns:
         The strategy and the plans carrying its schedules.
@@ -193,11 +196,22 @@ def choose_exchange(
         return "off", plan_exchange(
             plans, "off", storage, round_bytes=round_bytes, batch_bytes=batch_bytes
         )
-    results = compare(
-        plans, hosts, storage, model, round_bytes=round_bytes, batch_bytes=batch_bytes
+    # Imported here: pricing builds on this module's model and timing.
+    from hyperckpt._exchange.pricing import price
+    from hyperckpt._exchange.requests import requests_of
+
+    with without_gc():
+        costs = price(
+            requests_of(plans, storage),
+            hosts,
+            model,
+            round_bytes=round_bytes,
+            batch_bytes=batch_bytes,
+        )
+    best = pick(costs, hosts=len(set(hosts)))
+    return best, plan_exchange(
+        plans, best, storage, round_bytes=round_bytes, batch_bytes=batch_bytes
     )
-    best = pick({s: cost for s, (cost, _) in results.items()}, hosts=len(set(hosts)))
-    return best, results[best][1]
 
 
 def pick(costs: Mapping[Strategy, StrategyCost], *, hosts: int) -> Strategy:
@@ -300,22 +314,63 @@ def estimate(
                     for transfer in schedule.transfers:
                         if transfer.source == rank:
                             host_bytes[host_of[rank]] += sum(s.nbytes for s in transfer.slots)
-    host_reads = [0] * len(names)
+    return timing(
+        strategy,
+        read_bytes,
+        reads,
+        host_bytes,
+        (inter_out, inter_in, intra),
+        exchanged,
+        rounds,
+        host_of=host_of,
+        model=model,
+    )
+
+
+def timing(
+    strategy: Strategy,
+    read_bytes: Sequence[int],
+    reads: Sequence[int],
+    host_bytes: Sequence[int],
+    traffic: tuple[Sequence[int], Sequence[int], Sequence[int]],
+    exchanged: int,
+    rounds: int,
+    *,
+    host_of: Sequence[int],
+    model: CostModel,
+) -> StrategyCost:
+    """The model's time for a strategy's figures.
+
+    Args:
+        strategy: The strategy.
+        read_bytes: Bytes each rank reads, by rank.
+        reads: Read calls each rank issues, by rank.
+        host_bytes: Bytes each host fetches from storage, by host.
+        traffic: Bytes each host sends to other hosts, receives from them, and copies
+            between its own ranks, each by host.
+        exchanged: Payload bytes sent between ranks, in total.
+        rounds: Exchange rounds.
+        host_of: Each rank's host index, by rank.
+        model: The bandwidths and latencies.
+    """
+    inter_out, inter_in, intra = traffic
+    world, hosts = len(read_bytes), len(host_bytes)
+    host_reads = [0] * hosts
     for rank in range(world):
-        host_reads[host_of[rank]] += reads[rank]
+        host_reads[host_of[rank]] += int(reads[rank])
     storage_seconds = max(
         (
-            host_bytes[h] / (model.storage_gbps * 1e9)
+            int(host_bytes[h]) / (model.storage_gbps * 1e9)
             + host_reads[h] * model.read_latency_ms / 1e3 / max(1, model.reads_in_flight)
-            for h in range(len(names))
+            for h in range(hosts)
         ),
         default=0.0,
     )
     network = max(
         (
-            max(inter_out[h], inter_in[h]) / (model.interconnect_gbps * 1e9)
-            + intra[h] / (model.intra_host_gbps * 1e9)
-            for h in range(len(names))
+            max(int(inter_out[h]), int(inter_in[h])) / (model.interconnect_gbps * 1e9)
+            + int(intra[h]) / (model.intra_host_gbps * 1e9)
+            for h in range(hosts)
         ),
         default=0.0,
     )
@@ -323,12 +378,12 @@ def estimate(
     exchange_seconds = network + round_cost
     return StrategyCost(
         strategy=strategy,
-        read_bytes=tuple(read_bytes),
-        reads=tuple(reads),
-        host_read_bytes=tuple(host_bytes),
-        exchanged_bytes=exchanged,
-        inter_host_bytes=sum(inter_out),
-        rounds=rounds,
+        read_bytes=tuple(int(n) for n in read_bytes),
+        reads=tuple(int(n) for n in reads),
+        host_read_bytes=tuple(int(n) for n in host_bytes),
+        exchanged_bytes=int(exchanged),
+        inter_host_bytes=sum(int(n) for n in inter_out),
+        rounds=int(rounds),
         seconds=storage_seconds + exchange_seconds,
         storage_seconds=storage_seconds,
         exchange_seconds=exchange_seconds,
@@ -353,19 +408,4 @@ def _read_calls(extents: list[tuple[int, str, int, int]]) -> int:
 
 def _request(item: ReadItem, info: StorageInfo) -> tuple[int, int]:
     """Bytes and read calls the engine spends on one request (runs closer than 16 KiB join)."""
-    itemsize = to_torch_dtype(info.dtype).itemsize
-    box = Box(info.offset, info.shape, tuple(item.storage_offsets), tuple(item.lengths), itemsize)
-    if box.nbytes == 0:
-        return 0, 0
-    if box.is_one_run():
-        return box.nbytes, math.ceil(box.nbytes / CHUNK_BYTES)
-    narrowed = [d for d in range(len(box.shape)) if box.lengths[d] != box.shape[d]]
-    inner = narrowed[-1]
-    run = math.prod(box.lengths[inner:]) * itemsize
-    runs = box.nbytes // run
-    strides = box.strides()
-    gap = strides[inner - 1] * itemsize - run if inner else 0
-    if gap <= MAX_GAP:
-        _, span = box.span()
-        return box.nbytes, math.ceil(span / CHUNK_BYTES)
-    return box.nbytes, runs
+    return request_cost(info, tuple(item.lengths))

@@ -168,18 +168,10 @@ def plan_replicated(
     large = sorted((k for k in shared if sizes[k] >= batch_bytes), key=lambda k: (-sizes[k], k))
     small = sorted((k for k in shared if sizes[k] < batch_bytes), key=lambda k: (places[k], k))
     shared = [*large, *small]
-    source: dict[ItemKey, int] = {}
-    previous = -1
-    for key in shared:
-        reader = min(holders[key], key=lambda r: (load[r], r))
-        if (
-            sizes[key] < batch_bytes
-            and previous in holders[key]
-            and load[previous] - load[reader] <= batch_bytes
-        ):
-            reader = previous
-        source[key] = previous = reader
-        load[reader] += sizes[key]
+    readers = choose_readers(
+        [holders[key] for key in shared], [sizes[key] for key in shared], load, batch_bytes
+    )
+    source = dict(zip(shared, readers, strict=True))
     transfers = _pack(shared, source, holders, sizes, round_bytes, batch_bytes)
     rounds = 1 + max((t.round for t in transfers), default=-1)
     return [
@@ -191,6 +183,53 @@ def plan_replicated(
         )
         for rank in range(len(plans))
     ]
+
+
+def choose_readers(
+    holders: Sequence[Sequence[int]], sizes: Sequence[int], load: list[int], batch_bytes: int
+) -> list[int]:
+    """The reader of each shared slice, in the order given (largest first, then file order).
+
+    Each goes to the holder with the fewest bytes to read so far (``load``, updated in
+    place; ties to the lowest rank), except that a slice under ``batch_bytes`` stays with
+    the previous slice's reader while that reader holds it and reads at most
+    ``batch_bytes`` more than the least-loaded holder.
+
+    Args:
+        holders: Each slice's holders, ascending.
+        sizes: Each slice's bytes.
+        load: Bytes each rank reads so far, by rank.
+        batch_bytes: Slices under this travel batched.
+    """
+    readers = []
+    previous = -1
+    for ranks, size in zip(holders, sizes, strict=True):
+        reader = min(ranks, key=lambda r: (load[r], r))
+        if (
+            size < batch_bytes
+            and previous in ranks
+            and load[previous] - load[reader] <= batch_bytes
+        ):
+            reader = previous
+        readers.append(reader)
+        previous = reader
+        load[reader] += size
+    return readers
+
+
+def rounds_of(sizes: Sequence[int], round_bytes: int) -> list[int]:
+    """The round of each shared slice, in order: a round holds slices (aligned) up to
+    ``round_bytes``; a larger slice gets a round of its own."""
+    rounds = []
+    current = used = 0
+    for nbytes in sizes:
+        size = _aligned(nbytes)
+        if used and used + size > round_bytes:
+            current += 1
+            used = 0
+        used += size
+        rounds.append(current)
+    return rounds
 
 
 def _pack(
@@ -207,7 +246,6 @@ def _pack(
     done: list[Transfer] = []
     open_batches: dict[tuple[int, tuple[int, ...]], list[Slot]] = {}
     current = 0
-    used = 0
 
     def close_round() -> None:
         for (src, receivers), slots in open_batches.items():
@@ -215,13 +253,13 @@ def _pack(
             done.append(Transfer(current, src, receivers, tuple(slots), end))
         open_batches.clear()
 
-    for key in [*large, *small]:
-        size = _aligned(sizes[key])
-        if used and used + size > round_bytes:
+    ordered = [*large, *small]
+    for key, number in zip(
+        ordered, rounds_of([sizes[k] for k in ordered], round_bytes), strict=True
+    ):
+        if number != current:
             close_round()
-            current += 1
-            used = 0
-        used += size
+            current = number
         receivers = tuple(r for r in holders[key] if r != source[key])
         if sizes[key] >= batch_bytes:
             slot = Slot(key, 0, sizes[key])

@@ -18,6 +18,7 @@ from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
 from hyperckpt._exchange.schedule import ExchangeReady, plan_replicated
 from hyperckpt._exchange.stripes import ChunkRows, plan_stripes
+from hyperckpt._planner.gc_hold import without_gc
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.storage_info import StorageInfo
 
@@ -77,6 +78,18 @@ def plan_exchange(
             else plan
             for plan in plans
         ]
+    with without_gc():
+        return _plan(plans, strategy, storage, round_bytes=round_bytes, batch_bytes=batch_bytes)
+
+
+def _plan(
+    plans: list[LoadPlan],
+    strategy: Strategy,
+    storage: Callable[[ReadItem], StorageInfo],
+    *,
+    round_bytes: int,
+    batch_bytes: int,
+) -> list[LoadPlan]:
     schedules: Sequence[object]
     if strategy == "striped":
         schedules, _ = plan_stripes(

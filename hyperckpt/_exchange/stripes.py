@@ -219,7 +219,7 @@ def plan_stripes(
         for item in plan.items:
             key = item_key(item)
             chunk = (key[0], key[1])
-            info = chunks.setdefault(chunk, chunk_of(item))
+            info = chunks.get(chunk) or chunks.setdefault(chunk, chunk_of(item))
             first, count = (item.storage_offsets[0], item.lengths[0]) if item.lengths else (0, 1)
             box_row = (
                 math.prod(item.lengths[1:]) * info.itemsize if item.lengths else info.row_bytes

@@ -27,6 +27,8 @@ from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 from torch.distributed.tensor import DTensor, Partial
 
+from hyperckpt._planner.gc_hold import without_gc
+from hyperckpt._planner.local_items import local_read_items
 from hyperckpt._planner.placements import is_strided
 from hyperckpt._planner.regions import DTENSOR, FSDP, Order, Region, local_regions, orders_differ
 from hyperckpt._planner.shapes import shape_mismatch
@@ -103,12 +105,18 @@ class LoadPlanner(DefaultLoadPlanner):
     def create_local_plan(self) -> LoadPlan:
         """The default plan, with each ``_StridedShard`` DTensor planned by region.
 
+        Made with the cyclic collector held (see :func:`~hyperckpt._planner.gc_hold.without_gc`).
+
         Raises:
             CheckpointError: A destination's shape differs from the checkpoint's tensor
                 (naming both shapes, and a missing shard file when the destination is
                 larger), a DTensor is ``Partial``, or its regions cannot be matched to its
                 local tensor; the message names the parameter, placements and mesh.
         """
+        with without_gc():
+            return self._local_plan()
+
+    def _local_plan(self) -> LoadPlan:
         assert self.metadata is not None, "set_up_planner runs before create_local_plan"
         known = self.metadata.state_dict_metadata
         for fqn, value in self.state_dict.items():
@@ -124,10 +132,17 @@ class LoadPlanner(DefaultLoadPlanner):
             {fqn: value for fqn, value in self.state_dict.items() if fqn in known},
             strided_layout=self.strided_layout,
         )
-        plan = super().create_local_plan()
+        if self.flatten_state_dict and not known.keys() <= self.state_dict.keys():
+            # torch's planner may swap in a pre-2.4 flattening here: let it.
+            plan = super().create_local_plan()
+            items = [item for item in plan.items if item.dest_index.fqn not in regions]
+        else:
+            # The same items as torch's, in time for this rank's own tensors.
+            strict = not self.allow_partial_load
+            items = local_read_items(self.state_dict, self.metadata, strict=strict, skip=regions)
+            plan = LoadPlan(items)
         if not regions:
             return plan
-        items = [item for item in plan.items if item.dest_index.fqn not in regions]
         for fqn, held in regions.items():
             md = known[fqn]
             if not isinstance(md, TensorStorageMetadata):
@@ -158,10 +173,19 @@ def strided_regions(
     """
     regions = {}
     problems: list[CheckpointError] = []
+    kinds: dict[object, tuple[bool, bool]] = {}  # placements -> (partial, strided)
     for fqn, value in sorted(state_dict.items()):
         if not isinstance(value, DTensor):
             continue
-        if any(isinstance(p, Partial) for p in value.placements):
+        placements = value.placements
+        kind = kinds.get(placements)
+        if kind is None:
+            kind = kinds[placements] = (
+                any(isinstance(p, Partial) for p in placements),
+                any(is_strided(p) for p in placements),
+            )
+        partial, strided = kind
+        if partial:
             problems.append(
                 CheckpointError(
                     f"{fqn}: DTensor with placements {_show(value.placements)} on mesh "
@@ -171,9 +195,7 @@ def strided_regions(
                     tensor=fqn,
                 )
             )
-        elif any(is_strided(p) for p in value.placements) and (
-            value.device_mesh.get_coordinate() is not None
-        ):
+        elif strided and value.device_mesh.get_coordinate() is not None:
             # Go on after a problem: later tensors may take an all-reduce the other ranks
             # of their mesh are waiting for.
             try:

@@ -1,0 +1,178 @@
+"""One rank's DCP planning at scale: torch's ``DefaultLoadPlanner`` against ``hyperckpt.LoadPlanner``.
+
+No data: every tensor of the checkpoint (Llama-3-70B or DeepSeek-V3, from the published
+shapes, as in ``simulate_scale.py``) becomes a DTensor whose local tensor lives on the
+``meta`` device, on a mesh of a *fake* process group (``torch.testing``'s ``FakeStore``), so
+one process can pose as rank ``r`` of ``W`` ranks.  The metadata stores each tensor as one
+chunk, as a Hugging Face checkpoint does.  For the rank, both planners run
+``set_up_planner`` + ``create_local_plan`` on the same state dict; the items must be equal.
+
+Layouts: ``fsdp`` (``Shard(0)`` over all ranks), ``fsdp-tp`` (the TP plan of ``hyperckpt
+plan`` over 8 ranks times FSDP; packed weights as ``_StridedShard``), ``ep`` (DeepSeek's
+routed experts whole on one rank each, ``expert % W``; everything else ``Shard(0)``).
+
+Run::
+
+    python benchmarks/plan_rank.py --models deepseek-v3 --worlds 8 64 1024 --layouts fsdp ep
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import re
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from simulate_scale import MODELS
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    Metadata,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+import hyperckpt
+from hyperckpt._cli.dryrun import placements_for
+from hyperckpt._read.dtypes import to_torch_dtype
+
+logger = logging.getLogger("plan_rank")
+_EXPERT = re.compile(r"\.experts\.(\d+)\.")
+
+
+def state_and_metadata(
+    shapes: list[tuple[str, str, tuple[int, ...]]], layout: str, world: int, rank: int
+) -> tuple[dict[str, object], Metadata]:
+    """Rank ``rank``'s state dict (meta tensors) and the checkpoint's metadata."""
+    tp = 8 if layout == "fsdp-tp" else 1
+    mesh = init_device_mesh("cpu", (world // tp, tp) if tp > 1 else (world,))
+    state: dict[str, object] = {}
+    known = {}
+    for name, dtype, shape in shapes:
+        torch_dtype = to_torch_dtype(dtype)
+        size = torch.Size(shape)
+        known[name] = TensorStorageMetadata(
+            TensorProperties(dtype=torch_dtype),
+            size,
+            [ChunkStorageMetadata(torch.Size([0] * len(shape)), size)],
+        )
+        expert = _EXPERT.search(name)
+        if layout == "ep" and expert:
+            if int(expert.group(1)) % world == rank:
+                state[name] = torch.empty(shape, dtype=torch_dtype, device="meta")
+            continue
+        placements = placements_for("fsdp" if layout == "ep" else layout, name, len(shape))
+        local, _ = compute_local_shape_and_global_offset(size, mesh, placements)
+        state[name] = DTensor.from_local(
+            torch.empty(local, dtype=torch_dtype, device="meta"),
+            mesh,
+            placements,
+            run_check=False,
+            shape=size,
+            stride=torch.empty(shape, device="meta").stride(),
+        )
+    return state, Metadata(known)
+
+
+def plan(
+    make: type[DefaultLoadPlanner], state: dict[str, object], md: Metadata
+) -> tuple[object, float, int]:
+    """A fresh planner's local plan, its CPU seconds, and its peak traced bytes (a second,
+    traced run: tracing slows Python allocation, so the timed run is untraced)."""
+    results = []
+    peak = 0
+    for traced in (False, True):
+        planner = make()
+        gc.collect()
+        if traced:
+            tracemalloc.start()
+        begin = time.process_time()
+        planner.set_up_planner(state, md, is_coordinator=False)  # type: ignore[arg-type]
+        local = planner.create_local_plan()
+        results.append((local, time.process_time() - begin))
+        if traced:
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+    return results[0][0], results[0][1], peak
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["deepseek-v3"], choices=list(MODELS))
+    parser.add_argument("--layouts", nargs="+", default=["fsdp", "ep", "fsdp-tp"])
+    parser.add_argument("--worlds", nargs="+", type=int, default=[8, 64, 1024])
+    parser.add_argument("--rank", type=int, default=1, help="the rank to pose as")
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/plan_rank.json"))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    rows = []
+    for model in args.models:
+        shapes = MODELS[model][0]()
+        for layout in args.layouts:
+            for world in args.worlds:
+                dist.init_process_group("fake", store=FakeStore(), rank=args.rank, world_size=world)
+                try:
+                    state, md = state_and_metadata(shapes, layout, world, args.rank)
+                    theirs, torch_s, torch_peak = plan(DefaultLoadPlanner, state, md)
+                    ours, ours_s, ours_peak = plan(hyperckpt.LoadPlanner, state, md)
+                finally:
+                    dist.destroy_process_group()
+                items = len(theirs.items)  # type: ignore[attr-defined]
+                same = sorted(map(repr, theirs.items)) == sorted(map(repr, ours.items))  # type: ignore[attr-defined]
+                row = {
+                    "model": model,
+                    "layout": layout,
+                    "world": world,
+                    "rank": args.rank,
+                    "tensors": len(state),
+                    "items": items,
+                    "torch_seconds": torch_s,
+                    "hyperckpt_seconds": ours_s,
+                    "speedup": torch_s / ours_s if ours_s else None,
+                    "torch_peak_bytes": torch_peak,
+                    "hyperckpt_peak_bytes": ours_peak,
+                    "same_items": same,
+                }
+                logger.info(
+                    "%s %s %d ranks, rank %d: %d items; torch %.2f s, hyperckpt %.2f s (%.0fx); "
+                    "same items: %s",
+                    model,
+                    layout,
+                    world,
+                    args.rank,
+                    items,
+                    torch_s,
+                    ours_s,
+                    row["speedup"] or 0,
+                    same,
+                )
+                rows.append(row)
+                del state, md, theirs, ours
+                _write(args.out, rows)  # partial results survive a kill
+    _write(args.out, rows)
+    return 0
+
+
+def _write(out: Path, rows: list[dict[str, object]]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        json.dumps(
+            {"command": "python benchmarks/plan_rank.py " + " ".join(sys.argv[1:]), "rows": rows},
+            indent=1,
+        )
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

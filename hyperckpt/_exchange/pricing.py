@@ -1,0 +1,300 @@
+"""Every exchange priced in closed form from the requests alone, without planning any.
+
+``exchange="auto"`` used to plan all three exchanges on the coordinator and price the
+plans; the planners cost far more than the load they plan at a thousand ranks.  Here each
+strategy's :class:`~hyperckpt._exchange.costs.StrategyCost` comes straight from the columns of
+:class:`~hyperckpt._exchange.requests.Requests`:
+
+* ``"off"`` — exactly what :func:`~hyperckpt._exchange.costs.estimate` gives for the plans;
+* ``"replicated"`` — exactly too: the reader of each shared slice is chosen by the planner's
+  own rule (largest first, least-loaded holder), a loop over shared slices only, and the
+  rounds follow its packing;
+* ``"striped"`` — the stripes are cut exactly as the planner cuts them, so the bytes each
+  rank and host reads and every byte exchanged (within and across hosts) are exact; two
+  figures are estimates: read calls join a reader's touching stripes across rounds (never
+  more than the plan issues) and the rounds are the fewest the round budget allows
+  (``ceil(max(read, received) / round_bytes)`` on the busiest rank; the planner's greedy
+  packing may need more, each costing one small all-gather).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from hyperckpt._exchange.costs import CostModel, StrategyCost, timing
+from hyperckpt._exchange.requests import Requests
+from hyperckpt._exchange.schedule import choose_readers, rounds_of
+from hyperckpt._exchange.strategy import Strategy
+from hyperckpt._exchange.stripes import ChunkKey, ChunkRows, _cut
+from hyperckpt._read.engine import CHUNK_BYTES
+
+__all__ = ["price"]
+
+Ints = np.ndarray
+
+
+def price(
+    requests: Requests,
+    hosts: Sequence[str],
+    model: CostModel,
+    *,
+    round_bytes: int,
+    batch_bytes: int,
+    strategies: Sequence[Strategy] = ("off", "replicated", "striped"),
+) -> dict[Strategy, StrategyCost]:
+    """Each strategy's cost for ``requests`` on ranks placed on ``hosts`` (by rank).
+
+    Args:
+        requests: Every rank's read items as columns.
+        hosts: Each rank's host, by rank.
+        model: The bandwidths and latencies.
+        round_bytes: The exchange's round budget (the readers' ``staging_bytes``).
+        batch_bytes: Replicated slices under this travel batched.
+        strategies: The strategies to price.
+
+    Returns:
+        By strategy, its cost.
+    """
+    names = list(dict.fromkeys(hosts))
+    host_of = np.asarray([names.index(h) for h in hosts], dtype=np.int64).reshape(-1)
+    world = requests.world
+    results: dict[Strategy, StrategyCost] = {}
+    for strategy in strategies:
+        if strategy == "off" or (strategy == "replicated" and world < 2):
+            figures = _off(requests, host_of, len(names))
+        elif strategy == "replicated":
+            figures = _replicated(requests, host_of, len(names), round_bytes, batch_bytes)
+        elif world < 2:
+            figures = _nothing(world, len(names))
+        else:
+            figures = _striped(requests, host_of, len(names), round_bytes)
+        read, reads, host_bytes, out, into, intra, exchanged, rounds = figures
+        results[strategy] = timing(
+            strategy,
+            read.tolist(),
+            reads.tolist(),
+            host_bytes.tolist(),
+            (out.tolist(), into.tolist(), intra.tolist()),
+            exchanged,
+            rounds,
+            host_of=host_of.tolist(),
+            model=model,
+        )
+    return results
+
+
+#: read bytes by rank, reads by rank, host bytes by host, inter-host out and in, intra-host
+#: bytes by host, exchanged bytes, rounds.
+_Figures = tuple[Ints, Ints, Ints, Ints, Ints, Ints, int, int]
+
+
+def _nothing(world: int, hosts: int) -> _Figures:
+    zero_ranks, zero_hosts = np.zeros(world, np.int64), np.zeros(hosts, np.int64)
+    return zero_ranks, zero_ranks, zero_hosts, zero_hosts, zero_hosts, zero_hosts, 0, 0
+
+
+def _off(r: Requests, host_of: Ints, hosts: int) -> _Figures:
+    """Every rank reads its own items; a host's page cache serves each byte range once."""
+    read = np.bincount(r.rank, weights=r.nbytes, minlength=r.world).astype(np.int64)
+    reads = np.bincount(r.rank, weights=r.calls, minlength=r.world).astype(np.int64)
+    host_bytes = _host_union(r, host_of, hosts, np.ones(len(r.rank), dtype=bool))
+    zero = np.zeros(hosts, np.int64)
+    return read, reads, host_bytes, zero, zero, zero, 0, 0
+
+
+def _host_union(r: Requests, host_of: Ints, hosts: int, mask: np.ndarray) -> Ints:
+    """Bytes of the distinct byte ranges each host's ranks ask for, among ``mask``."""
+    pairs = host_of[r.rank[mask]] * max(1, r.keys) + r.key[mask]
+    unique, where = np.unique(pairs, return_index=True)
+    sizes = r.nbytes[mask][where]
+    return np.bincount(unique // max(1, r.keys), weights=sizes, minlength=hosts).astype(np.int64)
+
+
+def _replicated(
+    r: Requests, host_of: Ints, hosts: int, round_bytes: int, batch_bytes: int
+) -> _Figures:
+    """The replicated planner's choices, made on the shared slices only."""
+    world, keys = r.world, r.keys
+    size = np.zeros(keys, np.int64)
+    size[r.key] = r.nbytes
+    pair = np.unique(r.key * world + r.rank)  # distinct (key, rank), ranks ascending per key
+    pair_key, pair_rank = pair // world, pair % world
+    holders = np.bincount(pair_key, minlength=keys)
+    shared = (holders > 1) & (size > 0)
+    lone = ~shared[pair_key]
+    load = np.bincount(pair_rank[lone], weights=size[pair_key[lone]], minlength=world)
+    load = load.astype(np.int64)
+    starts = np.concatenate(([0], np.cumsum(holders)))
+    shared_keys = np.flatnonzero(shared).tolist()
+    large = sorted(
+        (k for k in shared_keys if size[k] >= batch_bytes),
+        key=lambda k: (-int(size[k]), r.item_key(k)),
+    )
+    chunk_of_key = np.zeros(keys, np.int64)
+    chunk_of_key[r.key] = r.chunk
+    small = sorted(
+        (k for k in shared_keys if size[k] < batch_bytes),
+        key=lambda k: (
+            r.files[r.chunk_file[chunk_of_key[k]]],
+            int(r.chunk_offset[chunk_of_key[k]]),
+            r.item_key(k),
+        ),
+    )
+    ordered = [*large, *small]
+    holder_lists = [pair_rank[starts[k] : starts[k + 1]].tolist() for k in ordered]
+    ordered_sizes = [int(size[k]) for k in ordered]
+    readers = choose_readers(holder_lists, ordered_sizes, load.tolist(), batch_bytes)
+    rounds = 1 + max(rounds_of(ordered_sizes, round_bytes), default=-1)
+    read = np.zeros(world, np.int64)
+    reads = np.zeros(world, np.int64)
+    host_bytes = np.zeros(hosts, np.int64)
+    out = np.zeros(hosts, np.int64)
+    into = np.zeros(hosts, np.int64)
+    intra = np.zeros(hosts, np.int64)
+    exchanged = 0
+    if ordered:
+        source = np.asarray(readers, dtype=np.int64)
+        nbytes = np.asarray(ordered_sizes, dtype=np.int64)
+        np.add.at(read, source, nbytes)
+        np.add.at(reads, source, 1)
+        np.add.at(host_bytes, host_of[source], nbytes)
+        # Every holder but the reader receives the slice.
+        count = np.asarray([len(h) for h in holder_lists], dtype=np.int64)
+        slice_of = np.repeat(np.arange(len(ordered)), count)
+        receiver = np.concatenate([np.asarray(h, dtype=np.int64) for h in holder_lists])
+        sent = receiver != source[slice_of]
+        slice_of, receiver = slice_of[sent], receiver[sent]
+        moved = nbytes[slice_of]
+        exchanged = int(moved.sum())
+        a, b = host_of[source[slice_of]], host_of[receiver]
+        across = a != b
+        np.add.at(out, a[across], moved[across])
+        np.add.at(into, b[across], moved[across])
+        np.add.at(intra, a[~across], moved[~across])
+    own = ~shared[r.key]
+    read += np.bincount(r.rank[own], weights=r.nbytes[own], minlength=world).astype(np.int64)
+    reads += np.bincount(r.rank[own], weights=r.calls[own], minlength=world).astype(np.int64)
+    host_bytes += _host_union(r, host_of, hosts, own)
+    return read, reads, host_bytes, out, into, intra, exchanged, rounds
+
+
+def _striped(r: Requests, host_of: Ints, hosts: int, round_bytes: int) -> _Figures:
+    """The planner's stripes, exactly; every box routed from its stripes' readers."""
+    world = r.world
+    row_bytes = r.chunk_row_bytes
+    box_row = np.where(r.stop > r.first, r.nbytes // np.maximum(1, r.stop - r.first), 0)
+    wanted = (r.stop > r.first) & (box_row > 0)
+    chunk, first, stop = r.chunk[wanted], r.first[wanted], r.stop[wanted]
+    rank, rows_bytes = r.rank[wanted], box_row[wanted]
+    # The union of the requested rows per chunk (touching ranges merge), as the planner does.
+    order = np.lexsort((stop, first, chunk))
+    c, f, s = chunk[order], first[order], stop[order]
+    span = int(r.chunk_rows.max(initial=0)) + 2
+    reach = np.maximum.accumulate(c * span + s) - c * span  # running max of stop per chunk
+    begins = np.ones(len(c), dtype=bool)
+    if len(c):
+        begins[1:] = (c[1:] != c[:-1]) | (f[1:] > reach[:-1])
+    group = np.cumsum(begins) - 1
+    ext_chunk = c[begins]
+    ext_first = f[begins]
+    ext_stop = np.zeros(len(ext_chunk), np.int64)
+    np.maximum.at(ext_stop, group, s)
+    offsets = r.chunk_offset[ext_chunk] + ext_first * row_bytes[ext_chunk]
+    file_order = np.lexsort((ext_first, ext_chunk, offsets, r.chunk_file[ext_chunk]))
+    keys: list[ChunkKey] = list(r.chunks)
+    infos: dict[ChunkKey, ChunkRows] = {
+        key: ChunkRows("", 0, int(r.chunk_rows[i]), int(row_bytes[i]), 1)
+        for i, key in enumerate(keys)
+    }
+    extents = [
+        ("", 0, keys[int(ext_chunk[i])], int(ext_first[i]), int(ext_stop[i]))
+        for i in file_order.tolist()
+    ]
+    ids = {key: i for i, key in enumerate(keys)}
+    stripes = _cut(extents, infos, list(range(world)))
+    st_reader = np.asarray([s_[0] for s_ in stripes], dtype=np.int64).reshape(-1)
+    st_chunk = np.asarray([ids[s_[1]] for s_ in stripes], dtype=np.int64).reshape(-1)
+    st_first = np.asarray([s_[2] for s_ in stripes], dtype=np.int64).reshape(-1)
+    st_stop = np.asarray([s_[3] for s_ in stripes], dtype=np.int64).reshape(-1)
+    st_bytes = (st_stop - st_first) * row_bytes[st_chunk]
+    read = np.bincount(st_reader, weights=st_bytes, minlength=world).astype(np.int64)
+    reads = _stripe_calls(r, st_reader, st_chunk, st_first, st_bytes, world)
+    host_bytes = np.bincount(host_of, weights=read, minlength=hosts).astype(np.int64)
+    # Route every box: its rows within each stripe of its chunk, from the stripe's reader.
+    base = np.concatenate(([0], np.cumsum(r.chunk_rows)))[:-1]
+    g_start, g_stop = base[st_chunk] + st_first, base[st_chunk] + st_stop
+    by_start = np.argsort(g_start, kind="stable")
+    g_start, g_stop, g_reader = g_start[by_start], g_stop[by_start], st_reader[by_start]
+    a, b = base[chunk] + first, base[chunk] + stop
+    low = np.searchsorted(g_stop, a, side="right")
+    high = np.searchsorted(g_start, b, side="left")
+    count = np.maximum(0, high - low)
+    which = np.repeat(np.arange(len(a)), count)
+    stripe = np.repeat(low, count) + _ramps(count)
+    rows = np.minimum(g_stop[stripe], b[which]) - np.maximum(g_start[stripe], a[which])
+    nbytes = np.maximum(rows, 0) * rows_bytes[which]
+    source, receiver = g_reader[stripe], rank[which]
+    moved = (source != receiver) & (nbytes > 0)
+    source, receiver, nbytes = source[moved], receiver[moved], nbytes[moved]
+    src_host, dst_host = host_of[source], host_of[receiver]
+    across = src_host != dst_host
+    out = np.bincount(src_host[across], weights=nbytes[across], minlength=hosts)
+    into = np.bincount(dst_host[across], weights=nbytes[across], minlength=hosts)
+    intra = np.bincount(src_host[~across], weights=nbytes[~across], minlength=hosts)
+    # The fewest rounds the budget allows: a round holds at most ``round_bytes`` of a rank's
+    # reads (or receipts), or else one part, no larger than its stripe.
+    rounds = 0
+    if len(stripes):
+        widest = np.zeros(world, np.int64)
+        np.maximum.at(widest, st_reader, row_bytes[st_chunk])
+        rounds = int(np.max(-(-read // np.maximum(round_bytes, widest))))
+        route, inverse = np.unique(stripe[moved] * world + receiver, return_inverse=True)
+        delivered = np.bincount(inverse, weights=nbytes).astype(np.int64)
+        largest = np.zeros(world, np.int64)
+        np.maximum.at(largest, route % world, delivered)
+        received = np.bincount(receiver, weights=nbytes, minlength=world).astype(np.int64)
+        rounds = max(1, rounds, int(np.max(-(-received // np.maximum(round_bytes, largest)))))
+    return (
+        read,
+        reads,
+        host_bytes,
+        out.astype(np.int64),
+        into.astype(np.int64),
+        intra.astype(np.int64),
+        int(nbytes.sum()),
+        rounds,
+    )
+
+
+def _stripe_calls(
+    r: Requests, reader: Ints, chunk: Ints, first: Ints, nbytes: Ints, world: int
+) -> Ints:
+    """Read calls of each reader's stripes: touching stripes of one file join, 8 MiB each."""
+    start = r.chunk_offset[chunk] + first * r.chunk_row_bytes[chunk]
+    file = r.chunk_file[chunk]
+    order = np.lexsort((start, file, reader))
+    reader, file, start, nbytes = reader[order], file[order], start[order], nbytes[order]
+    joins = np.zeros(len(reader), dtype=bool)
+    if len(reader):
+        joins[1:] = (
+            (reader[1:] == reader[:-1])
+            & (file[1:] == file[:-1])
+            & (start[1:] == start[:-1] + nbytes[:-1])
+        )
+    run = np.cumsum(~joins) - 1
+    run_bytes = np.bincount(run, weights=nbytes).astype(np.int64) if len(run) else run
+    run_reader = reader[~joins]
+    calls = -(-run_bytes // CHUNK_BYTES)
+    return np.bincount(run_reader, weights=calls, minlength=world).astype(np.int64)
+
+
+def _ramps(count: Ints) -> Ints:
+    """``0 .. n - 1`` for each ``n`` of ``count``, concatenated."""
+    total = int(count.sum())
+    if not total:
+        return np.zeros(0, np.int64)
+    ends = np.cumsum(count)
+    ramps: Ints = np.arange(total) - np.repeat(ends - count, count)
+    return ramps

@@ -1,0 +1,178 @@
+"""Every rank's read requests as columns: one walk over the read items, then arrays.
+
+The exchange planners and the cost model all start from the same facts about each read
+item: which rank asks, which stored chunk, which rows of its first dimension, how many bytes
+and read calls it costs alone, and which other ranks ask for the very same bytes.  Gathering
+them once into numpy columns lets ``exchange="auto"`` price every exchange in closed form
+(:mod:`hyperckpt._exchange.pricing`) without building any schedule, and lets the planners
+share the walk instead of repeating it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
+
+from hyperckpt._read.boxes import Box
+from hyperckpt._read.dtypes import to_torch_dtype
+from hyperckpt._read.engine import CHUNK_BYTES, MAX_GAP
+from hyperckpt._read.storage_info import StorageInfo
+
+__all__ = ["Requests", "request_cost", "requests_of"]
+
+Ints = NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class Requests:
+    """All ranks' read items as columns, one entry per item, in rank then plan order.
+
+    Attributes:
+        world: Ranks (plans) the items come from.
+        rank: The asking rank of each item.
+        chunk: Index of the item's stored chunk in ``chunks``.
+        key: Index of the item's bytes (chunk, sub-box offsets and lengths): equal for
+            items of different ranks asking for the same bytes, ``0 .. keys - 1``.
+        first: First row (first dimension) of the item in its chunk; 0 for a 0-d chunk.
+        stop: One past its last row; 1 for a 0-d chunk.
+        nbytes: The item's bytes in the stored dtype.
+        calls: Read calls the read engine spends on the item alone (runs under 16 KiB
+            apart joined, 8 MiB per call).
+        chunks: Each stored chunk's ``(tensor name, offsets)``, by index.
+        chunk_file: Index of each chunk's file in ``files``.
+        chunk_offset: Each chunk's first byte, absolute in its file.
+        chunk_rows: Each chunk's rows (1 for a 0-d chunk).
+        chunk_row_bytes: Bytes of one row of each chunk (the whole chunk when 0-d).
+        files: The files, sorted by name (so file indices order as names do).
+        raw_keys: Each key's (chunk index, sub-box offsets, lengths), by key index.
+    """
+
+    world: int
+    rank: Ints
+    chunk: Ints
+    key: Ints
+    first: Ints
+    stop: Ints
+    nbytes: Ints
+    calls: Ints
+    chunks: tuple[tuple[str, tuple[int, ...]], ...]
+    chunk_file: Ints
+    chunk_offset: Ints
+    chunk_rows: Ints
+    chunk_row_bytes: Ints
+    files: tuple[str, ...]
+    raw_keys: tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...]
+
+    @property
+    def keys(self) -> int:
+        """Distinct byte ranges asked for."""
+        return len(self.raw_keys)
+
+    def item_key(self, key: int) -> tuple[str, tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """The ``item_key`` tuple (tensor, chunk offsets, sub-box offsets, lengths) of a key."""
+        chunk, offsets, lengths = self.raw_keys[key]
+        name, chunk_offsets = self.chunks[chunk]
+        return name, chunk_offsets, tuple(offsets), tuple(lengths)
+
+
+def requests_of(plans: Sequence[LoadPlan], storage: Callable[[ReadItem], StorageInfo]) -> Requests:
+    """The columns of every item of ``plans`` (by rank); ``storage`` gives an item's chunk.
+
+    One pass over the items; ``storage`` is asked once per stored chunk, and the cost of a
+    request (bytes, read calls) once per chunk shape and request shape.
+    """
+    chunk_ids: dict[tuple[str, object], int] = {}
+    infos: list[StorageInfo] = []
+    chunk_names: list[tuple[str, tuple[int, ...]]] = []
+    key_ids: dict[tuple[int, tuple[int, ...], tuple[int, ...]], int] = {}
+    costs: dict[tuple[int, object], tuple[int, int]] = {}
+    rank_col: list[int] = []
+    chunk_col: list[int] = []
+    key_col: list[int] = []
+    first_col: list[int] = []
+    stop_col: list[int] = []
+    bytes_col: list[int] = []
+    calls_col: list[int] = []
+    for rank, plan in enumerate(plans):
+        for item in plan.items:
+            index = item.storage_index
+            where = (index.fqn, index.offset)
+            cid = chunk_ids.get(where)
+            if cid is None:
+                cid = chunk_ids[where] = len(infos)
+                infos.append(storage(item))
+                chunk_names.append((index.fqn, tuple(index.offset or ())))
+            offsets, lengths = item.storage_offsets, item.lengths
+            kid = key_ids.setdefault((cid, offsets, lengths), len(key_ids))
+            cost = costs.get((cid, lengths))
+            if cost is None:
+                cost = costs[cid, lengths] = request_cost(infos[cid], tuple(lengths))
+            rank_col.append(rank)
+            chunk_col.append(cid)
+            key_col.append(kid)
+            if lengths:
+                first_col.append(offsets[0])
+                stop_col.append(offsets[0] + lengths[0])
+            else:
+                first_col.append(0)
+                stop_col.append(1)
+            bytes_col.append(cost[0])
+            calls_col.append(cost[1])
+    files = sorted({info.file for info in infos})
+    file_ids = {name: number for number, name in enumerate(files)}
+    rows, row_bytes = [], []
+    for info in infos:
+        itemsize = to_torch_dtype(info.dtype).itemsize
+        if info.shape:
+            rows.append(info.shape[0])
+            row_bytes.append(math.prod(info.shape[1:]) * itemsize)
+        else:
+            rows.append(1)
+            row_bytes.append(info.length)
+    return Requests(
+        world=len(plans),
+        rank=_ints(rank_col),
+        chunk=_ints(chunk_col),
+        key=_ints(key_col),
+        first=_ints(first_col),
+        stop=_ints(stop_col),
+        nbytes=_ints(bytes_col),
+        calls=_ints(calls_col),
+        chunks=tuple(chunk_names),
+        chunk_file=_ints([file_ids[info.file] for info in infos]),
+        chunk_offset=_ints([info.offset for info in infos]),
+        chunk_rows=_ints(rows),
+        chunk_row_bytes=_ints(row_bytes),
+        files=tuple(files),
+        raw_keys=tuple(key_ids),
+    )
+
+
+def request_cost(info: StorageInfo, lengths: tuple[int, ...]) -> tuple[int, int]:
+    """Bytes and read calls the engine spends on one request of ``lengths`` in the chunk
+    ``info`` (runs closer than 16 KiB join; neither depends on where the box starts)."""
+    itemsize = to_torch_dtype(info.dtype).itemsize
+    box = Box(info.offset, info.shape, (0,) * len(lengths), lengths, itemsize)
+    if box.nbytes == 0:
+        return 0, 0
+    if box.is_one_run():
+        return box.nbytes, math.ceil(box.nbytes / CHUNK_BYTES)
+    narrowed = [d for d in range(len(box.shape)) if box.lengths[d] != box.shape[d]]
+    inner = narrowed[-1]
+    run = math.prod(box.lengths[inner:]) * itemsize
+    runs = box.nbytes // run
+    strides = box.strides()
+    gap = strides[inner - 1] * itemsize - run if inner else 0
+    if gap <= MAX_GAP:
+        _, span = box.span()
+        return box.nbytes, math.ceil(span / CHUNK_BYTES)
+    return box.nbytes, runs
+
+
+def _ints(values: list[int]) -> Ints:
+    return np.asarray(values, dtype=np.int64).reshape(-1)

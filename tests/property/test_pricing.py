@@ -1,0 +1,113 @@
+"""``exchange="auto"`` prices each exchange in closed form; the plans it no longer makes agree.
+
+Plans are drawn: a few stored chunks (0-d to 3-D, in two files), each rank asking for boxes
+of some of them, some boxes copied from another rank (replicas), ranks spread over hosts in
+any order.  The closed-form price must equal the price of the planned exchange for ``off``
+and ``replicated`` in every field; for ``striped`` every byte count must be equal, the read
+calls and rounds never above the plan's (they are estimated from below), and where the
+pick differs from the one planning all three would make, the planned times of the two picks
+must be within the striped estimate's own error.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from torch.distributed.checkpoint.metadata import MetadataIndex
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
+
+from hyperckpt._exchange.costs import CostModel, compare, pick
+from hyperckpt._exchange.pricing import price
+from hyperckpt._exchange.requests import requests_of
+from hyperckpt._read.storage_info import StorageInfo
+
+# name -> (file, offset, shape); 2-byte elements, laid out back to back in each file
+_SHAPES = {"a": (40, 6), "b": (7, 3), "c": (64,), "d": (), "e": (5, 4, 3), "f": (1, 9)}
+CHUNKS: dict[str, tuple[str, int, tuple[int, ...]]] = {}
+_end = {"f1": 8, "f2": 8}
+for _name, _shape in _SHAPES.items():
+    _file = "f1" if _name in "ace" else "f2"
+    CHUNKS[_name] = (_file, _end[_file], _shape)
+    _end[_file] += math.prod(_shape) * 2
+
+
+def _storage(item: ReadItem) -> StorageInfo:
+    file, offset, shape = CHUNKS[item.storage_index.fqn]
+    return StorageInfo(file, offset, math.prod(shape) * 2, "BF16", shape)
+
+
+def _item(name: str, offsets: tuple[int, ...], lengths: tuple[int, ...]) -> ReadItem:
+    zeros = torch.Size([0] * len(offsets))
+    return ReadItem(
+        type=LoadItemType.TENSOR,
+        dest_index=MetadataIndex(name, torch.Size(offsets)),
+        dest_offsets=zeros,
+        storage_index=MetadataIndex(name, zeros),
+        storage_offsets=torch.Size(offsets),
+        lengths=torch.Size(lengths),
+    )
+
+
+@st.composite
+def _layouts(draw: st.DrawFn) -> tuple[list[LoadPlan], list[str]]:
+    world = draw(st.integers(2, 7))
+    plans: list[list[ReadItem]] = []
+    for _ in range(world):
+        items = []
+        if plans and draw(st.booleans()):  # a replica of an earlier rank, in part
+            items.extend(draw(st.lists(st.sampled_from(draw(st.sampled_from(plans)) or [None]))))
+        for name, (_, _, shape) in CHUNKS.items():
+            if not draw(st.booleans()):
+                continue
+            offsets, lengths = [], []
+            for size in shape:
+                first = draw(st.integers(0, size - 1))
+                offsets.append(first)
+                lengths.append(draw(st.integers(1, size - first)))
+            items.append(_item(name, tuple(offsets), tuple(lengths)))
+        plans.append([item for item in items if item is not None])
+    hosts = draw(st.lists(st.sampled_from("xyz"), min_size=world, max_size=world))
+    return [LoadPlan(items) for items in plans], hosts
+
+
+@given(
+    _layouts(),
+    st.integers(64, 2000),
+    st.integers(0, 300),
+    st.sampled_from([0.0, 0.05, 1.0]),
+)
+def test_the_closed_form_price_matches_the_planned_one(
+    layout: tuple[list[LoadPlan], list[str]], round_bytes: int, batch_bytes: int, latency: float
+) -> None:
+    plans, hosts = layout
+    model = CostModel(storage_gbps=1e-6, interconnect_gbps=5e-6, read_latency_ms=latency)
+    priced = price(
+        requests_of(plans, _storage),
+        hosts,
+        model,
+        round_bytes=round_bytes,
+        batch_bytes=batch_bytes,
+    )
+    planned = {
+        s: cost
+        for s, (cost, _) in compare(
+            plans, hosts, _storage, model, round_bytes=round_bytes, batch_bytes=batch_bytes
+        ).items()
+    }
+    assert priced["off"] == planned["off"]
+    assert priced["replicated"] == planned["replicated"]
+    estimated, exact = priced["striped"], planned["striped"]
+    assert estimated.read_bytes == exact.read_bytes
+    assert estimated.host_read_bytes == exact.host_read_bytes
+    assert estimated.exchanged_bytes == exact.exchanged_bytes
+    assert estimated.inter_host_bytes == exact.inter_host_bytes
+    assert all(e <= x for e, x in zip(estimated.reads, exact.reads, strict=True))
+    assert estimated.rounds <= exact.rounds
+    assert estimated.seconds <= exact.seconds + 1e-9
+    chosen, best = pick(priced, hosts=len(set(hosts))), pick(planned, hosts=len(set(hosts)))
+    if chosen != best:
+        error = exact.seconds - estimated.seconds
+        assert planned[chosen].seconds - planned[best].seconds <= error + 1e-9
