@@ -43,7 +43,7 @@ from _common import (
     write_checkpoint,
 )
 
-from hyperckpt._cli import spawn as _spawn
+from hyperckpt._dist import spawn as _spawn
 from hyperckpt._load.readers import HuggingFaceStorageReader
 
 logger = logging.getLogger("bench_load")

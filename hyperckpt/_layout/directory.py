@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from types import MappingProxyType
@@ -373,14 +374,20 @@ def _safetensors_names(entries: Iterable[str]) -> list[str]:
     return [name for name in entries if name.endswith(_SUFFIX)]
 
 
+#: How the shards of a Hugging Face checkpoint are named: ``<prefix>-00001-of-00003.safetensors``.
+_SHARD_NAME: Final = re.compile(r"-\d{5}-of-\d{5}\.safetensors$")
+
+
 def _lone_file(root: Path, entries: list[str]) -> str | None:
-    """The one ``*.safetensors`` file of ``root`` when there is exactly one and its header
-    carries no sharding information (a torch sharded directory of one file), else ``None``.
+    """The one ``*.safetensors`` file of ``root`` when there is exactly one, it is not named
+    as one shard of several (``model-00001-of-00003.safetensors``: the rest and the index
+    are missing, as after an interrupted save or download), and its header carries no
+    sharding information (a torch sharded directory of one file), else ``None``.
 
     Its header is read here, and again with the others: one small read.
     """
     names = _safetensors_names(entries)
-    if len(names) != 1:
+    if len(names) != 1 or _SHARD_NAME.search(names[0]):
         return None
     try:
         header = read_header(root / names[0], name=names[0])

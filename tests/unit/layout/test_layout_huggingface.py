@@ -327,3 +327,17 @@ def test_a_directory_of_pickled_weights_names_them_and_how_to_convert(tmp_path: 
     for load in (describe, huggingface_layout):
         with pytest.raises(CheckpointNotFoundError, match=r"pytorch_model.bin: pickled torch"):
             load(tmp_path)
+
+
+def test_one_shard_of_several_without_its_index_is_no_single_file_checkpoint(
+    tmp_path: Path,
+) -> None:
+    # What an interrupted save or download leaves: the first shard, complete, and no index.
+    entry = {"w": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}}
+    write_files(tmp_path, {"model-00001-of-00002.safetensors": encode_file(entry, b"\0\0")})
+    with pytest.raises(CheckpointNotFoundError, match="add the index") as caught:
+        describe(tmp_path)
+    assert caught.value.rule == "hf.no_checkpoint"
+    # The same file under a plain name is a checkpoint of its own.
+    os.rename(tmp_path / "model-00001-of-00002.safetensors", tmp_path / "weights.safetensors")
+    assert list(describe(tmp_path).tensors) == ["w"]
