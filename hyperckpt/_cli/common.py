@@ -1,0 +1,56 @@
+"""What the ``hyperckpt`` subcommands share: exit statuses, the usage error, ``--mapping``."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Final
+
+from hyperckpt._layout.directory import describe_directory as describe
+from hyperckpt._layout.mapping import MappedLayout
+from hyperckpt._layout.model import CheckpointLayout
+
+__all__ = ["INVALID", "OK", "USAGE", "UsageError", "described", "files", "mapping_option"]
+
+#: All is well.
+OK: Final = 0
+#: The checkpoint is invalid, or a demo load failed.
+INVALID: Final = 1
+#: A usage error, or a path that does not exist or cannot be read.
+USAGE: Final = 2
+
+
+class _UsageError(Exception):
+    """A command line that cannot be carried out (exit status 2)."""
+
+
+# The class keeps its old name: ``--json`` prints it as the error's "type".
+UsageError = _UsageError
+
+
+def mapping_option(command: argparse.ArgumentParser) -> None:
+    """Add ``--mapping``: show the checkpoint through a ready-made mapping."""
+    from hyperckpt._layout.mapping import PRESETS
+
+    command.add_argument(
+        "--mapping",
+        choices=tuple(PRESETS),
+        metavar="NAME",
+        help="show the checkpoint as a model sees it through a ready-made mapping: "
+        + ", ".join(PRESETS),
+    )
+
+
+def described(args: argparse.Namespace) -> tuple[CheckpointLayout, MappedLayout | None]:
+    """The checkpoint's layout, through ``--mapping`` when given, and the mapping's result."""
+    layout = describe(args.path)
+    if args.mapping is None:
+        return layout, None
+    from hyperckpt._layout.mapping import PRESETS
+
+    mapped = PRESETS[args.mapping].apply(layout)
+    return mapped.layout, mapped
+
+
+def files(count: int) -> str:
+    """``1 file``, ``2 files``."""
+    return f"{count} file{'s' * (count != 1)}"
