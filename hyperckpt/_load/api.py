@@ -15,17 +15,13 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.planner import LoadPlanner as DcpLoadPlanner
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
-from torch.distributed.tensor import DTensor
 
 from hyperckpt._arguments import check_path, check_type
 from hyperckpt._dist.agreement import Failure, agree, distributed
-from hyperckpt._dist.headers import HeaderReads
 from hyperckpt._exchange.strategy import Exchange
-from hyperckpt._format.preview import preview
-from hyperckpt._layout.mapping import MappedLayout, MappingLike
-from hyperckpt._layout.mapping import Mapping as _Mapping
-from hyperckpt._layout.model import CheckpointLayout, Kind
-from hyperckpt._load.describe import describe
+from hyperckpt._layout.mapping import MappingLike
+from hyperckpt._layout.model import Kind
+from hyperckpt._load.keys import check_allow_missing, file_of, validate
 from hyperckpt._load.options import (
     ReadOptions,
     keyword_options,
@@ -33,18 +29,10 @@ from hyperckpt._load.options import (
     reader_options_given,
 )
 from hyperckpt._load.readers import reader_for
-from hyperckpt._planner.keys import did_you_mean
+from hyperckpt._load.tied import check_tied, untied_error, untied_keys
 from hyperckpt._planner.load_planner import LoadPlanner, strided_regions
-from hyperckpt._planner.shapes import shape_mismatch
-from hyperckpt._planner.tied import (
-    Difference,
-    differences,
-    tied_groups,
-    tied_refusal,
-    with_scratch,
-)
+from hyperckpt._planner.tied import Difference, differences, tied_groups, with_scratch
 from hyperckpt._read.dtype_policy import Conversion, DtypePolicy, enforce
-from hyperckpt._read.dtypes import to_torch_shape
 from hyperckpt._read.tracker import ProgressCallback
 from hyperckpt.errors import CheckpointError
 
@@ -198,7 +186,7 @@ def load(
     process_group = options.process_group
     # A refusal on one rank must stop every rank, or the others wait in collectives.
     try:
-        mapped, wanted, skipped = _validate(
+        mapped, wanted, skipped = validate(
             state_dict, path, allow_missing, options.mapping, process_group, options.header_reads
         )
         layout = mapped.layout
@@ -209,7 +197,7 @@ def load(
                 for name, value in wanted.items()
             ),
             where=str(layout.root),
-            files={name: _file_of(layout, name) for name in wanted},
+            files={name: file_of(layout, name) for name in wanted},
         )
         groups = tied_groups(wanted, tied_winners)
         failure = None
@@ -242,12 +230,12 @@ def load(
             )
         except CheckpointException as err:
             raise _translate(err, process_group) from err
-    untied = _untied(state_dict, wanted, skipped)
+    untied = untied_keys(state_dict, wanted, skipped)
     if untied and allow_missing is True:
         logger.warning("hyperckpt.load: keys left as they were, tied to nothing: %s", untied)
         untied = []
     stats = reader.last_stats
-    own = _untied_error(layout, untied)
+    own = untied_error(layout, untied)
     refusal = None if own is None else CheckpointError(own, path=layout.root, tensor=untied[0])
     rank = dist.get_rank(process_group) if distributed() else 0
     gathered = cast(
@@ -266,7 +254,7 @@ def load(
         ),
     )
     counts = [figures for figures, _, _ in gathered]
-    _check_tied(
+    check_tied(
         [found for _, each, _ in gathered for found in each],
         layout,
         [name for name in tied_winners if name not in state_dict],
@@ -318,110 +306,7 @@ def _check_arguments(path: object, planner: object, allow_missing: object) -> No
     """Refuse arguments of a wrong type before anything is read."""
     check_path("path", path)
     check_type("planner", planner, (DcpLoadPlanner, type(None)), "a DCP LoadPlanner or None")
-    if isinstance(allow_missing, bool):
-        return
-    if isinstance(allow_missing, (str, bytes)) or not isinstance(allow_missing, Collection):
-        raise TypeError(
-            f"allow_missing must be True, False or a collection of state-dict keys such as "
-            f"{{'lm_head.weight'}}, got {type(allow_missing).__name__}"
-        )
-    odd = [key for key in allow_missing if not isinstance(key, str)]
-    if odd:
-        raise TypeError(
-            f"allow_missing must hold state-dict keys (strings), got {odd[0]!r} of type "
-            f"{type(odd[0]).__name__}"
-        )
-
-
-def _validate(
-    state_dict: Mapping[str, torch.Tensor],
-    path: str | os.PathLike[str],
-    allow_missing: bool | Collection[str],
-    mapping: _Mapping | None,
-    group: dist.ProcessGroup | None,
-    header_reads: HeaderReads,
-) -> tuple[MappedLayout, dict[str, torch.Tensor], list[str]]:
-    """The validated layout as mapped (the one place a load applies its mapping), the
-    entries to load, and the keys skipped as allowed.
-
-    Under torch.distributed one rank reads the headers (unless ``header_reads`` says
-    otherwise) and the others ``stat`` their files.
-    """
-    if header_reads == "auto":
-        header_reads = "once"
-    described = describe(
-        path,
-        process_group=(group or dist.group.WORLD) if distributed() else None,
-        header_reads=header_reads,
-    )
-    mapped = (mapping or _Mapping(())).apply(described)
-    layout = mapped.layout
-    tensor_shapes = {
-        name: to_torch_shape(tensor.dtype, tensor.shape) for name, tensor in layout.tensors.items()
-    }
-    missing = sorted(name for name in state_dict if name not in tensor_shapes)
-    allowed = (
-        missing if allow_missing is True else [] if allow_missing is False else list(allow_missing)
-    )
-    refused = [name for name in missing if name not in allowed]
-    unmatched = [name for name in allowed if name not in state_dict]
-    typo = did_you_mean(unmatched, [*refused, *sorted(state_dict)], option="allow_missing")
-    if refused:
-        unused = sorted(set(tensor_shapes) - set(state_dict))
-        raise CheckpointError(
-            f"{layout.root}: the checkpoint lacks {len(refused)} tensor(s) the state dict "
-            f"has: {preview(refused)}{typo}; it holds {len(unused)} tensor(s) no state-dict "
-            f"key asks for{': ' + preview(unused) if unused else ''}; "
-            f"{_key_hint(refused, unused)}{_mapping_hint(refused, layout)}",
-            path=layout.root,
-            tensor=refused[0],
-            rule="load.missing_keys",
-        )
-    if typo:  # harmless here, but probably not what was meant
-        logger.info("hyperckpt.load: %s", typo.removeprefix("; "))
-    skipped = [name for name in missing if name in allowed]
-    if skipped:
-        logger.warning("hyperckpt.load: skipped keys the checkpoint lacks: %s", skipped)
-    wanted = {name: value for name, value in state_dict.items() if name in tensor_shapes}
-    for name, value in wanted.items():
-        if tuple(value.shape) != tensor_shapes[name]:
-            raise shape_mismatch(
-                name,
-                tensor_shapes[name],
-                tuple(value.shape),
-                file=_file_of(layout, name),
-                origin=_made_of(mapped, name),
-            )
-    return mapped, wanted, skipped
-
-
-def _check_tied(
-    found: list[Difference], layout: CheckpointLayout, unknown_winners: list[str], rank: int
-) -> None:
-    """Refuse tied weights stored with different values unless ``tied_winners`` chose;
-    ``found`` is every rank's, so every rank raises the same error.  Each rank logs the
-    differences it found itself."""
-    refused = [each for each in found if not each.chosen]
-    if refused:
-        files = {
-            name: _file_of(layout, name) for each in refused for name in (each.kept, each.other)
-        }
-        raise tied_refusal(
-            refused, root=str(layout.root), files=files, unknown_winners=unknown_winners
-        )
-    for each in found:
-        if each.rank != rank:
-            continue
-        logger.warning(
-            "hyperckpt.load: tied weights %r and %r are stored with different values (%d of "
-            "%d elements on rank %d); %r was loaded into both, as tied_winners says",
-            each.kept,
-            each.other,
-            each.elements,
-            each.total,
-            each.rank,
-            each.kept,
-        )
+    check_allow_missing(allow_missing)
 
 
 def _refused(failure: Failure) -> CheckpointError:
@@ -441,98 +326,3 @@ def _translate(err: CheckpointException, group: dist.ProcessGroup | None) -> Che
     if isinstance(cause, CheckpointError):
         return type(cause)(text, path=cause.path, tensor=cause.tensor, rule=cause.rule)
     return CheckpointError(f"dcp.load failed: {type(cause).__name__}: {text}")
-
-
-def _untied(
-    state_dict: Mapping[str, torch.Tensor], loaded: Mapping[str, torch.Tensor], keys: list[str]
-) -> list[str]:
-    """The ``keys`` whose tensors share no storage with a loaded tensor (and hold data)."""
-    if not keys:
-        return []
-    shared = {_storage(value) for value in loaded.values()}
-    return [
-        key
-        for key in keys
-        if _local(state_dict[key]).numel() and _storage(state_dict[key]) not in shared
-    ]
-
-
-def _local(value: torch.Tensor) -> torch.Tensor:
-    return value.to_local() if isinstance(value, DTensor) else value
-
-
-def _storage(value: torch.Tensor) -> int:
-    return _local(value).untyped_storage().data_ptr()
-
-
-def _untied_error(layout: CheckpointLayout, untied: list[str]) -> str | None:
-    if not untied:
-        return None
-    return (
-        f"{layout.root}: {len(untied)} key(s) allowed to be missing share storage with no "
-        f"loaded tensor, so they still hold whatever they held before (after to_empty(), "
-        f"uninitialised memory): {preview(untied)}; if they are tied weights, call "
-        f"model.tie_weights() after to_empty() and before taking the state dict, otherwise "
-        f"the checkpoint lacks them"
-    )
-
-
-def _key_hint(missing: list[str], unused: list[str]) -> str:
-    """What probably went wrong: a prefix added or dropped, tied weights, another model."""
-    added, dropped = _prefixes(missing, set(unused)), _prefixes(unused, set(missing))
-    best = max([*added.items(), *dropped.items()], key=lambda pair: pair[1], default=None)
-    if best is not None and best[1] * 2 >= min(len(missing), len(unused)):
-        prefix, count = best
-        if prefix in added:
-            where = (
-                f"the state dict's keys start with {prefix!r} and the checkpoint's do not "
-                f"({count} missing key(s) are checkpoint tensors with {prefix!r} in front: "
-                f"a base model's checkpoint loaded into the model with a head?)"
-            )
-            fix = f"load into {{k.removeprefix({prefix!r}): v for k, v in state.items()}}"
-            if prefix.endswith("_orig_mod."):
-                fix = "take the state dict of the module torch.compile wrapped, or " + fix
-        else:
-            where = (
-                f"the checkpoint's keys start with {prefix!r} and the state dict's do not "
-                f"({count} checkpoint tensor(s) are missing keys with {prefix!r} in front)"
-            )
-            fix = f"load into {{{prefix!r} + k: v for k, v in state.items()}}"
-        return f"{where}; {fix} (the same tensors, loaded in place)"
-    return (
-        "if the missing ones are tied to another weight (lm_head.weight and "
-        "embed_tokens.weight), pass allow_missing={...} naming them; otherwise the keys were "
-        "renamed or the checkpoint belongs to another model"
-    )
-
-
-def _prefixes(keys: list[str], others: set[str]) -> dict[str, int]:
-    """Prefixes ending at a dot that turn ``keys`` into members of ``others``, by count."""
-    counts: dict[str, int] = {}
-    for key in keys:
-        for cut, char in enumerate(key):
-            if char == "." and key[cut + 1 :] in others:
-                prefix = key[: cut + 1]
-                counts[prefix] = counts.get(prefix, 0) + 1
-    return counts
-
-
-def _file_of(layout: CheckpointLayout, name: str) -> str:
-    return layout.tensors[name].pieces[0].file
-
-
-def _mapping_hint(refused: list[str], layout: CheckpointLayout) -> str:
-    """A suggestion when the state dict holds fused MoE experts and the checkpoint does not."""
-    if not any(name.endswith((".experts.gate_up_proj", ".experts.down_proj")) for name in refused):
-        return ""
-    mixtral = any(".block_sparse_moe.experts." in name for name in layout.tensors)
-    preset = "mixtral" if mixtral else "qwen3-moe"
-    return (
-        f"; the state dict holds transformers 5 fused experts and the checkpoint one tensor per "
-        f"expert: pass mapping={preset!r}"
-    )
-
-
-def _made_of(mapped: MappedLayout, name: str) -> str:
-    sources = mapped.sources.get(name, (name,))
-    return "" if sources == (name,) else f" (made by the mapping from {preview(list(sources))})"

@@ -1,45 +1,40 @@
-"""The two ``FileSystemReader`` subclasses: a validated layout as DCP metadata, and reads.
+"""The two ``FileSystemReader`` subclasses and the reader machinery they share.
 
-``read_metadata`` describes the checkpoint from its headers (see :mod:`hyperckpt._layout.directory`)
-and hands DCP one chunk per stored piece; DCP's planner then asks each rank for the
-sub-boxes it needs, and ``read_data`` reads exactly those bytes (see :mod:`hyperckpt._read.engine`).
+``read_metadata`` describes the checkpoint from its headers (see
+:mod:`hyperckpt._layout.directory`) and hands DCP one chunk per stored piece (see
+:mod:`hyperckpt._load.metadata`); DCP's planner then asks each rank for the sub-boxes it
+needs, and ``read_data`` reads exactly those bytes (see :mod:`hyperckpt._read.engine`),
+shared between ranks as :mod:`hyperckpt._load.exchange_plan` planned them.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
 import threading
-from typing import Any, ClassVar, cast
+from typing import ClassVar
 
-import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.filesystem import FileSystemReader
-from torch.distributed.checkpoint.metadata import (
-    ChunkStorageMetadata,
-    Metadata,
-    MetadataIndex,
-    StorageMeta,
-    TensorProperties,
-    TensorStorageMetadata,
-)
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
 from hyperckpt._arguments import check_path, check_type
-from hyperckpt._dist.headers import HeaderReads, host_name, reader_layout
-from hyperckpt._exchange.costs import CostModel, choose_exchange
+from hyperckpt._dist.headers import HeaderReads, reader_layout
+from hyperckpt._exchange.costs import CostModel
 from hyperckpt._exchange.exchange import ExchangeStats, load_exchanged
-from hyperckpt._exchange.schedule import ExchangeReady, ReplicatedSchedule
-from hyperckpt._exchange.strategy import Exchange, plan_exchange
+from hyperckpt._exchange.schedule import ReplicatedSchedule
+from hyperckpt._exchange.strategy import Exchange
 from hyperckpt._exchange.stripes import StripeSchedule
 from hyperckpt._layout.directory import huggingface_layout, torch_sharded_layout
-from hyperckpt._layout.gcpause import collector_paused
 from hyperckpt._layout.mapping import MappedLayout, Mapping, MappingLike
 from hyperckpt._layout.model import TORCH_SHARDED, CheckpointLayout, Kind
+from hyperckpt._load.exchange_plan import BATCH_BYTES, mark_plan, share_plans
+from hyperckpt._load.metadata import to_metadata
 from hyperckpt._load.options import ReadOptions, broadcast_alias, keyword_options, one_options
+from hyperckpt._load.per_thread import PerThread
 from hyperckpt._planner.plain_call import plan_to_read
 from hyperckpt._read.dtype_policy import (
     Conversion,
@@ -47,16 +42,17 @@ from hyperckpt._read.dtype_policy import (
     log_conversions,
     plan_conversions,
 )
-from hyperckpt._read.dtypes import to_torch_dtype, to_torch_shape
+from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.engine import ReadEngine
 from hyperckpt._read.progress import log_load_summary
 from hyperckpt._read.stats import LoadStats
 from hyperckpt._read.storage_info import StorageInfo
-from hyperckpt._read.threads import HostShare, local_ranks, ranks_per_host
+from hyperckpt._read.threads import HostShare, local_ranks
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
 from hyperckpt.errors import CheckpointError
 
 __all__ = [
+    "BATCH_BYTES",
     "HuggingFaceStorageReader",
     "TorchShardedSafetensorsReader",
     "reader_for",
@@ -64,37 +60,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-#: Replicated slices smaller than this share one message per (round, reader, receivers).
-BATCH_BYTES = 4 * 2**20
-
-
-class _PerThread:
-    """A reader attribute that is one load's state: each thread that sets it sees its own.
-
-    DCP keeps a load's state on the reader (``reset`` sets the path, ``read_metadata`` and
-    ``set_up_storage_reader`` what ``read_data`` reads), so one reader object used by two
-    threads at once would hand each load the other's checkpoint.  Values set in
-    ``__init__`` are every thread's default; a value set later belongs to the thread that
-    set it.
-    """
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self._name = name
-
-    def __get__(self, reader: object, owner: type | None = None) -> Any:
-        if reader is None:
-            return self
-        state = reader.__dict__
-        own = state["_per_thread"].__dict__  # this thread's values
-        return own[self._name] if self._name in own else state["_defaults"][self._name]
-
-    def __set__(self, reader: object, value: object) -> None:
-        state = reader.__dict__
-        if "_per_thread" in state:
-            setattr(state["_per_thread"], self._name, value)
-        else:
-            state.setdefault("_defaults", {})[self._name] = value
 
 
 class _SafetensorsReader(FileSystemReader):
@@ -106,14 +71,14 @@ class _SafetensorsReader(FileSystemReader):
     """
 
     _describe: ClassVar[staticmethod[[str | os.PathLike[str]], CheckpointLayout]]
-    path = _PerThread()
-    storage_data = _PerThread()
-    load_id = _PerThread()
-    rank = _PerThread()
-    use_collectives = _PerThread()
-    layout = _PerThread()
-    mapped = _PerThread()
-    metadata = _PerThread()
+    path = PerThread()
+    storage_data = PerThread()
+    load_id = PerThread()
+    rank = PerThread()
+    use_collectives = PerThread()
+    layout = PerThread()
+    mapped = PerThread()
+    metadata = PerThread()
 
     def __init__(
         self,
@@ -372,58 +337,12 @@ class _SafetensorsReader(FileSystemReader):
             return plan
         if not (dist.is_available() and dist.is_initialized()):
             return plan
-        group = self._group()
-        rank, size = dist.get_rank(group), dist.get_world_size(group)
-        # DCP's rank is its own group's; a different group than dcp.load's disables broadcast.
-        if size < 2 or getattr(self, "rank", rank) not in (None, rank):
-            return plan
-        ready = ExchangeReady(rank, size, host_name())
-        return dataclasses.replace(plan, storage_data=ready)
+        return mark_plan(plan, self._group(), getattr(self, "rank", None))
 
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
-        """On the coordinator: choose the exchange and give each rank its part of it.
-
-        An exchange happens only when every rank marked its plan, in rank order, for a
-        group of ``len(plans)`` ranks; otherwise every rank reads all its requests itself.
-        Either way a marked plan comes back with the number of ranks on its host.
-        """
-        marked = all(
-            isinstance(plan.storage_data, ExchangeReady)
-            and plan.storage_data.rank == index
-            and plan.storage_data.world_size == len(plans)
-            for index, plan in enumerate(plans)
-        )
-        if not marked:
-            return plan_exchange(plans, "off", self._info, round_bytes=1, batch_bytes=1)
-        hosts = [cast(ExchangeReady, plan.storage_data).host for plan in plans]
-        options = self.options
-        if options.exchange == "auto":
-            strategy, planned = choose_exchange(
-                plans,
-                hosts,
-                self._info,
-                options.cost_model or CostModel(),
-                round_bytes=options.staging_bytes,
-                batch_bytes=BATCH_BYTES,
-            )
-            logger.info("hyperckpt: exchange='auto' chose %r for %d ranks", strategy, len(plans))
-        else:
-            planned = plan_exchange(
-                plans,
-                options.exchange,
-                self._info,
-                round_bytes=options.staging_bytes,
-                batch_bytes=BATCH_BYTES,
-            )
-        return [
-            dataclasses.replace(
-                plan,
-                storage_data=HostShare(share)
-                if plan.storage_data is None
-                else dataclasses.replace(plan.storage_data, local_ranks=share),
-            )
-            for plan, share in zip(planned, ranks_per_host(hosts), strict=True)
-        ]
+        """On the coordinator: choose the exchange and give each rank its part of it
+        (see :func:`~hyperckpt._load.exchange_plan.share_plans`)."""
+        return share_plans(plans, self.options, self._info)
 
     def _info(self, item: ReadItem) -> StorageInfo:
         info: StorageInfo = self.storage_data[item.storage_index]
@@ -474,31 +393,3 @@ def reader_for(
 ) -> type[HuggingFaceStorageReader] | type[TorchShardedSafetensorsReader]:
     """The reader of ``kind`` of checkpoint (``"huggingface"`` or ``"torch-sharded"``)."""
     return TorchShardedSafetensorsReader if kind == TORCH_SHARDED else HuggingFaceStorageReader
-
-
-@collector_paused()
-def to_metadata(layout: CheckpointLayout) -> Metadata:
-    """DCP metadata for a layout: one chunk per stored piece, our own storage info per chunk.
-
-    Every rule, ``F4`` pieces starting at an even column included, was checked when the
-    layout was described, so a layout ``describe`` accepts always converts.
-    """
-    state: dict[str, TensorStorageMetadata] = {}
-    storage: dict[MetadataIndex, StorageInfo] = {}
-    for tensor in layout.tensors.values():
-        chunks = []
-        for piece in tensor.pieces:
-            offsets = to_torch_shape(tensor.dtype, piece.offsets)  # describe checked F4's
-            sizes = to_torch_shape(tensor.dtype, piece.shape)
-            chunks.append(
-                ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))
-            )
-            storage[MetadataIndex(tensor.name, offsets)] = StorageInfo(
-                piece.file, piece.start, piece.nbytes, tensor.dtype, sizes
-            )
-        state[tensor.name] = TensorStorageMetadata(
-            properties=TensorProperties(dtype=to_torch_dtype(tensor.dtype)),
-            size=torch.Size(to_torch_shape(tensor.dtype, tensor.shape)),
-            chunks=chunks,
-        )
-    return Metadata(state_dict_metadata=state, storage_data=storage)  # type: ignore[arg-type]
