@@ -1,40 +1,42 @@
-"""Which output file holds each tensor, where its bytes go, and which rank writes which file.
+"""Which output file holds each tensor and where its bytes go.
 
 Pure planning: a validated torch sharded layout in, the Hugging Face files to write out
-(names, headers, byte offsets) and their assignment to ranks.  Every file planned passes
-the rules hyperckpt reads by: a file's header stays within the format's limit (files are
-split by header size as well as by data size) and the index within the index limit; what
-cannot be split that way is refused before anything is written.  No torch import, no I/O
-except reading the header or index of a ``like`` checkpoint (through the guarded opener).
+(names, headers, byte offsets).  Every file planned passes the rules hyperckpt reads by: a
+file's header stays within the format's limit (files are split by header size as well as by
+data size) and the index within the index limit; what cannot be split that way is refused
+before anything is written.  No torch import.  Its neighbours: ``options.py`` (the
+``max_shard_size=`` and ``dtype=`` options), ``like.py`` (the ``like=`` assignment),
+``headers.py`` (header bytes and bounds), ``ranks.py`` (which rank writes which file); their
+names stay importable from here.
 """
 
 from __future__ import annotations
 
-import heapq
 import json
 import math
-import os
-import re
-import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from fractions import Fraction
-from pathlib import Path
 from types import MappingProxyType
 from typing import Final
 
-from hyperckpt._arguments import MAX_BYTES
-from hyperckpt._format.header import (
-    DTYPES,
-    MAX_HEADER_LENGTH,
-    ByteSpan,
-    decode_strict_json,
-    read_header,
+from hyperckpt._consolidate.headers import (
+    DATA_ORDER,
+    HEADER_BASE,
+    encode_header,
+    entry_bound,
+    least_bytes,
 )
-from hyperckpt._format.preview import preview
-from hyperckpt._layout.index import MAX_INDEX_BYTES, check_plain_name, read_index_text
+from hyperckpt._consolidate.like import check_like, read_like
+from hyperckpt._consolidate.options import (
+    CONVERTIBLE,
+    DEFAULT_MAX_SHARD_SIZE,
+    output_dtype_code,
+    parse_size,
+)
+from hyperckpt._format.header import DTYPES, MAX_HEADER_LENGTH, ByteSpan
+from hyperckpt._layout.index import MAX_INDEX_BYTES
 from hyperckpt._layout.model import INDEX_NAME, SINGLE_FILE_NAME, TensorLayout
-from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
+from hyperckpt.errors import CheckpointError
 
 __all__ = [
     "CONVERTIBLE",
@@ -50,68 +52,7 @@ __all__ = [
     "read_like",
 ]
 
-#: Hugging Face's ``save_pretrained`` default in transformers 5.
-DEFAULT_MAX_SHARD_SIZE: Final = 50 * 10**9
-#: Float codes ``dtype=`` converts between; every other tensor is written as stored.
-CONVERTIBLE: Final = frozenset({"F16", "BF16", "F32", "F64"})
-_FORMAT_METADATA: Final = {"format": "pt"}
 _PREFIX: Final = 8
-#: Header bytes of a file before its first entry: ``{"__metadata__":{"format":"pt"},``,
-#: the closing brace and at most 7 spaces of padding.
-_HEADER_BASE: Final = len(json.dumps({"__metadata__": _FORMAT_METADATA}, separators=(",", ":"))) + 8
-#: An entry's bytes besides its name, dtype code and numbers: ``:{"dtype":"","shape":[],
-#: "data_offsets":[,]},``.
-_ENTRY_PUNCTUATION: Final = len(':{"dtype":"","shape":[],"data_offsets":[,]},')
-_UNITS: Final = {
-    "": 1,
-    "B": 1,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "TB": 10**12,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-    "TIB": 2**40,
-}
-#: Most digits a ``max_shard_size`` number may have (10**30 bytes is beyond any file).
-_SIZE_DIGITS: Final = 30
-_SIZE_CHARS: Final = 64
-_SIZE: Final = re.compile(r"\s*([0-9]{1,30}(?:\.[0-9]{0,30})?|\.[0-9]{1,30})\s*([A-Za-z]*)\s*")
-_DTYPE_NAMES: Final = {
-    "F16": ("f16", "fp16", "float16", "half"),
-    "BF16": ("bf16", "bfloat16"),
-    "F32": ("f32", "fp32", "float32", "float"),
-    "F64": ("f64", "fp64", "float64", "double"),
-}
-# safetensors lays tensors out by dtype, widest first (its Dtype enum, descending), then by
-# name: every tensor then starts at a multiple of its element size.  Same order here, so a
-# consolidated file is byte for byte what safetensors.torch.save_file writes.
-_ENUM_ORDER: Final = (
-    "BOOL",
-    "F4",
-    "F6_E2M3",
-    "F6_E3M2",
-    "U8",
-    "I8",
-    "F8_E5M2",
-    "F8_E4M3",
-    "F8_E8M0",
-    "F8_E4M3FNUZ",
-    "F8_E5M2FNUZ",
-    "I16",
-    "U16",
-    "F16",
-    "BF16",
-    "I32",
-    "U32",
-    "F32",
-    "C64",
-    "F64",
-    "I64",
-    "U64",
-)
-_RANK: Final = {code: n for n, code in enumerate(_ENUM_ORDER)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,119 +132,6 @@ def _index_bytes(weight_map: Mapping[str, str], total_size: int, total_parameter
     return (json.dumps(document, indent=2, sort_keys=True) + "\n").encode()
 
 
-def parse_size(value: int | str) -> int:
-    """A shard size in bytes, with Hugging Face's units.
-
-    ``"5GB"`` is ``5 * 10**9`` and ``"5GiB"`` is ``5 * 2**30`` (KB, MB, GB, TB and their
-    binary KiB, MiB, GiB, TiB; case-insensitive); an int or a bare number is bytes.  The
-    arithmetic is exact (``"0.1GB"`` is 100,000,000 bytes) and a number has at most
-    :data:`_SIZE_DIGITS` digits: any larger size is far beyond any file.
-
-    Raises:
-        TypeError: Neither an int nor a string (``True`` is not an int here).
-        ValueError: Not a size from 1 byte to 2**62 bytes in one of those forms.
-    """
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise TypeError(
-            f"max_shard_size must be an int or a string like '5GB', got {_short(value)} of "
-            f"type {type(value).__name__}"
-        )
-    if isinstance(value, int):
-        size = value
-    else:
-        shown = repr(value) if len(value) <= 40 else f"{value[:20]!r}... ({len(value)} characters)"
-        match = _SIZE.fullmatch(value) if len(value) <= _SIZE_CHARS else None
-        unit = match.group(2).upper() if match else ""
-        if match is None or unit not in _UNITS:
-            raise ValueError(
-                f"max_shard_size {shown} is not a size: use bytes or a number of at most "
-                f"{_SIZE_DIGITS} digits with KB, MB, GB, TB (powers of 1000) or KiB, MiB, "
-                f"GiB, TiB (powers of 1024), e.g. '5GB'"
-            )
-        size = int(Fraction(match.group(1)) * _UNITS[unit])
-    if not 1 <= size <= MAX_BYTES:
-        raise ValueError(
-            f"max_shard_size must be at least 1 byte and at most 2**62, got {_short(value)}"
-        )
-    return size
-
-
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:37]}..."
-
-
-def output_dtype_code(name: str) -> str:
-    """The safetensors code of a ``dtype=`` option: ``"bf16"``, ``"bfloat16"``, ``"BF16"``,
-    ``"torch.bfloat16"`` (``str`` of a ``torch.dtype``)...
-
-    Raises:
-        TypeError: ``name`` is not a string.
-        ValueError: Not one of the float dtypes a consolidation converts to.
-    """
-    if not isinstance(name, str):
-        raise TypeError(
-            f"dtype must be a string such as 'bf16' or a torch.dtype, not {type(name).__name__}"
-        )
-    wanted = name.strip().removeprefix("torch.")
-    for code, names in _DTYPE_NAMES.items():
-        if wanted == code or wanted.lower() in names:
-            return code
-    allowed = ", ".join(names[0] for names in _DTYPE_NAMES.values())
-    raise ValueError(f"dtype {name!r} is not one of {allowed} (or their torch names)")
-
-
-def read_like(path: str | os.PathLike[str]) -> tuple[dict[str, str], bool]:
-    """The file assignment of a Hugging Face checkpoint, from its index or single file.
-
-    Args:
-        path: A checkpoint directory (with ``model.safetensors.index.json`` or
-            ``model.safetensors``), or the index file itself.  Only the index, or the one
-            header, is read; the weights need not be there.
-
-    Returns:
-        Tensor name to file name, and whether the checkpoint has an index.
-
-    Raises:
-        CheckpointNotFoundError: Neither an index nor ``model.safetensors`` is there.
-        CheckpointError: The index is malformed.
-    """
-    root = Path(path)
-    index = root if root.name.endswith(".json") and not root.is_dir() else root / INDEX_NAME
-    if index.exists():  # whatever is there: a FIFO or a device is refused, never read
-        text = read_index_text(index.parent, index.name)
-        document = decode_strict_json(text, str(index), "index")
-        weight_map = document.get("weight_map") if isinstance(document, dict) else None
-        if not isinstance(weight_map, dict) or not weight_map:
-            has_map = isinstance(document, dict) and "weight_map" in document
-            raise CheckpointError(
-                f'{index}: must be a JSON object with a non-empty "weight_map" of tensor name '
-                f"to file name",
-                path=str(index),
-                rule="index.weight_map_not_object" if has_map else "index.no_weight_map",
-            )
-        for tensor, file in weight_map.items():
-            if not isinstance(file, str) or not file.endswith(".safetensors"):
-                raise CheckpointError(
-                    f"{index}: weight_map[{tensor!r}] must name a .safetensors file, got "
-                    f"{file!r:.60}",
-                    path=str(index),
-                    tensor=tensor,
-                )
-            check_plain_name(file, tensor)
-        return {str(k): str(v) for k, v in weight_map.items()}, True
-    single = root if root.is_file() else root / SINGLE_FILE_NAME
-    if single.is_file():
-        header = read_header(single, name=single.name)
-        return dict.fromkeys(header.tensors, SINGLE_FILE_NAME), False
-    raise CheckpointNotFoundError(
-        f"{root}: neither {INDEX_NAME} nor {SINGLE_FILE_NAME} is there, so there is no file "
-        f"assignment to reproduce; pass a Hugging Face checkpoint directory or its index",
-        path=str(root),
-        rule="hf.no_checkpoint",
-    )
-
-
 def plan_output(
     tensors: Mapping[str, TensorLayout],
     *,
@@ -335,14 +163,12 @@ def plan_output(
     sizes = {name: _nbytes(out_dtype[name], t.shape) for name, t in tensors.items()}
     if like is not None:
         assignment, indexed = like
-        _check_like(tensors, assignment)
+        check_like(tensors, assignment)
         groups: dict[str, list[str]] = {}
         for name in sorted(assignment):
             groups.setdefault(assignment[name], []).append(name)
     else:
-        entries = {
-            name: _entry_bound(name, out_dtype[name], t.shape) for name, t in tensors.items()
-        }
+        entries = {name: entry_bound(name, out_dtype[name], t.shape) for name, t in tensors.items()}
         shards = _greedy(sorted(tensors), sizes, max_shard_size, entries)
         indexed = len(shards) > 1
         if not indexed:
@@ -357,10 +183,10 @@ def plan_output(
     total_parameters = sum(math.prod(t.shape) for t in tensors.values())
     # Refused from the names alone when they are too long already, before JSON is built.
     for file_name, names in groups.items():
-        least = _HEADER_BASE + _least_bytes(names)
+        least = HEADER_BASE + least_bytes(names)
         _check_header_length(file_name, least, len(names), split_by_header=like is None, least=True)
     if indexed:
-        least = _least_bytes(weight_map) + _least_bytes(weight_map.values())
+        least = least_bytes(weight_map) + least_bytes(weight_map.values())
         _check_index_length(least, len(weight_map), least=True)
         index = _index_bytes(weight_map, total_size, total_parameters)
         _check_index_length(len(index), len(weight_map))
@@ -381,47 +207,6 @@ def plan_output(
     )
 
 
-def assign_ranks(files: Sequence[OutputFile], world_size: int) -> tuple[int, ...]:
-    """Which rank writes each file: largest first, to the rank with the fewest bytes so far.
-
-    Deterministic (ties by file order, then by rank), so every rank computes the same
-    answer without communicating.
-
-    Returns:
-        The writing rank of each file, in the order of ``files``.
-    """
-    load = [(0, rank) for rank in range(world_size)]
-    owner = [0] * len(files)
-    for position in sorted(range(len(files)), key=lambda n: (-files[n].size, n)):
-        bytes_so_far, rank = heapq.heappop(load)
-        owner[position] = rank
-        heapq.heappush(load, (bytes_so_far + files[position].size, rank))
-    return tuple(owner)
-
-
-def encode_header(
-    entries: Mapping[str, tuple[str, tuple[int, ...], int, int]],
-    *,
-    metadata: Mapping[str, str] | None = None,
-) -> bytes:
-    """A safetensors header as safetensors writes it: compact JSON, ``__metadata__`` first,
-    padded with spaces to a multiple of 8, behind its 8-byte little-endian length.
-
-    Args:
-        entries: Tensor name to (dtype code, shape, begin, end) relative to the data
-            buffer, in data order.
-        metadata: The ``__metadata__`` map (default ``{"format": "pt"}``).
-    """
-    document: dict[str, object] = {
-        "__metadata__": dict(_FORMAT_METADATA if metadata is None else metadata)
-    }
-    for name, (code, shape, begin, end) in entries.items():
-        document[name] = {"dtype": code, "shape": list(shape), "data_offsets": [begin, end]}
-    text = json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
-    text += b" " * (-len(text) % 8)
-    return struct.pack("<Q", len(text)) + text
-
-
 def _greedy(
     names: list[str], sizes: Mapping[str, int], limit: int, entries: Mapping[str, int]
 ) -> list[list[str]]:
@@ -432,7 +217,7 @@ def _greedy(
     shards: list[list[str]] = []
     current: list[str] = []
     filled = 0
-    header = _HEADER_BASE
+    header = HEADER_BASE
     for name in names:
         size = sizes[name]
         if size > limit:
@@ -440,27 +225,13 @@ def _greedy(
             continue
         if current and (filled + size > limit or header + entries[name] > MAX_HEADER_LENGTH):
             shards.append(current)
-            current, filled, header = [], 0, _HEADER_BASE
+            current, filled, header = [], 0, HEADER_BASE
         current.append(name)
         filled += size
         header += entries[name]
     if current or not shards:
         shards.append(current)
     return shards
-
-
-def _entry_bound(name: str, code: str, shape: tuple[int, ...]) -> int:
-    """The most bytes ``name``'s entry takes in a header: its name, dtype and shape as
-    written, offsets of 20 digits each, punctuation and a comma."""
-    quoted = len(json.dumps(name, ensure_ascii=False).encode())
-    dims = sum(len(str(size)) + 1 for size in shape)
-    return quoted + len(code) + dims + 2 * 20 + _ENTRY_PUNCTUATION
-
-
-def _least_bytes(names: Iterable[str]) -> int:
-    """The fewest bytes a JSON text naming each of ``names`` once can take: each name's
-    UTF-8 bytes and its quotes (found without encoding it as JSON)."""
-    return sum(len(name.encode()) + 2 for name in names)
 
 
 def _check_header_length(
@@ -500,7 +271,7 @@ def _check_index_length(length: int, count: int, *, least: bool = False) -> None
 
 
 def _output_file(name: str, members: list[tuple[str, str, TensorLayout]]) -> OutputFile:
-    ordered = sorted(members, key=lambda m: (-_RANK[m[1]], m[0]))
+    ordered = sorted(members, key=lambda m: (-DATA_ORDER[m[1]], m[0]))
     entries: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
     begin = 0
     for tensor, code, source in ordered:
@@ -524,19 +295,5 @@ def _converted(code: str, dtype: str | None) -> str:
     return dtype if dtype is not None and code in CONVERTIBLE else code
 
 
-def _check_like(tensors: Mapping[str, TensorLayout], weight_map: Mapping[str, str]) -> None:
-    lacking = sorted(set(tensors) - set(weight_map))
-    if lacking:
-        raise CheckpointError(
-            f"the like checkpoint has no file for {len(lacking)} tensor(s) of the input: "
-            f"{preview(lacking, 5)}; it is another model, or drop like= to choose files by size",
-            tensor=lacking[0],
-        )
-    extra = sorted(set(weight_map) - set(tensors))
-    if extra:
-        raise CheckpointError(
-            f"the like checkpoint names {len(extra)} tensor(s) the input lacks: "
-            f"{preview(extra, 5)}; the output would not load as that model (a tied weight "
-            f"saved separately, or another model)",
-            tensor=extra[0],
-        )
+# Imported last: ranks.py names OutputFile (for its annotations only).
+from hyperckpt._consolidate.ranks import assign_ranks  # noqa: E402

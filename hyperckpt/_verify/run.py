@@ -1,6 +1,7 @@
 """``hyperckpt.verify``: every data byte read once, hashed and scanned, files in parallel.
 
-One pass per file: its bytes are read sequentially in chunks of ``chunk_bytes`` into a
+The run: jobs planned (``jobs.py``), files read in a thread pool (``filepass.py``), the
+report assembled (``report.py``).  One pass per file: its bytes are read sequentially in chunks of ``chunk_bytes`` into a
 buffer of the worker thread, each chunk is fed to the file's sha256 (``hashlib`` drops the
 GIL for large updates) and the parts of tensors it holds to their scanners
 (:mod:`hyperckpt._verify.scan`).  Files are spread over a thread pool, largest first, so
@@ -9,31 +10,25 @@ memory stays at ``threads x chunk_bytes``.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import os
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Final
 
-import torch
-
 from hyperckpt._arguments import THREADS, Limits, check_callable, check_number, check_path
-from hyperckpt._format.header import TensorEntry
-from hyperckpt._format.preview import preview
 from hyperckpt._layout.directory import describe_directory as describe
-from hyperckpt._layout.model import CheckpointLayout, Kind
+from hyperckpt._layout.model import CheckpointLayout
 from hyperckpt._read.engine import default_threads
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
 from hyperckpt._storage.files import LocalStorage
-from hyperckpt._storage.protocol import Storage, StorageFile
-from hyperckpt._storage.stamp import FileStamp
-from hyperckpt._verify.checksums import Expected, GitBlobHash, cache_blob_digest, read_checksums
-from hyperckpt._verify.scan import FLOAT_CODES, ScanCounts, Scanner
-from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
+from hyperckpt._verify.checksums import Expected, read_checksums
+from hyperckpt._verify.filepass import FileResult, read_file
+from hyperckpt._verify.jobs import expect, expectations, plan_jobs
+from hyperckpt._verify.report import FileCheck, TensorCheck, VerifyReport
+from hyperckpt._verify.scan import FLOAT_CODES, ScanCounts
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -50,203 +45,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_CHUNK_BYTES = 32 * 2**20
 #: Bytes each thread reads at a time: at least a page, at most 1 GiB.
 CHUNK_BYTES: Final = Limits(4096, 2**30, unit="bytes")
-#: What a changed file means for a verification, and what to do.
-_AGAIN = "its digest would not be the file's; verify again once the checkpoint is complete"
 #: What an empty tensor holds (nothing is scanned for it).
 _EMPTY = ScanCounts(nan=0, posinf=0, neginf=0, all_zero=False, units=0)
-
-
-@dataclass(frozen=True, slots=True)
-class FileCheck:
-    """One file's digest and what it was compared with.
-
-    Attributes:
-        name: The file, relative to the checkpoint directory.
-        size: Its size in bytes (0 when missing).
-        sha256: Lowercase hex sha256 of its content; ``None`` when missing.
-        expected: Every expectation found for it (checksum file, cache blob name).
-        mismatched: Those it does not meet.
-        missing: A checksum file lists it but it does not exist.
-    """
-
-    name: str
-    size: int
-    sha256: str | None
-    expected: tuple[Expected, ...]
-    mismatched: tuple[Expected, ...]
-    missing: bool = False
-
-    @property
-    def ok(self) -> bool:
-        """Present and meeting every expectation (vacuously true without any)."""
-        return not self.missing and not self.mismatched
-
-
-@dataclass(frozen=True, slots=True)
-class TensorCheck:
-    """What one tensor's stored values hold (all its pieces together).
-
-    Attributes:
-        name: The tensor's name.
-        dtype: Its safetensors dtype code.
-        files: The files holding its pieces, relative to the checkpoint directory.
-        elements: Elements in the whole tensor (header units).
-        floating: Whether the dtype is a floating-point format (NaN/Inf counted).
-        nan: NaN values (components for ``C64``).
-        posinf: ``+Inf`` values.
-        neginf: ``-Inf`` values.
-        all_zero: Every value is zero; ``False`` when empty.
-    """
-
-    name: str
-    dtype: str
-    files: tuple[str, ...]
-    elements: int
-    floating: bool
-    nan: int
-    posinf: int
-    neginf: int
-    all_zero: bool
-
-    @property
-    def nonfinite(self) -> int:
-        """NaN and infinities together."""
-        return self.nan + self.posinf + self.neginf
-
-
-@dataclass(frozen=True, slots=True)
-class VerifyReport:
-    """What :func:`hyperckpt.verify` found.
-
-    Attributes:
-        path: The checkpoint directory.
-        kind: ``"huggingface"`` or ``"torch-sharded"``.
-        files: Each file read (the checkpoint's, the index and any other file a checksum
-            file lists), and each listed file that is missing, by name.
-        tensors: Each tensor, by name.
-        bytes_read: Bytes read, all files together.
-        seconds: Wall time of the data pass, in seconds.
-        checksum_file: The checksum file compared with, if any.
-    """
-
-    path: str
-    kind: Kind
-    files: tuple[FileCheck, ...]
-    tensors: tuple[TensorCheck, ...]
-    bytes_read: int
-    seconds: float
-    checksum_file: str | None = None
-
-    @property
-    def mismatches(self) -> tuple[FileCheck, ...]:
-        """Files missing or whose digest differs from an expectation."""
-        return tuple(f for f in self.files if not f.ok)
-
-    @property
-    def unchecked(self) -> tuple[FileCheck, ...]:
-        """Files read without any digest to compare with."""
-        return tuple(f for f in self.files if not f.expected and not f.missing)
-
-    @property
-    def nonfinite(self) -> tuple[TensorCheck, ...]:
-        """Tensors holding NaN or infinities."""
-        return tuple(t for t in self.tensors if t.nonfinite)
-
-    @property
-    def all_zero(self) -> tuple[TensorCheck, ...]:
-        """Non-empty tensors whose values are all zero (reported, never an error)."""
-        return tuple(t for t in self.tensors if t.all_zero)
-
-    def ok(self, *, allow_nonfinite: bool = False) -> bool:
-        """No checksum problem and, unless allowed, no NaN or infinity."""
-        return not self.mismatches and (allow_nonfinite or not self.nonfinite)
-
-    def check(self, *, allow_nonfinite: bool = False) -> None:
-        """Raise when :meth:`ok` is false.
-
-        Raises:
-            CheckpointError: Listing every file that is missing or differs from its
-                expected digest and, unless ``allow_nonfinite``, every tensor with NaN or
-                infinities; ``path`` and ``tensor`` name the first.
-        """
-        lines = [_mismatch_line(f) for f in self.mismatches]
-        if not allow_nonfinite:
-            lines += [_nonfinite_line(t) for t in self.nonfinite]
-        if not lines:
-            return
-        first_file = self.mismatches[0].name if self.mismatches else None
-        first_tensor = self.nonfinite[0] if self.nonfinite and not allow_nonfinite else None
-        raise CheckpointError(
-            f"{self.path}: the data does not check out: "
-            + preview(lines, 20, separator="; ", quote=False)
-            + "; "
-            + _advice(bool(self.mismatches), first_tensor is not None),
-            path=first_file if first_file else (first_tensor.files[0] if first_tensor else None),
-            tensor=None if first_tensor is None else first_tensor.name,
-        )
-
-
-def _mismatch_line(check: FileCheck) -> str:
-    if check.missing:
-        sources = ", ".join(e.source for e in check.expected)
-        return f"{check.name}: missing (listed in {sources})"
-    parts = [
-        f"{check.name}: {e.algorithm} {_got(check, e)} but {e.source} says {e.digest}"
-        for e in check.mismatched
-    ]
-    return "; ".join(parts)
-
-
-def _got(check: FileCheck, expected: Expected) -> str:
-    return check.sha256 or "?" if expected.algorithm == "sha256" else "differs"
-
-
-def _nonfinite_line(tensor: TensorCheck) -> str:
-    return (
-        f"{tensor.files[0]}: tensor {tensor.name!r} ({tensor.dtype}) has {tensor.nan} NaN, "
-        f"{tensor.posinf} +Inf, {tensor.neginf} -Inf of {tensor.elements} values"
-    )
-
-
-def _advice(mismatch: bool, nonfinite: bool) -> str:
-    parts = []
-    if mismatch:
-        parts.append(
-            "a file was corrupted or changed after its checksum was taken: download "
-            "or copy it again"
-        )
-    if nonfinite:
-        parts.append(
-            "the saved weights hold NaN/Inf (a run that diverged, or a bad "
-            "conversion): use an earlier checkpoint, or allow_nonfinite=True to only "
-            "report them"
-        )
-    return "; ".join(parts)
-
-
-@dataclass(slots=True)
-class _FileJob:
-    """One file to read: where, what to expect, and the tensor pieces inside it.
-
-    ``stamp`` is its identity when its header was read (``None`` for a file without one:
-    the index, a file a checksum file lists); ``size`` its size then.
-    """
-
-    name: str
-    path: str
-    stamp: FileStamp | None
-    size: int
-    entries: list[TensorEntry] = field(default_factory=list)
-    git_size: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class _FileResult:
-    name: str
-    size: int
-    sha256: str
-    git_sha1: str | None
-    counts: dict[str, ScanCounts]
 
 
 def verify(
@@ -323,19 +123,19 @@ def verify_layout(
     """
     listed = {} if checksums is None else read_checksums(checksums)
     storage = LocalStorage(layout.root)
-    jobs, missing = _jobs(storage, layout, listed)
-    expected = {name: _expectations(job.path, listed.get(name)) for name, job in jobs.items()}
+    jobs, missing = plan_jobs(storage, layout, listed)
+    expected = {name: expectations(job.path, listed.get(name)) for name, job in jobs.items()}
     for job in jobs.values():
         job.git_size = any(e.algorithm == "git-sha1" for e in expected[job.name])
     tracker = ProgressTracker(progress)
     for job in jobs.values():
-        _expect(tracker, job, layout)
+        expect(tracker, job, layout)
     begin = time.perf_counter()
     workers = min(threads or default_threads(), max(1, len(jobs)))
     ordered = sorted(jobs.values(), key=lambda job: (-job.size, job.name))
-    results: dict[str, _FileResult] = {}
+    results: dict[str, FileResult] = {}
     with ThreadPoolExecutor(workers, thread_name_prefix="hyperckpt-verify") as pool:
-        futures = [pool.submit(_read_file, storage, job, chunk_bytes, tracker) for job in ordered]
+        futures = [pool.submit(read_file, storage, job, chunk_bytes, tracker) for job in ordered]
         for future in futures:
             result = future.result()
             results[result.name] = result
@@ -367,116 +167,7 @@ def verify_layout(
     return report
 
 
-def _jobs(
-    storage: Storage,
-    layout: CheckpointLayout,
-    listed: Mapping[str, Expected],
-) -> tuple[dict[str, _FileJob], list[str]]:
-    """The files to read (the checkpoint's, the index it was read through, listed extras)
-    and the listed ones that are missing.
-
-    Raises:
-        CheckpointError: A listed path leads out of the checkpoint directory
-            (``file.outside_checkpoint``).
-    """
-    jobs = {
-        name: _FileJob(
-            name,
-            storage.resolve(name),
-            header.stamp,
-            header.stamp.size,
-            sorted(header.tensors.values(), key=lambda entry: entry.start),
-        )
-        for name, header in layout.files.items()
-    }
-    extras = set(listed)
-    if layout.index is not None:
-        extras.add(layout.index)
-    missing = []
-    for name in sorted(extras - set(jobs)):
-        try:
-            size = storage.stamp(name).size
-        except CheckpointNotFoundError:
-            missing.append(name)
-            continue
-        jobs[name] = _FileJob(name, storage.resolve(name), None, size)
-    return jobs, missing
-
-
-def _expectations(path: str, listed: Expected | None) -> tuple[Expected, ...]:
-    found = [e for e in (cache_blob_digest(path), listed) if e is not None]
-    return tuple(found)
-
-
-def _expect(tracker: ProgressTracker, job: _FileJob, layout: CheckpointLayout) -> None:
-    """Register a file's bytes: each tensor piece, and the rest of the file on its own."""
-    tensor_bytes = 0
-    for entry in job.entries:
-        tracker.expect(("tensor", job.name, entry.name), entry.nbytes)
-        tensor_bytes += entry.nbytes
-    tracker.expect(("file", job.name), job.size - tensor_bytes, tensor=False)
-
-
-def _open(storage: Storage, job: _FileJob) -> StorageFile:
-    """The file, opened the one guarded way: no FIFO waits, regular files only, and (for
-    the checkpoint's own files) the same file whose header was read."""
-    if job.stamp is None:
-        return storage.open_file(job.name, expected="a regular file to hash")
-    return storage.open_unchanged(job.name, job.stamp, again=_AGAIN)
-
-
-def _read_file(
-    storage: Storage, job: _FileJob, chunk_bytes: int, tracker: ProgressTracker
-) -> _FileResult:
-    """One sequential pass: hash every byte, scan every tensor piece."""
-    with _open(storage, job) as file:
-        size = file.size
-        sha = hashlib.sha256()
-        git = GitBlobHash(size) if job.git_size else None
-        buffer = bytearray(min(chunk_bytes, max(1, size)))
-        view = memoryview(buffer)
-        data = torch.frombuffer(buffer, dtype=torch.uint8)
-        # No scanner for an empty tensor (a header may hold hundreds of thousands).
-        scanners = {entry.name: Scanner(entry.dtype) for entry in job.entries if entry.nbytes}
-        entries = job.entries
-        first = 0  # entries before this one end before the current chunk
-        offset = 0
-        while offset < size:
-            got = min(len(buffer), size - offset)
-            file.readinto(offset, view[:got])
-            chunk = view[:got]
-            sha.update(chunk)
-            if git is not None:
-                git.update(chunk)
-            end = offset + got
-            parts: list[tuple[object, int]] = []
-            tensor_bytes = 0
-            index = first
-            while index < len(entries) and entries[index].start < end:
-                entry = entries[index]
-                lo, hi = max(entry.start, offset), min(entry.stop, end)
-                if hi > lo:
-                    scanners[entry.name].feed(data[lo - offset : hi - offset])
-                    parts.append((("tensor", job.name, entry.name), hi - lo))
-                    tensor_bytes += hi - lo
-                if entry.stop <= end and index == first:
-                    first += 1
-                index += 1
-            if got - tensor_bytes:
-                parts.append((("file", job.name), got - tensor_bytes))
-            tracker.deliver(parts)
-            offset = end
-        file.check_unchanged(file.stamp, when="while it was being read", again=_AGAIN)
-    return _FileResult(
-        job.name,
-        size,
-        sha.hexdigest(),
-        None if git is None else git.hexdigest(),
-        {name: scanner.finish() for name, scanner in scanners.items()},
-    )
-
-
-def _file_check(result: _FileResult, expected: Sequence[Expected]) -> FileCheck:
+def _file_check(result: FileResult, expected: Sequence[Expected]) -> FileCheck:
     mismatched = tuple(
         e
         for e in expected
@@ -486,7 +177,7 @@ def _file_check(result: _FileResult, expected: Sequence[Expected]) -> FileCheck:
 
 
 def _tensor_checks(
-    layout: CheckpointLayout, results: Mapping[str, _FileResult]
+    layout: CheckpointLayout, results: Mapping[str, FileResult]
 ) -> tuple[TensorCheck, ...]:
     checks = []
     for tensor in layout.tensors.values():

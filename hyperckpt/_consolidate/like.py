@@ -1,0 +1,89 @@
+"""The ``like=`` assignment: another Hugging Face checkpoint's tensor-to-file map, read and checked."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from hyperckpt._format.header import decode_strict_json, read_header
+from hyperckpt._format.preview import preview
+from hyperckpt._layout.index import check_plain_name, read_index_text
+from hyperckpt._layout.model import INDEX_NAME, SINGLE_FILE_NAME, TensorLayout
+from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
+
+__all__ = ["check_like", "read_like"]
+
+
+def read_like(path: str | os.PathLike[str]) -> tuple[dict[str, str], bool]:
+    """The file assignment of a Hugging Face checkpoint, from its index or single file.
+
+    Args:
+        path: A checkpoint directory (with ``model.safetensors.index.json`` or
+            ``model.safetensors``), or the index file itself.  Only the index, or the one
+            header, is read; the weights need not be there.
+
+    Returns:
+        Tensor name to file name, and whether the checkpoint has an index.
+
+    Raises:
+        CheckpointNotFoundError: Neither an index nor ``model.safetensors`` is there.
+        CheckpointError: The index is malformed.
+    """
+    root = Path(path)
+    index = root if root.name.endswith(".json") and not root.is_dir() else root / INDEX_NAME
+    if index.exists():  # whatever is there: a FIFO or a device is refused, never read
+        text = read_index_text(index.parent, index.name)
+        document = decode_strict_json(text, str(index), "index")
+        weight_map = document.get("weight_map") if isinstance(document, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map:
+            has_map = isinstance(document, dict) and "weight_map" in document
+            raise CheckpointError(
+                f'{index}: must be a JSON object with a non-empty "weight_map" of tensor name '
+                f"to file name",
+                path=str(index),
+                rule="index.weight_map_not_object" if has_map else "index.no_weight_map",
+            )
+        for tensor, file in weight_map.items():
+            if not isinstance(file, str) or not file.endswith(".safetensors"):
+                raise CheckpointError(
+                    f"{index}: weight_map[{tensor!r}] must name a .safetensors file, got "
+                    f"{file!r:.60}",
+                    path=str(index),
+                    tensor=tensor,
+                )
+            check_plain_name(file, tensor)
+        return {str(k): str(v) for k, v in weight_map.items()}, True
+    single = root if root.is_file() else root / SINGLE_FILE_NAME
+    if single.is_file():
+        header = read_header(single, name=single.name)
+        return dict.fromkeys(header.tensors, SINGLE_FILE_NAME), False
+    raise CheckpointNotFoundError(
+        f"{root}: neither {INDEX_NAME} nor {SINGLE_FILE_NAME} is there, so there is no file "
+        f"assignment to reproduce; pass a Hugging Face checkpoint directory or its index",
+        path=str(root),
+        rule="hf.no_checkpoint",
+    )
+
+
+def check_like(tensors: Mapping[str, TensorLayout], weight_map: Mapping[str, str]) -> None:
+    """Refuse a ``like`` weight map that lacks some of ``tensors`` or names others.
+
+    Raises:
+        CheckpointError: Either, naming the first such tensor.
+    """
+    lacking = sorted(set(tensors) - set(weight_map))
+    if lacking:
+        raise CheckpointError(
+            f"the like checkpoint has no file for {len(lacking)} tensor(s) of the input: "
+            f"{preview(lacking, 5)}; it is another model, or drop like= to choose files by size",
+            tensor=lacking[0],
+        )
+    extra = sorted(set(weight_map) - set(tensors))
+    if extra:
+        raise CheckpointError(
+            f"the like checkpoint names {len(extra)} tensor(s) the input lacks: "
+            f"{preview(extra, 5)}; the output would not load as that model (a tied weight "
+            f"saved separately, or another model)",
+            tensor=extra[0],
+        )
