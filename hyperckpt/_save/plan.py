@@ -27,7 +27,8 @@ from hyperckpt._format.header import DTYPES
 from hyperckpt._layout.model import TensorLayout
 from hyperckpt._read.dtype_policy import is_widening
 from hyperckpt._read.dtypes import to_torch_dtype
-from hyperckpt._save.summary import Box, MergedTensor, code_of
+from hyperckpt._save.boxes import Box, MergedTensor
+from hyperckpt._save.summary import code_of
 from hyperckpt.errors import CheckpointError
 
 __all__ = ["BoxWrite", "WritePlan", "plan_writes"]

@@ -13,19 +13,23 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final
 
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
-from hyperckpt._dist.agreement import distributed
+from hyperckpt._dist.agreement import Failure, agree, distributed
+from hyperckpt.errors import CheckpointError
 
-__all__ = ["DEFAULT_TIMEOUT", "Ranks", "roll_call"]
+__all__ = ["DEFAULT_TIMEOUT", "FAILURES", "Ranks", "agree_within", "rank_lost", "roll_call"]
 
 #: Seconds a rank waits for the others at one agreement (torch's default group timeout).
 DEFAULT_TIMEOUT: Final = 1800.0
 #: Most seconds the ranks still answering wait for each other in a roll call.
 ROLL_CALL_SECONDS: Final = 5.0
+#: The errors a step catches on one rank and hands to the agreement (raised on every rank).
+FAILURES: Final = (CheckpointError, OSError, ValueError, TypeError, RuntimeError)
 
 _SAVES = itertools.count()
 
@@ -90,3 +94,73 @@ def roll_call(ranks: Ranks, step: str) -> tuple[int, ...] | None:
     except (RuntimeError, AttributeError, dist.DistError):
         return None
     return tuple(missing)
+
+
+def agree_within(
+    failure: BaseException | None,
+    ranks: Ranks,
+    target: Path,
+    step: str,
+    *,
+    value: object = None,
+) -> list[object]:
+    """``agree`` within the save's timeout, with a rank that stopped answering turned into a
+    :class:`CheckpointError` naming it; alone, no collective at all."""
+    if ranks.alone:
+        if failure is not None:
+            raise failure
+        return [value]
+    try:
+        return agree(failure, ranks.group, _heard, value=value, timeout=ranks.timeout)
+    except RuntimeError as err:
+        if err is failure or getattr(err, "heard", False):
+            raise
+        raise rank_lost(target, step, err, roll_call(ranks, step), ranks.world) from err
+
+
+def _heard(failure: Failure) -> Exception:
+    """What the other ranks raise when ``failure.rank`` failed: an error of the same kind."""
+    text = f"rank {failure.rank} of the save failed ({failure.kind}): {failure.message}"
+    kind = failure.checkpoint_type
+    err: Exception
+    if kind is not None:
+        err = kind(text, path=failure.path, tensor=failure.tensor, rule=failure.rule)
+    elif failure.kind == "ValueError":
+        err = ValueError(text)
+    elif failure.kind == "RuntimeError":
+        err = RuntimeError(text)
+    elif failure.kind == "TypeError":
+        err = TypeError(text)
+    else:
+        err = OSError(text)
+    setattr(err, "heard", True)  # noqa: B010 - marks an error heard, not raised here
+    return err
+
+
+def rank_lost(
+    target: Path, step: str, err: BaseException, lost: tuple[int, ...] | None, world: int
+) -> CheckpointError:
+    """The error of a rank whose peers stopped answering (killed, hung, or disconnected).
+
+    Args:
+        target: The checkpoint path.
+        step: What the ranks were doing.
+        err: The collective's own error.
+        lost: The ranks that did not answer the roll call, ``None`` when unknown.
+        world: Ranks in the group.
+    """
+    if lost:
+        which = f"rank{'s' if len(lost) > 1 else ''} {', '.join(map(str, lost))} of {world}"
+        who = (
+            f"{which} stopped answering while {step} (killed, hung or disconnected; a rank "
+            f"that saves by itself passes no_dist=True)"
+        )
+    elif lost is None:
+        who = f"a rank stopped answering while {step} (which one is unknown: the store is gone)"
+    else:
+        who = f"a collective failed while {step} though every rank is still running"
+    return CheckpointError(
+        f"{target}: {who}: {err}; nothing was published at {target}: save again",
+        path=str(target),
+        rule="save.rank_lost",
+    )

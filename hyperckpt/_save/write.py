@@ -25,8 +25,8 @@ import torch
 
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.tracker import ProgressTracker
+from hyperckpt._save.boxes import LocalTensor
 from hyperckpt._save.plan import BoxWrite
-from hyperckpt._save.summary import LocalTensor
 from hyperckpt._storage import outputs as files
 from hyperckpt.errors import CheckpointError
 

@@ -36,8 +36,9 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from hyperckpt._read.tracker import ProgressCallback
-from hyperckpt._save.api import DEFAULT_MAX_SHARD_SIZE, SaveOptions, Staged, commit, stage
+from hyperckpt._save.options import DEFAULT_MAX_SHARD_SIZE, SaveOptions
 from hyperckpt._save.ranks import DEFAULT_TIMEOUT
+from hyperckpt._save.stage import Staged, commit, stage
 from hyperckpt.errors import CheckpointError
 
 __all__ = ["HuggingFaceStorageWriter"]
