@@ -5,7 +5,9 @@ index such as ``model.safetensors.index.json`` names; see
 :mod:`hyperckpt._layout.candidates`) and a torch sharded directory (the
 per-rank files ``HuggingFaceStorageWriter(save_distributed=True)`` writes, each carrying
 ``DCP_SHARDING_INFO``).  Everything is decided from the headers; the set of files is
-checked as a whole.  No torch import here.
+checked as a whole.  No torch import here.  (About 480 lines: the two kinds share the
+directory checks, the header reads and the hints that name what else a directory holds;
+the index, the sharding information, tilings, candidates and foreign formats live apart.)
 
 Every rule is checked once, here: the builders hand each problem to a ``report`` callback.
 The default raises it, so :func:`describe` stops at the first problem; ``hyperckpt

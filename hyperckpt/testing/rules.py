@@ -2,6 +2,10 @@
 
 ``docs/rules.md`` is generated from it (``python -m hyperckpt.testing.rules docs/rules.md``)
 and a test checks the page is current, so the examples there are real messages.
+
+Longer than the package's other modules on purpose: it is one table, a row and a provoking
+example per rule, read top to bottom like the page it generates (the save rules' examples
+live in ``_save_rules``).
 """
 
 from __future__ import annotations
