@@ -30,7 +30,15 @@ from hyperckpt.errors import (
     RuleId,
 )
 
-__all__ = ["CREATE_FLAGS", "LocalNewFile", "LocalStorage", "temporary_name"]
+__all__ = [
+    "CREATE_FLAGS",
+    "LocalNewFile",
+    "LocalStorage",
+    "create_new",
+    "open_output",
+    "sync_directory",
+    "temporary_name",
+]
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -42,6 +50,31 @@ _DIRECTORY_FLAGS = (
 )
 #: Most symlinks followed when finding what a name passes through (the kernel's limit).
 _MAX_LINKS = 40
+
+
+def create_new(path: str | os.PathLike[str]) -> int:
+    """A descriptor on a new, empty file at ``path``, created by this call, never through a
+    link (the save's output files and markers).
+
+    Raises:
+        FileExistsError: Something is already there (a link included, never followed).
+    """
+    return os.open(path, CREATE_FLAGS, 0o644)
+
+
+def open_output(path: str | os.PathLike[str], *, write: bool) -> int:
+    """A descriptor on an output file this package created: for positional writes, or for
+    the audit's re-read; never through a link."""
+    return os.open(path, (os.O_WRONLY if write else os.O_RDONLY) | _NOFOLLOW | _CLOEXEC)
+
+
+def sync_directory(path: str | os.PathLike[str]) -> None:
+    """``fsync`` the directory ``path``, so that renames, creations and removals in it last."""
+    fd = os.open(path, _DIRECTORY_FLAGS)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def temporary_name(name: str) -> str:
@@ -344,8 +377,4 @@ class LocalStorage:
 
     def sync(self) -> None:
         """``fsync`` the root directory, so that renames, creations and removals in it last."""
-        fd = os.open(self._root, _DIRECTORY_FLAGS)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        sync_directory(self._root)

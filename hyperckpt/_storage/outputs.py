@@ -17,6 +17,8 @@ import uuid
 from pathlib import Path
 from typing import Final
 
+from hyperckpt._storage.files import create_new, open_output, sync_directory
+
 __all__ = [
     "TEMP_MARK",
     "close",
@@ -46,8 +48,6 @@ TEMP_MARK: Final = ".hyperckpt-save-"
 MARKER: Final = ".hyperckpt-save-in-progress"
 _MARKER_TEXT: Final = "hyperckpt save in progress for {name}\n"
 _RANK_MARK: Final = ".hyperckpt-rank-"
-_NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
-_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
 
 
 def make_temp_dir(target: Path) -> Path:
@@ -143,7 +143,7 @@ def remove_leftovers(target: Path) -> list[Path]:
 def _marked(directory: Path, target: Path) -> bool:
     """Whether ``directory`` holds our marker for ``target`` (a regular file, not a link)."""
     try:
-        fd = os.open(directory / MARKER, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+        fd = open_output(directory / MARKER, write=False)
     except OSError:
         return False
     try:
@@ -157,7 +157,7 @@ def _marked(directory: Path, target: Path) -> bool:
 
 def create_sized(path: Path, size: int, header: bytes) -> None:
     """Create ``path`` exclusively (no symlink followed), ``size`` bytes long, ``header`` first."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o644)
+    fd = create_new(path)
     try:
         os.ftruncate(fd, size)
         pwrite_all(fd, header, 0)
@@ -167,12 +167,12 @@ def create_sized(path: Path, size: int, header: bytes) -> None:
 
 def open_for_writing(path: Path) -> int:
     """A descriptor for positional writes into an existing output file (no symlink followed)."""
-    return os.open(path, os.O_WRONLY | _NOFOLLOW | _CLOEXEC)
+    return open_output(path, write=True)
 
 
 def open_for_reading(path: Path) -> int:
     """A descriptor to re-read an output file for the audit (no symlink followed)."""
-    return os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+    return open_output(path, write=False)
 
 
 def pwrite_all(fd: int, data: bytes | memoryview | bytearray, offset: int) -> None:
@@ -211,18 +211,9 @@ def sync_and_close(fd: int) -> None:
 
 def write_small(path: Path, data: bytes) -> None:
     """Create ``path`` exclusively with ``data`` (the index), durable before it returns."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o644)
+    fd = create_new(path)
     try:
         pwrite_all(fd, data, 0)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def sync_directory(path: Path) -> None:
-    """Make the entries of directory ``path`` (creations, renames) durable."""
-    fd = os.open(path, os.O_RDONLY | _CLOEXEC)
-    try:
         os.fsync(fd)
     finally:
         os.close(fd)
