@@ -37,10 +37,13 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 
 import torch
 import torch.distributed.checkpoint as dcp
+from fuzz_harness import MEMORY_BASE, MEMORY_PER_BYTE, FuzzFailure
+from fuzz_harness import Hang as _Hang
+from fuzz_harness import alarm as _alarm
+from fuzz_harness import peak_rss as _peak_rss
 from safetensors import safe_open
 from torch.distributed.checkpoint.api import CheckpointException
 
@@ -654,8 +657,6 @@ def _bits(tensor: torch.Tensor) -> torch.Tensor:
     return flat != 0 if tensor.dtype == torch.bool else flat
 
 
-class FuzzFailure(AssertionError):
-    """An outcome the fuzzer forbids: a foreign exception, wrong data, or a missed refusal."""
 
 
 _CHANGED = ("since its header was read", "deleted or replaced since", "while it was being read")
@@ -771,12 +772,8 @@ class Report:
     seconds: float = 0.0
 
 
-class _Hang(Exception):
-    pass
 
 
-def _alarm(_signum: int, _frame: FrameType | None) -> None:
-    raise _Hang
 
 
 def _bytes_under(root: Path) -> int:
@@ -818,15 +815,8 @@ def run_case(
         shutil.rmtree(root, ignore_errors=True)
 
 
-#: A case may raise the process's peak memory by at most this much plus
-#: MEMORY_PER_BYTE x the bytes of its checkpoint; more counts as a failure.
-MEMORY_BASE = 16 * 2**20
-MEMORY_PER_BYTE = 16
 
 
-def _peak_rss() -> int:
-    """The process's peak resident memory in bytes (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def fuzz(

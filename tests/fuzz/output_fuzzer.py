@@ -38,9 +38,11 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 
 import torch
+from fuzz_harness import FuzzFailure
+from fuzz_harness import Hang as _Hang
+from fuzz_harness import alarm as _alarm
 from safetensors import safe_open
 
 from hyperckpt import CheckpointError, consolidate, describe, verify
@@ -64,12 +66,8 @@ INDEX = "model.safetensors.index.json"
 _ALPHABET = 'abcxyz._-0123456789"\\é漢 '
 
 
-class FuzzFailure(AssertionError):
-    """An outcome the fuzzer forbids."""
 
 
-class _Hang(Exception):
-    pass
 
 
 @dataclass
@@ -231,8 +229,6 @@ def run_case(work: Path, seed: int, case: int) -> tuple[str, list[str]]:
     return _consolidate_case(rng, work, draws), draws
 
 
-def _alarm(_signum: int, _frame: FrameType | None) -> None:
-    raise _Hang
 
 
 def fuzz(

@@ -37,7 +37,6 @@ import json
 import logging
 import os
 import random
-import resource
 import shutil
 import signal
 import sys
@@ -48,9 +47,12 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 
 import torch
+from fuzz_harness import MEMORY_BASE, MEMORY_PER_BYTE, FuzzFailure
+from fuzz_harness import Hang as _Hang
+from fuzz_harness import alarm as _alarm
+from fuzz_harness import peak_rss as _peak_rss
 from safetensors.torch import save_file
 
 import hyperckpt
@@ -73,17 +75,11 @@ from hyperckpt.testing._hostile_surfaces import (
 logger = logging.getLogger("surface_fuzzer")
 
 FAMILIES = ("error_model", "cost", "forged_text", "expert_numbering")
-#: A case may raise the process's peak memory by at most this much plus
-#: MEMORY_PER_BYTE x the bytes of its input; more counts as a failure.
-MEMORY_BASE = 16 * 2**20
-MEMORY_PER_BYTE = 16
 _ALLOWED = (CheckpointError, ValueError, TypeError)
 _PRESETS = ("qwen3-moe", "mixtral", "gate-up-proj", "qkv-proj")
 _LAYOUTS = ("fsdp", "tp", "fsdp-tp", "hsdp", "replicate")
 
 
-class FuzzFailure(AssertionError):
-    """A forbidden outcome: its message says what happened."""
 
 
 @dataclass
@@ -356,16 +352,10 @@ def _expert_numbering(rng: random.Random, root: Path) -> tuple[str, str, int]:
 # ---------------------------------------------------------------------------- driver
 
 
-class _Hang(Exception):
-    pass
 
 
-def _alarm(_signum: int, _frame: FrameType | None) -> None:
-    raise _Hang
 
 
-def _peak_rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def run_case(work: Path, sample: Path, seed: int, case: int) -> tuple[str, str, int, int]:
