@@ -72,6 +72,7 @@ RuleId = Literal[
     "mapping.collision",
     "mapping.dtype",
     "mapping.function",
+    "mapping.not_invertible",
     "mapping.partner",
     "mapping.shape",
     "mapping.source",

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from hyperckpt._layout.mapping import MappingLike
 from hyperckpt._read.tracker import ProgressCallback
 from hyperckpt._save.options import DEFAULT_MAX_SHARD_SIZE, SaveOptions
 from hyperckpt._save.ranks import DEFAULT_TIMEOUT, FAILURES, agree_within, rank_lost
@@ -51,6 +52,7 @@ def save(
     no_dist: bool = False,
     timeout: float = DEFAULT_TIMEOUT,
     per_rank: bool = False,
+    mapping: MappingLike | None = None,
 ) -> SaveReport:
     """Save a state dict of tensors and DTensors (any layout) as a Hugging Face checkpoint.
 
@@ -86,6 +88,12 @@ def save(
             ``save_distributed`` spelling, ``DCP_SHARDING_INFO`` offsets), published at
             ``path`` on each storage by its lowest rank.  Gather every storage's files into
             one directory, then load it or ``hyperckpt consolidate`` it into HF files.
+        mapping: The mapping that loads the checkpoint into this state dict (a preset's
+            name such as ``"qwen3-moe"``, a :class:`~hyperckpt.Mapping`, a dict of names),
+            run backwards: fused experts ``mlp.experts.gate_up_proj`` ``[E, 2I, H]`` are
+            written as ``mlp.experts.{e}.gate_proj.weight`` and ``up_proj`` ``[I, H]``, each
+            rank writing the experts it holds.  A rule with no inverse (a rename function)
+            is refused (``mapping.not_invertible``).
 
     Returns:
         A :class:`SaveReport`, the same on every rank except ``seconds``.
@@ -114,6 +122,7 @@ def save(
             thread_count=thread_count,
             timeout=timeout,
             per_rank=per_rank,
+            mapping=mapping,
         ),
         flat=False,
     )

@@ -10,6 +10,7 @@ import torch
 
 from hyperckpt._arguments import Limits, check_number
 from hyperckpt._consolidate.assign import output_dtype_code, parse_size
+from hyperckpt._layout.mapping import Mapping, MappingLike, as_mapping
 from hyperckpt._save.ranks import DEFAULT_TIMEOUT
 
 __all__ = ["DEFAULT_MAX_SHARD_SIZE", "SaveOptions"]
@@ -35,6 +36,8 @@ class SaveOptions:
         timeout: Most seconds a rank waits for the others at one agreement.
         per_rank: Each rank writes its own pieces into files of its own (torch's
             ``save_distributed`` spelling), for storage the ranks do not share.
+        mapping: The mapping a load of the checkpoint would use, run backwards to name the
+            saved tensors (fused experts saved per expert), or ``None``.
     """
 
     max_shard_size: int
@@ -46,6 +49,7 @@ class SaveOptions:
     threads: int = 4
     timeout: float = DEFAULT_TIMEOUT
     per_rank: bool = False
+    mapping: Mapping | None = None
 
     @classmethod
     def build(
@@ -60,12 +64,14 @@ class SaveOptions:
         thread_count: int | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         per_rank: bool = False,
+        mapping: MappingLike | None = None,
     ) -> SaveOptions:
         """The options from the public spelling.
 
         Raises:
-            ValueError: A size, dtype, thread count or timeout is malformed.
-            TypeError: ``timeout`` is not a number.
+            ValueError: A size, dtype, thread count or timeout is malformed, or a mapping
+                preset is unknown.
+            TypeError: ``timeout`` is not a number, or ``mapping`` is of no accepted kind.
         """
         threads = min(4, os.cpu_count() or 1) if thread_count is None else thread_count
         if threads < 1:
@@ -80,4 +86,5 @@ class SaveOptions:
             threads=threads,
             timeout=float(check_number("timeout", timeout, _TIMEOUT)),
             per_rank=per_rank,
+            mapping=None if mapping is None else as_mapping(mapping),
         )

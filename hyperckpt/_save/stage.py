@@ -37,6 +37,7 @@ from hyperckpt._save.options import SaveOptions
 from hyperckpt._save.per_rank import all_file_names, plan_rank_files
 from hyperckpt._save.plan import WritePlan, plan_writes
 from hyperckpt._save.ranks import DEFAULT_TIMEOUT, FAILURES, Ranks, agree_within
+from hyperckpt._save.remap import remap
 from hyperckpt._save.summary import flatten, summarize, unalias
 from hyperckpt._save.write import audit_boxes, write_boxes
 from hyperckpt._storage import outputs as files
@@ -160,6 +161,8 @@ def stage(
         try:
             flat_dict = dict(state_dict) if flat else flatten(state_dict, path=where)
             summaries, held = summarize(flat_dict, path=where)
+            if built.mapping is not None:
+                summaries, held = remap(built.mapping, summaries, held, path=where)
             if built.keep_aliases:
                 summaries = unalias(summaries)
         except FAILURES as err:

@@ -349,6 +349,15 @@ def _renamed_from_a_table(name: str) -> str:
     return {"v": "value"}[name]
 
 
+def _saved_through_a_function(root: Path) -> object:
+    """A save whose mapping renames through a function, which has no inverse."""
+    import torch
+
+    from hyperckpt._save.api import save
+
+    return save({"w": torch.ones(2)}, root / "saved", mapping=_renamed_from_a_table)
+
+
 def _expert(shape: list[int], dtype: str = "BF16") -> tuple[str, list[int]]:
     return dtype, shape
 
@@ -590,6 +599,12 @@ _READ_RULES: tuple[Rule, ...] = (
     Rule("mapping.function", "A rename function returns a non-empty string or `None` for every "
          "tensor, and raises nothing.", _E, r"raised \w+ .* on tensor|a rename function returns",
          _mapped({"w": _expert([2])}, _renamed_from_a_table)),
+    Rule("mapping.not_invertible", "A save with `mapping=` runs it backwards: every rule has "
+         "an inverse (no rename function, no `Replace` to the empty string, a concatenation "
+         "only of equal sources, `Fuse(..., equal=True)`).", _E,
+         r"cannot be run backwards|does not start with it|where it stood|not in the state "
+         r"dict|equal parts|sits at two places|gives checkpoint name|from several names|no "
+         r"dimension", _saved_through_a_function),
     Rule("mapping.dtype", "The sources of a fused tensor share one dtype.", _E,
          r"is \w+ but .* is \w+; a fused tensor has one dtype",
          _mapped({f"{_X}.{e}.down_proj.weight": _expert([3, 2], ("BF16", "F16")[e]) for e in (0, 1)},

@@ -42,12 +42,16 @@ class Fuse:
             from the end); with ``stack`` it cannot be 0, the stacked dimension.  Ignored
             with a single source.
         stack: The placeholder that indexes the stacked dimension, or ``None``.
+        equal: The sources have equal sizes along ``dim`` (gate and up projections), so
+            a save with this mapping can split the fused tensor back into them; without
+            it such a save is refused (``mapping.not_invertible``).
     """
 
     dest: str
     sources: abc.Sequence[str]
     dim: int = 0
     stack: str | None = None
+    equal: bool = False
     _templates: tuple[Template, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -55,6 +59,8 @@ class Fuse:
         object.__setattr__(self, "sources", sources)
         if not self.sources:
             raise ValueError(f"Fuse({self.dest!r}): needs at least one source")
+        if type(self.equal) is not bool:
+            raise TypeError(f"Fuse({self.dest!r}): equal must be a bool, got {self.equal!r}")
         if type(self.dim) is not int:
             raise TypeError(f"Fuse({self.dest!r}): dim must be an int, got {self.dim!r}")
         dest = Template.parse(self.dest)
@@ -90,7 +96,8 @@ class Fuse:
     def describe(self) -> str:
         stack = f", stack={self.stack!r}" if self.stack else ""
         dim = f", dim={self.dim}" if len(self.sources) > 1 else ""
-        return f"Fuse({self.dest!r}, {list(self.sources)}{dim}{stack})"
+        equal = ", equal=True" if self.equal else ""
+        return f"Fuse({self.dest!r}, {list(self.sources)}{dim}{stack}{equal})"
 
     def _apply(self, tensors: _Tensors) -> tuple[_Tensors, list[str]]:
         dest, *templates = self._templates

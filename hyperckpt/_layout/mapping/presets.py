@@ -22,6 +22,7 @@ def _experts(gate: str, up: str, down: str, *, before: tuple[Rule, ...] = ()) ->
             (f"{{m}}.experts.{{e}}.{gate}.weight", f"{{m}}.experts.{{e}}.{up}.weight"),
             dim=1,
             stack="e",
+            equal=True,
         ),
         Fuse("{m}.experts.down_proj", (f"{{m}}.experts.{{e}}.{down}.weight",), stack="e"),
     )
@@ -42,7 +43,7 @@ PRESETS: Final[abc.Mapping[str, Mapping]] = MappingProxyType(
             "mixtral",
         ),
         "gate-up-proj": Mapping(
-            (Fuse("{m}.gate_up_proj.{p}", ("{m}.gate_proj.{p}", "{m}.up_proj.{p}"), dim=0),),
+            (Fuse("{m}.gate_up_proj.{p}", ("{m}.gate_proj.{p}", "{m}.up_proj.{p}"), dim=0, equal=True),),
             "gate-up-proj",
         ),
         "qkv-proj": Mapping(
