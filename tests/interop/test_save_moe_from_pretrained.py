@@ -1,0 +1,86 @@
+"""The MoE round trip of issue 23: fused experts saved per expert load back in transformers.
+
+A transformers-5 model holds ``mlp.experts.gate_up_proj`` ``[E, 2I, H]`` and ``down_proj``
+``[E, H, I]``.  ``hyperckpt.save(model.state_dict(), path, mapping=...)`` must write the
+per-expert checkpoint that ``from_pretrained`` loads bit-exact, under the names
+``save_pretrained`` itself writes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+import hyperckpt
+
+
+def _model(name: str) -> torch.nn.Module:
+    from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    common = {
+        "vocab_size": 40,
+        "hidden_size": 16,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 8,
+        "num_experts_per_tok": 2,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+    torch.manual_seed(5)
+    if name == "qwen3-moe":
+        config = Qwen3MoeConfig(
+            **common, moe_intermediate_size=6, num_experts=3, mlp_only_layers=[]
+        )
+        return Qwen3MoeForCausalLM(config)
+    return MixtralForCausalLM(MixtralConfig(**common, intermediate_size=6, num_local_experts=3))
+
+
+def _names(directory: Path) -> set[str]:
+    names: set[str] = set()
+    for file in directory.glob("*.safetensors"):
+        with safe_open(file, "pt") as f:
+            names.update(f.keys())
+    return names
+
+
+@pytest.mark.parametrize("name", ["qwen3-moe", "mixtral"])
+def test_fused_experts_saved_per_expert_load_back_bit_exact_with_from_pretrained(
+    tmp_path: Path, name: str
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = _model(name)
+    state = model.state_dict()
+    assert state["model.layers.1.mlp.experts.gate_up_proj"].shape == (3, 12, 16)
+    ours = tmp_path / "ours"
+    hyperckpt.save(state, ours, mapping=name)
+    model.config.save_pretrained(ours)
+
+    loaded = AutoModelForCausalLM.from_pretrained(ours, dtype=state["lm_head.weight"].dtype)
+    back = loaded.state_dict()
+    assert back.keys() == state.keys()
+    differ = [key for key, value in state.items() if not torch.equal(back[key], value)]
+    assert not differ
+
+    names = _names(ours)
+    assert not [n for n in names if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]
+    block = "mlp" if name == "qwen3-moe" else "block_sparse_moe"
+    gate, up, down = (
+        ("gate_proj", "up_proj", "down_proj") if name == "qwen3-moe" else ("w1", "w3", "w2")
+    )
+    for layer in range(2):
+        for expert in range(3):
+            for proj in (gate, up, down):
+                assert f"model.layers.{layer}.{block}.experts.{expert}.{proj}.weight" in names
+
+    # save_pretrained of transformers 5 converts fused experts back to the Hub's per-expert
+    # names on the way out; ours must be exactly that set of names.
+    theirs = tmp_path / "theirs"
+    model.save_pretrained(theirs)
+    assert _names(theirs) == names
