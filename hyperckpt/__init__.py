@@ -38,7 +38,7 @@ from hyperckpt._read.stats import LoadStats
 from hyperckpt._read.storage_info import StorageInfo
 from hyperckpt._read.tracker import Progress
 from hyperckpt._sample import write_sample
-from hyperckpt._save import HuggingFaceStorageWriter, SaveReport, save
+from hyperckpt._save import HuggingFaceStorageWriter, SaveOptions, SaveReport, save
 from hyperckpt._storage.stamp import FileStamp
 from hyperckpt._verify import FileCheck, TensorCheck, VerifyReport, verify
 from hyperckpt.errors import CheckpointChangedError, CheckpointError, CheckpointNotFoundError
@@ -69,6 +69,7 @@ __all__ = [
     "ReadOptions",
     "Rename",
     "Replace",
+    "SaveOptions",
     "SaveReport",
     "StorageInfo",
     "StripPrefix",

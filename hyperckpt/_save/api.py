@@ -16,8 +16,8 @@ import torch.distributed as dist
 
 from hyperckpt._layout.mapping import MappingLike
 from hyperckpt._read.tracker import ProgressCallback
-from hyperckpt._save.options import DEFAULT_MAX_SHARD_SIZE, SaveOptions
-from hyperckpt._save.ranks import DEFAULT_TIMEOUT, FAILURES, agree_within, rank_lost
+from hyperckpt._save.options import DEFAULT_MAX_SHARD_SIZE, SaveOptions, one_save_options
+from hyperckpt._save.ranks import FAILURES, agree_within, rank_lost
 from hyperckpt._save.stage import SaveReport, Staged, check_shared, commit, stage
 
 # Re-exported from their own modules, where callers imported them before the split.
@@ -41,17 +41,18 @@ def save(
     path: str | os.PathLike[str],
     *,
     process_group: dist.ProcessGroup | None = None,
-    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+    options: SaveOptions | None = None,
+    max_shard_size: int | str | None = None,
     dtype: str | torch.dtype | None = None,
-    refuse_narrowing: bool = False,
-    keep_aliases: bool = False,
-    overwrite: bool = False,
-    audit: bool = True,
+    refuse_narrowing: bool | None = None,
+    keep_aliases: bool | None = None,
+    overwrite: bool | None = None,
+    audit: bool | None = None,
     thread_count: int | None = None,
     progress: ProgressCallback | None = None,
     no_dist: bool = False,
-    timeout: float = DEFAULT_TIMEOUT,
-    per_rank: bool = False,
+    timeout: float | None = None,
+    per_rank: bool | None = None,
     mapping: MappingLike | None = None,
 ) -> SaveReport:
     """Save a state dict of tensors and DTensors (any layout) as a Hugging Face checkpoint.
@@ -68,6 +69,11 @@ def save(
         state_dict: Name to tensor or DTensor; nested mappings are joined with ``"."``.
         path: The checkpoint directory to create.
         process_group: The ranks taking part; the default group when initialized.
+        options: A :class:`~hyperckpt.SaveOptions` holding every option below but
+            ``progress`` and ``no_dist``.  The keyword options are a convenience that set
+            its fields (``thread_count`` sets ``threads``); an option given both ways is a
+            ``ValueError`` naming both.  A keyword left at ``None`` is not given: the
+            defaults are :class:`~hyperckpt.SaveOptions`'s.
         max_shard_size: Most bytes of tensor data per file (``"5GB"`` = 5 * 10**9).
         dtype: Write float tensors (F16, BF16, F32, F64) as this dtype, e.g. ``"bf16"``.
         refuse_narrowing: With ``dtype``, refuse instead of rounding a wider tensor.
@@ -102,34 +108,43 @@ def save(
         CheckpointError: The state dict or the path is refused (each with a rule id), or
             the audit failed; raised on every rank when any rank failed, before anything is
             at ``path``.
-        ValueError: An option is malformed.
+        ValueError: An option is malformed, or given both as a keyword and in ``options``.
         OSError: The files cannot be written.
     """
     target = Path(path)
+    built: list[SaveOptions] = []
+
+    def build() -> SaveOptions:
+        built.append(
+            one_save_options(
+                options,
+                max_shard_size=max_shard_size,
+                dtype=None if dtype is None else str(dtype),
+                refuse_narrowing=refuse_narrowing,
+                keep_aliases=keep_aliases,
+                overwrite=overwrite,
+                audit=audit,
+                thread_count=thread_count,
+                timeout=timeout,
+                per_rank=per_rank,
+                mapping=mapping,
+            )
+        )
+        return built[0]
+
     staged = stage(
         state_dict,
         target,
         group=process_group,
         alone=no_dist,
         progress=progress,
-        options=lambda: SaveOptions.build(
-            max_shard_size=max_shard_size,
-            dtype=dtype,
-            refuse_narrowing=refuse_narrowing,
-            keep_aliases=keep_aliases,
-            overwrite=overwrite,
-            audit=audit,
-            thread_count=thread_count,
-            timeout=timeout,
-            per_rank=per_rank,
-            mapping=mapping,
-        ),
+        options=build,
         flat=False,
     )
     failure: BaseException | None = None
     if staged.publishes:
         try:
-            commit(staged, overwrite=overwrite)
+            commit(staged, overwrite=built[0].overwrite)
         except FAILURES as err:
             failure = err
     agree_within(failure, staged.ranks, staged.target, "publishing")

@@ -1,90 +1,138 @@
-"""A save's options: the public spelling checked once into one frozen :class:`SaveOptions`."""
+"""A save's options: one frozen :class:`SaveOptions`, built once from ``options=`` and keywords.
+
+:func:`hyperckpt.save` and :class:`hyperckpt.HuggingFaceStorageWriter` take one ``options=``
+object; their keyword options are a convenience that sets fields of it, and an option given
+both ways is refused, naming both (:func:`one_save_options`, the one place both build it).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from dataclasses import dataclass
-from typing import Final
+from dataclasses import dataclass, field
+from typing import Any, Final
 
-import torch
-
-from hyperckpt._arguments import Limits, check_number
+from hyperckpt._arguments import Limits, check_flag, check_number
 from hyperckpt._consolidate.assign import output_dtype_code, parse_size
-from hyperckpt._layout.mapping import Mapping, MappingLike, as_mapping
+from hyperckpt._layout.mapping import Mapping, as_mapping
 from hyperckpt._save.ranks import DEFAULT_TIMEOUT
 
-__all__ = ["DEFAULT_MAX_SHARD_SIZE", "SaveOptions"]
+__all__ = ["DEFAULT_MAX_SHARD_SIZE", "SaveOptions", "one_save_options"]
 
 #: ``save_pretrained``'s classic split (transformers 4); pass ``"50GB"`` for transformers 5's.
 DEFAULT_MAX_SHARD_SIZE: Final = "5GB"
 #: What ``timeout`` accepts: a second to a week.
 _TIMEOUT: Final = Limits(1, 7 * 86400, integer=False, unit="seconds")
+#: What ``thread_count`` accepts.
+_THREADS: Final = Limits(1, 1024, unit="threads")
+#: A keyword's name where it differs from the field it sets.
+_FIELD_OF: Final = {"thread_count": "threads"}
+
+
+def _default_threads() -> int:
+    return min(4, os.cpu_count() or 1)
 
 
 @dataclass(frozen=True, slots=True)
 class SaveOptions:
-    """Every option of a save, checked once.
+    """Every option of a save, checked when the object is made (and by ``dataclasses.replace``).
+
+    :func:`hyperckpt.save` and :class:`hyperckpt.HuggingFaceStorageWriter` take it as
+    ``options=``; their keyword options set its fields, and an option given both ways is a
+    ``ValueError`` naming both.
 
     Attributes:
-        max_shard_size: Most bytes of tensor data per file (a larger tensor alone in one).
-        dtype: The safetensors code float tensors are written as, or ``None`` (as held).
+        max_shard_size: Most bytes of tensor data per file (a larger tensor alone in one);
+            ``"5GB"`` (``5 * 10**9``) style strings are accepted and stored as bytes.
+        dtype: The safetensors code float tensors are written as (``"bf16"`` and
+            ``torch.bfloat16`` are accepted and stored as ``"BF16"``), or ``None`` (as held).
         refuse_narrowing: Refuse a ``dtype`` that would round some tensor's values.
         keep_aliases: Write every name of tensors that share storage (tied weights).
         overwrite: Replace what is at the path.
         audit: Re-read every written box and compare its digest before publishing.
-        threads: Boxes written at the same time per rank.
-        timeout: Most seconds a rank waits for the others at one agreement.
+        threads: Boxes written at the same time per rank, 1 to 1024 (default: the host's
+            cores, at most 4).
+        timeout: Most seconds a rank waits for the others at one agreement, 1 to a week.
         per_rank: Each rank writes its own pieces into files of its own (torch's
             ``save_distributed`` spelling), for storage the ranks do not share.
         mapping: The mapping a load of the checkpoint would use, run backwards to name the
-            saved tensors (fused experts saved per expert), or ``None``.
+            saved tensors (fused experts saved per expert), or ``None``; a preset's name is
+            accepted and stored as its :class:`~hyperckpt.Mapping`.
     """
 
-    max_shard_size: int
+    max_shard_size: int = parse_size(DEFAULT_MAX_SHARD_SIZE)
     dtype: str | None = None
     refuse_narrowing: bool = False
     keep_aliases: bool = False
     overwrite: bool = False
     audit: bool = True
-    threads: int = 4
+    threads: int = field(default_factory=_default_threads)
     timeout: float = DEFAULT_TIMEOUT
     per_rank: bool = False
     mapping: Mapping | None = None
 
-    @classmethod
-    def build(
-        cls,
-        *,
-        max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
-        dtype: str | torch.dtype | None = None,
-        refuse_narrowing: bool = False,
-        keep_aliases: bool = False,
-        overwrite: bool = False,
-        audit: bool = True,
-        thread_count: int | None = None,
-        timeout: float = DEFAULT_TIMEOUT,
-        per_rank: bool = False,
-        mapping: MappingLike | None = None,
-    ) -> SaveOptions:
-        """The options from the public spelling.
+    def __post_init__(self) -> None:
+        """Check every field; store sizes, dtypes and mappings in their one form.
 
         Raises:
-            ValueError: A size, dtype, thread count or timeout is malformed, or a mapping
-                preset is unknown.
-            TypeError: ``timeout`` is not a number, or ``mapping`` is of no accepted kind.
+            ValueError: A size, dtype, thread count or timeout is out of range, or a
+                mapping preset is unknown.
+            TypeError: A value is of a wrong kind.
         """
-        threads = min(4, os.cpu_count() or 1) if thread_count is None else thread_count
-        if threads < 1:
-            raise ValueError(f"thread_count must be at least 1, got {thread_count}")
-        return cls(
-            max_shard_size=parse_size(max_shard_size),
-            dtype=None if dtype is None else output_dtype_code(str(dtype)),
-            refuse_narrowing=refuse_narrowing,
-            keep_aliases=keep_aliases,
-            overwrite=overwrite,
-            audit=audit,
-            threads=threads,
-            timeout=float(check_number("timeout", timeout, _TIMEOUT)),
-            per_rank=per_rank,
-            mapping=None if mapping is None else as_mapping(mapping),
+        object.__setattr__(self, "max_shard_size", parse_size(self.max_shard_size))
+        dtype: object = self.dtype
+        if dtype is not None:
+            object.__setattr__(self, "dtype", output_dtype_code(str(dtype)))
+        for name in ("refuse_narrowing", "keep_aliases", "overwrite", "audit", "per_rank"):
+            check_flag(name, getattr(self, name))
+        object.__setattr__(self, "threads", check_number("thread_count", self.threads, _THREADS))
+        object.__setattr__(self, "timeout", float(check_number("timeout", self.timeout, _TIMEOUT)))
+        mapping: object = self.mapping
+        if mapping is not None and not isinstance(mapping, Mapping):
+            object.__setattr__(self, "mapping", as_mapping(mapping))
+
+
+def one_save_options(options: object, **keywords: object) -> SaveOptions:
+    """The one :class:`SaveOptions` of a call: ``options`` with its keyword options set in it.
+
+    A keyword counts as given when it is not ``None``; a field of ``options`` counts as
+    given when it differs from its default.  An option given both ways is refused even when
+    both values agree: there is no silent winner.
+
+    Args:
+        options: The call's ``options=``; ``None`` is :class:`SaveOptions`'s defaults.
+        **keywords: The call's keyword options, by their public names (``thread_count``).
+
+    Raises:
+        TypeError: ``options`` is not a :class:`SaveOptions`, or a value is of a wrong kind.
+        ValueError: An option is given twice (the message names both spellings), or a value
+            is refused (see :class:`SaveOptions`).
+    """
+    if options is None:
+        options = SaveOptions()
+    elif not isinstance(options, SaveOptions):
+        raise TypeError(
+            f"options must be a hyperckpt.SaveOptions or None, got {type(options).__name__}; "
+            f"build one with hyperckpt.SaveOptions(max_shard_size=..., ...)"
         )
+    defaults = SaveOptions()
+    set_in_options = {
+        f.name
+        for f in dataclasses.fields(SaveOptions)
+        if getattr(options, f.name) != getattr(defaults, f.name)
+    }
+    values: dict[str, Any] = {}
+    twice: list[str] = []
+    for keyword, value in keywords.items():
+        if value is None:
+            continue
+        name = _FIELD_OF.get(keyword, keyword)
+        if name in set_in_options:
+            twice.append(f"{keyword}= and options.{name}")
+        values[name] = value
+    if twice:
+        raise ValueError(
+            f"an option is given two ways: {'; '.join(twice)}; give each option once (to "
+            f"change a field of options, use dataclasses.replace(options, ...))"
+        )
+    return dataclasses.replace(options, **values) if values else options

@@ -35,9 +35,9 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
+from hyperckpt._layout.mapping import MappingLike
 from hyperckpt._read.tracker import ProgressCallback
-from hyperckpt._save.options import DEFAULT_MAX_SHARD_SIZE, SaveOptions
-from hyperckpt._save.ranks import DEFAULT_TIMEOUT
+from hyperckpt._save.options import SaveOptions, one_save_options
 from hyperckpt._save.stage import Staged, commit, stage
 from hyperckpt.errors import CheckpointError
 
@@ -56,6 +56,9 @@ class HuggingFaceStorageWriter(StorageWriter):
         path: The checkpoint directory to create (``checkpoint_id`` of ``dcp.save``
             replaces it when given).
         process_group: Must be the group passed to ``dcp.save`` (default: the default group).
+        options: A :class:`~hyperckpt.SaveOptions`, as in :func:`hyperckpt.save` (the
+            keywords below set its fields; one given both ways is a ``ValueError``).
+            ``per_rank`` is refused: use :func:`hyperckpt.save`.
         max_shard_size: See :func:`hyperckpt.save`.
         dtype: See :func:`hyperckpt.save`.
         refuse_narrowing: See :func:`hyperckpt.save`.
@@ -65,6 +68,13 @@ class HuggingFaceStorageWriter(StorageWriter):
         thread_count: See :func:`hyperckpt.save`.
         progress: See :func:`hyperckpt.save`.
         timeout: See :func:`hyperckpt.save`.
+        mapping: See :func:`hyperckpt.save`: the mapping runs backwards, so
+            ``mapping="qwen3-moe"`` writes fused experts as ``mlp.experts.{e}.*_proj.weight``.
+
+    Raises:
+        ValueError: An option is malformed, given both as a keyword and in ``options``, or
+            ``per_rank`` is set.
+        TypeError: An option is of a wrong kind.
     """
 
     def __init__(
@@ -72,28 +82,38 @@ class HuggingFaceStorageWriter(StorageWriter):
         path: str | os.PathLike[str],
         *,
         process_group: dist.ProcessGroup | None = None,
-        max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+        options: SaveOptions | None = None,
+        max_shard_size: int | str | None = None,
         dtype: str | torch.dtype | None = None,
-        refuse_narrowing: bool = False,
-        keep_aliases: bool = False,
-        overwrite: bool = False,
-        audit: bool = True,
+        refuse_narrowing: bool | None = None,
+        keep_aliases: bool | None = None,
+        overwrite: bool | None = None,
+        audit: bool | None = None,
         thread_count: int | None = None,
         progress: ProgressCallback | None = None,
-        timeout: float = DEFAULT_TIMEOUT,
+        timeout: float | None = None,
+        mapping: MappingLike | None = None,
     ) -> None:
         super().__init__()
         self.path = Path(path)
-        self._options = SaveOptions.build(
+        self._options = one_save_options(
+            options,
             max_shard_size=max_shard_size,
-            dtype=dtype,
+            dtype=None if dtype is None else str(dtype),
             refuse_narrowing=refuse_narrowing,
             keep_aliases=keep_aliases,
             overwrite=overwrite,
             audit=audit,
             thread_count=thread_count,
             timeout=timeout,
+            mapping=mapping,
         )
+        if self._options.per_rank:
+            raise ValueError(
+                "HuggingFaceStorageWriter does not write per_rank files (options.per_rank is "
+                "True); use hyperckpt.save(state_dict, path, per_rank=True) for storage the "
+                "ranks do not share"
+            )
         self._group = process_group
         self._progress = progress
         self._staged: Staged | None = None

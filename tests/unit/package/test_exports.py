@@ -30,6 +30,7 @@ PUBLIC = [
     "HuggingFaceStorageReader",
     "HuggingFaceStorageWriter",
     "HyperckptDeprecationWarning",
+    "SaveOptions",
     "SaveReport",
     "LoadPlanner",
     "LoadReport",

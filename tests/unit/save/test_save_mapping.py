@@ -118,3 +118,64 @@ def test_reverse_gives_each_expert_a_box_of_the_fused_tensor() -> None:
         ("m.experts.1.gate_proj.weight", (1, 0, 0), (1, 4, 5), (4, 5)),
         ("m.experts.1.up_proj.weight", (1, 4, 0), (1, 4, 5), (4, 5)),
     ]
+
+
+def test_dcp_save_through_the_writer_with_a_mapping_writes_per_expert_names(
+    tmp_path: Path,
+) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    state = _fused()
+    writer = hyperckpt.HuggingFaceStorageWriter(tmp_path / "ckpt", mapping="qwen3-moe")
+    dcp.save(state, storage_writer=writer, no_dist=True)
+    expected = _expected(state, "gate_proj", "up_proj", "down_proj")
+    with safe_open(str(tmp_path / "ckpt" / "model.safetensors"), "pt") as f:
+        assert sorted(f.keys()) == sorted(expected)
+        for name, tensor in expected.items():
+            assert mismatch(f.get_tensor(name), tensor) is None, name
+    back = {name: poison_(torch.empty_like(t)) for name, t in state.items()}
+    hyperckpt.load(back, tmp_path / "ckpt", mapping="qwen3-moe")
+    for name, tensor in state.items():
+        assert mismatch(back[name], tensor) is None, name
+
+
+def test_an_option_given_as_a_keyword_and_in_options_is_refused_naming_both(
+    tmp_path: Path,
+) -> None:
+    options = hyperckpt.SaveOptions(mapping="qwen3-moe", audit=False)
+    with pytest.raises(ValueError, match=r"mapping= and options\.mapping"):
+        hyperckpt.HuggingFaceStorageWriter(tmp_path / "w", options=options, mapping="qwen3-moe")
+    with pytest.raises(ValueError, match=r"thread_count= and options\.threads"):
+        hyperckpt.save(
+            _fused(), tmp_path / "s", options=hyperckpt.SaveOptions(threads=7), thread_count=7
+        )
+    assert not (tmp_path / "s").exists()
+
+
+def test_the_options_object_is_honoured_by_save_and_by_the_writer(tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    options = hyperckpt.SaveOptions(mapping="qwen3-moe", dtype="f32", max_shard_size=200)
+    state = _fused()
+    hyperckpt.save(state, tmp_path / "s", options=options)
+    writer = hyperckpt.HuggingFaceStorageWriter(tmp_path / "w", options=options, audit=False)
+    dcp.save(state, storage_writer=writer, no_dist=True)
+    expected = _expected(state, "gate_proj", "up_proj", "down_proj")
+    for where in ("s", "w"):
+        files = sorted((tmp_path / where).glob("*.safetensors"))
+        assert len(files) > 1, where  # max_shard_size=200 splits the 500-odd bytes
+        seen: dict[str, torch.Tensor] = {}
+        for file in files:
+            with safe_open(str(file), "pt") as f:
+                seen.update({name: f.get_tensor(name) for name in f.keys()})  # noqa: SIM118
+        assert sorted(seen) == sorted(expected), where
+        for name, tensor in expected.items():
+            assert seen[name].dtype == torch.float32, name
+            assert mismatch(seen[name], tensor.float()) is None, name
+
+
+def test_save_options_check_their_fields_when_made() -> None:
+    with pytest.raises(ValueError, match="thread_count"):
+        hyperckpt.SaveOptions(threads=0)
+    with pytest.raises(ValueError, match="per_rank"):
+        hyperckpt.HuggingFaceStorageWriter("unused", options=hyperckpt.SaveOptions(per_rank=True))
