@@ -152,7 +152,7 @@ def _wait(context: ProcessContext, timeout: float, stall: float, stages: Sequenc
             why = f"used no CPU for {stall:.0f} s (hung: each waits on another)"
         else:
             continue
-        _dump_stacks(context.processes)
+        _dump_stacks(context.processes, stages)
         raise RankFailure(
             f"{len(context.processes)} ranks {why}; they were ended.\n{_report(context, stages)}"
         )
@@ -182,10 +182,13 @@ def _report(context: ProcessContext, stages: Sequence[int]) -> str:
     return "\n".join(lines)
 
 
-def _dump_stacks(processes: Sequence[multiprocessing.process.BaseProcess]) -> None:
-    """Ask every live rank to print its Python stacks to stderr, then wait for them briefly."""
-    for process in processes:
-        if process.is_alive() and process.pid is not None:
+def _dump_stacks(
+    processes: Sequence[multiprocessing.process.BaseProcess], stages: Sequence[int]
+) -> None:
+    """Ask every live rank that has started (and so handles the signal) to print its Python
+    stacks to stderr, then wait for them briefly."""
+    for rank, process in enumerate(processes):
+        if process.is_alive() and process.pid is not None and stages[rank] >= _JOINING:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(process.pid, signal.SIGUSR1)
     time.sleep(1.0)

@@ -96,7 +96,9 @@ def test_threads_left_behind_by_the_ranks_fail_the_run_when_a_limit_is_set(
 
 
 def test_the_demo_leaves_no_rank_running_when_its_deadline_fires(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "hyperckpt", "demo", "--ranks", "2", "--timeout", "3"]
+    # A deadline the ranks cannot meet on any machine: the medium sample in every layout.
+    command = [sys.executable, "-m", "hyperckpt", "demo", "--ranks", "2", "--size", "medium"]
+    command += ["--timeout", "1"]
     demo = subprocess.Popen(
         [*command, "--dir", str(tmp_path / "demo")],
         stdout=subprocess.PIPE,
@@ -106,7 +108,7 @@ def test_the_demo_leaves_no_rank_running_when_its_deadline_fires(tmp_path: Path)
     )
     _, stderr = demo.communicate(timeout=600)
     assert demo.returncode == 1, stderr
-    assert "did not finish within 3 s" in stderr
+    assert "did not finish within 1 s" in stderr
     assert "Traceback" not in stderr
     # The ranks make process groups of their own but stay in the demo's session.
     assert _wait_gone(_session(demo.pid)) == []
