@@ -13,32 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
+from tiny_models import tiny_moe
 
 import hyperckpt
 
 
 def _model(name: str) -> torch.nn.Module:
-    from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-    common = {
-        "vocab_size": 40,
-        "hidden_size": 16,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "head_dim": 8,
-        "num_experts_per_tok": 2,
-        "tie_word_embeddings": False,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-    }
-    torch.manual_seed(5)
-    if name == "qwen3-moe":
-        config = Qwen3MoeConfig(
-            **common, moe_intermediate_size=6, num_experts=3, mlp_only_layers=[]
-        )
-        return Qwen3MoeForCausalLM(config)
-    return MixtralForCausalLM(MixtralConfig(**common, intermediate_size=6, num_local_experts=3))
+    return tiny_moe(name, seed=5)
 
 
 def _names(directory: Path) -> set[str]:

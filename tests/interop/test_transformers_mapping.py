@@ -13,36 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import mismatch, poison_
+from tiny_models import tiny_moe
 
 import hyperckpt
 from hyperckpt import CheckpointError
 
 
 def _moe(name: str, directory: Path) -> None:
-    from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-    common = {
-        "vocab_size": 40,
-        "hidden_size": 16,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "head_dim": 8,
-        "num_experts_per_tok": 2,
-        "tie_word_embeddings": False,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-    }
-    torch.manual_seed(3)
-    if name == "qwen3-moe":
-        config = Qwen3MoeConfig(
-            **common, moe_intermediate_size=6, num_experts=3, mlp_only_layers=[]
-        )
-        model: torch.nn.Module = Qwen3MoeForCausalLM(config)
-    else:
-        model = MixtralForCausalLM(
-            MixtralConfig(**common, intermediate_size=6, num_local_experts=3)
-        )
+    model = tiny_moe(name, seed=3)
     model.to(torch.bfloat16).save_pretrained(directory, max_shard_size="8KB")
 
 

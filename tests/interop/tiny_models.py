@@ -38,3 +38,29 @@ def save_tiny_llama(directory: Path, *, tied: bool, seed: int = 0) -> dict[str, 
     model = LlamaForCausalLM(config)
     model.save_pretrained(directory, max_shard_size=MAX_SHARD_SIZE)
     return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+
+
+def tiny_moe(name: str, *, seed: int) -> torch.nn.Module:
+    """A transformers-5 MoE model with fused experts: ``"qwen3-moe"`` or ``"mixtral"``, 2
+    layers of 3 experts (``gate_up_proj`` ``[3, 12, 16]``), its weights drawn from ``seed``."""
+    from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    common = {
+        "vocab_size": 40,
+        "hidden_size": 16,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 8,
+        "num_experts_per_tok": 2,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+    torch.manual_seed(seed)
+    if name == "qwen3-moe":
+        config = Qwen3MoeConfig(
+            **common, moe_intermediate_size=6, num_experts=3, mlp_only_layers=[]
+        )
+        return Qwen3MoeForCausalLM(config)
+    return MixtralForCausalLM(MixtralConfig(**common, intermediate_size=6, num_local_experts=3))
