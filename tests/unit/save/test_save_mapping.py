@@ -314,5 +314,32 @@ def test_the_options_object_is_honoured_by_save_and_by_the_writer(tmp_path: Path
 def test_save_options_check_their_fields_when_made() -> None:
     with pytest.raises(ValueError, match="thread_count"):
         hyperckpt.SaveOptions(threads=0)
-    with pytest.raises(ValueError, match="per_rank"):
-        hyperckpt.HuggingFaceStorageWriter("unused", options=hyperckpt.SaveOptions(per_rank=True))
+    with pytest.raises(ValueError, match=r"per_rank= and options\.per_rank"):
+        hyperckpt.HuggingFaceStorageWriter(
+            "unused", options=hyperckpt.SaveOptions(per_rank=True), per_rank=True
+        )
+
+
+def test_the_writer_writes_per_rank_files_with_a_mapping_that_load_back(tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    state = _fused()
+    writer = hyperckpt.HuggingFaceStorageWriter(
+        tmp_path / "ckpt", per_rank=True, mapping="qwen3-moe"
+    )
+    dcp.save(state, storage_writer=writer, no_dist=True)
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
+        "shard-00001-model-00001-of-00001.safetensors"
+    ]
+    assert hyperckpt.describe(tmp_path / "ckpt").kind == "torch-sharded"
+    expected = _expected(state, "gate_proj", "up_proj", "down_proj")
+    theirs = {name: poison_(torch.empty_like(t)) for name, t in expected.items()}
+    dcp.load(
+        theirs, storage_reader=dcp.HuggingFaceStorageReader(str(tmp_path / "ckpt")), no_dist=True
+    )
+    back = {name: poison_(torch.empty_like(t)) for name, t in state.items()}
+    hyperckpt.load(back, tmp_path / "ckpt", mapping="qwen3-moe")
+    for name, tensor in expected.items():
+        assert mismatch(theirs[name], tensor) is None, name
+    for name, tensor in state.items():
+        assert mismatch(back[name], tensor) is None, name
