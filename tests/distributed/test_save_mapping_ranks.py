@@ -15,6 +15,7 @@ import pytest
 import torch
 from helpers import device_mesh, mismatch, poison_, run_ranks, sample_tensor
 from safetensors import safe_open
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Shard, distribute_tensor
 from torch.distributed.tensor.placement_types import _StridedShard
 
@@ -127,7 +128,26 @@ def _qkv_rank(rank: int, world: int, root: str) -> tuple[int, ...]:
     for name, tensor in back.items():
         assert isinstance(tensor, DTensor)
         assert mismatch(tensor.full_tensor(), full[name]) is None, name
+    _columns(mesh, Path(root) / "cols")
     return report.bytes_written
+
+
+def _columns(mesh: DeviceMesh, root: Path) -> None:
+    """A concatenation of columns (3 + 4 of 7) cut from rows, columns and strided columns."""
+    split = hyperckpt.Fuse("{m}.ab", ("{m}.a", "{m}.b"), dim=1, split=(3, None))
+    mapping = hyperckpt.Mapping((split,))
+    held: list[list[Placement]] = [[Shard(0)], [Shard(1)], [_StridedShard(1, split_factor=2)]]
+    full = {f"l{n}.ab": sample_tensor((5, 7), torch.float32, seed=40 + n) for n in range(3)}
+    state = {
+        name: distribute_tensor(t, mesh, held[n], src_data_rank=None)
+        for n, (name, t) in enumerate(full.items())
+    }
+    hyperckpt.save(state, root, mapping=mapping)
+    with safe_open(str(root / "model.safetensors"), "pt") as f:
+        for name, t in full.items():
+            layer = name.removesuffix(".ab")
+            assert mismatch(f.get_tensor(f"{layer}.a"), t[:, :3]) is None, name
+            assert mismatch(f.get_tensor(f"{layer}.b"), t[:, 3:]) is None, name
 
 
 def test_fused_qkv_with_grouped_query_attention_saves_q_k_v_from_two_ranks_and_loads_back(
@@ -139,4 +159,5 @@ def test_fused_qkv_with_grouped_query_attention_saves_q_k_v_from_two_ranks_and_l
     written = results[0]
     assert results == [written, written]
     # No box is written twice: together the ranks wrote the data once, and one header.
+    # (The column concatenation saved after it is checked on the ranks.)
     assert sum(written) == data + header  # type: ignore[arg-type]

@@ -343,3 +343,16 @@ def test_the_writer_writes_per_rank_files_with_a_mapping_that_load_back(tmp_path
         assert mismatch(theirs[name], tensor) is None, name
     for name, tensor in state.items():
         assert mismatch(back[name], tensor) is None, name
+
+
+def test_a_concatenation_of_columns_is_saved_column_by_column(tmp_path: Path) -> None:
+    # Each source is a column range of the fused tensor: its rows are not contiguous in the
+    # state dict's memory (found by the split property test; saved as the first rows before).
+    fused = sample_tensor((3, 5), torch.float32, seed=21)
+    mapping = hyperckpt.Mapping(
+        (hyperckpt.Fuse("{m}.ab", ("{m}.a", "{m}.b"), dim=1, split=(2, 3)),)
+    )
+    hyperckpt.save({"x.ab": fused}, tmp_path / "ckpt", mapping=mapping)
+    with safe_open(str(tmp_path / "ckpt" / "model.safetensors"), "pt") as f:
+        assert mismatch(f.get_tensor("x.a"), fused[:, :2]) is None
+        assert mismatch(f.get_tensor("x.b"), fused[:, 2:]) is None
