@@ -76,6 +76,8 @@ RuleId = Literal[
     "mapping.partner",
     "mapping.shape",
     "mapping.source",
+    "mapping.split_mismatch",
+    "mapping.split_unknown",
     "mapping.stack_gap",
     "mapping.stack_index",
     "metadata.lone_surrogate",

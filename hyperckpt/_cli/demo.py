@@ -3,7 +3,8 @@
 ``hyperckpt demo`` writes the built-in Llama-like sample as a Hugging Face checkpoint, lets
 the ranks save a torch sharded copy with torch's own writer, then loads both into FSDP, TP,
 FSDPxTP and HSDP DTensors, checks every tensor bit-exact against ``distribute_tensor`` of
-the original and reports what each rank read.
+the original and reports what each rank read.  In every layout the loaded state dict is
+saved back with hyperckpt and loaded again in another layout (:mod:`demo_save`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 import hyperckpt._sample as _sample
+from hyperckpt._cli import demo_save
 from hyperckpt._cli.dryrun import placements_for
 from hyperckpt._dist.spawn import spawn_ranks
 from hyperckpt._layout.model import Piece
@@ -116,6 +118,7 @@ class DemoReport:
         seconds: Wall time of the whole demo, in seconds.
         consolidated: What consolidating the torch sharded copy back into a Hugging Face
             checkpoint gave: ``"N/N bit-exact ..."``, or what went wrong.
+        saves: One row per layout whose loaded state dict was saved back and loaded again.
     """
 
     size: str
@@ -128,13 +131,18 @@ class DemoReport:
     rows: tuple[DemoRow, ...]
     seconds: float
     consolidated: str = ""
+    saves: tuple[demo_save.SaveRow, ...] = ()
 
     @property
     def ok(self) -> bool:
-        """Whether every load through hyperckpt's readers that ran verified bit-exact, and
-        the consolidated copy too."""
-        return "bit-exact" in self.consolidated and all(
-            row.verified or row.skipped for row in self.rows if row.layout != "fsdp-tp-torch"
+        """Whether every load through hyperckpt's readers that ran verified bit-exact, the
+        consolidated copy and every saved checkpoint too."""
+        return (
+            "bit-exact" in self.consolidated
+            and all(
+                row.verified or row.skipped for row in self.rows if row.layout != "fsdp-tp-torch"
+            )
+            and all(row.verified for row in self.saves)
         )
 
 
@@ -172,7 +180,10 @@ def run_demo(
         hf_dir = _sample.write_sample(root / "huggingface", size)
         names = _sample.sample_names(_sample.SIZES[size])
         nbytes = sum(math.prod(shape) * dtype.itemsize for _, shape, dtype in names)
-        step(f"spawning {ranks} CPU ranks: save a torch sharded copy, load every layout")
+        step(
+            f"spawning {ranks} CPU ranks: save a torch sharded copy, load every layout, save "
+            f"each back"
+        )
         torch_writer = _can_use_torch_writer()
         per_rank = spawn_ranks(
             _rank_main,
@@ -181,9 +192,18 @@ def run_demo(
             str(root / "sharded"),
             size,
             torch_writer,
+            str(root / "saved"),
             timeout=timeout,
         )
-        rows = _merge([result for result in per_rank if isinstance(result, list)])
+        results = [result for result in per_rank if isinstance(result, tuple)]
+        rows = _merge([cases for cases, _ in results])
+        step("loading each saved checkpoint whole in this process")
+        originals = dict(_sample.sample_tensors(_sample.SIZES[size]))
+        saves = [
+            demo_save.verify_whole(row, root / "saved" / row.layout, originals)
+            for row in demo_save.merge_saves([saved for _, saved in results])
+        ]
+        del originals
         step("consolidating the torch sharded copy into a Hugging Face checkpoint")
         consolidated = _consolidate(hf_dir, root / "sharded", root / "consolidated")
     finally:
@@ -200,6 +220,7 @@ def run_demo(
         tuple(rows),
         time.perf_counter() - begin,
         consolidated,
+        tuple(saves),
     )
 
 
@@ -253,6 +274,13 @@ def format_report(report: DemoReport) -> str:
             "error;\nhyperckpt's readers read each region into the local rows that hold it, "
             "with or without planner=hyperckpt.LoadPlanner()."
         )
+    saved = demo_save.save_lines(
+        report.saves, _TITLES, lambda values: _per_rank(values, scale), unit
+    )
+    if saved:
+        if lines[-1]:
+            lines.append("")
+        lines += [*saved, ""]
     lines.append(f"hyperckpt consolidate sharded/ -> Hugging Face files: {report.consolidated}")
     verdict = "all verified" if report.ok else "SOME LOADS FAILED"
     where = f"checkpoints kept in {report.directory}" if report.kept else "checkpoints deleted"
@@ -335,13 +363,21 @@ def _merge(per_rank: list[list[_Case]]) -> list[DemoRow]:
 
 
 def _rank_main(
-    rank: int, world: int, hf_dir: str, sharded_dir: str, size: str, torch_writer: bool
-) -> list[_Case]:
+    rank: int,
+    world: int,
+    hf_dir: str,
+    sharded_dir: str,
+    size: str,
+    torch_writer: bool,
+    saved_dir: str,
+) -> tuple[list[_Case], list[demo_save.SaveCase]]:
     originals = dict(_sample.sample_tensors(_sample.SIZES[size]))
     flat = init_device_mesh("cpu", (world,))
     square = init_device_mesh("cpu", (world // 2, 2)) if world % 2 == 0 and world >= 4 else None
     planner = _hyperckpt_planner()
     cases: list[_Case] = []
+    saves: list[demo_save.SaveCase] = []
+    ran: dict[str, dict[str, DTensor]] = {}
     for layout in LAYOUTS:
         mesh = flat if layout in ("fsdp", "tp") else square
         if mesh is None:
@@ -379,8 +415,17 @@ def _rank_main(
             runs.append(("hsdp-broadcast", "huggingface", hf_dir, planner))
         for name, checkpoint, path, factory in runs:
             cases.append(_load(name, checkpoint, path, shape, expected, state, factory))
+            if name == layout and checkpoint == "huggingface":  # loaded and checked: save it
+                saves.append(demo_save.save_back(layout, state, Path(saved_dir, layout)))
+        ran[layout] = expected
+    # Each saved checkpoint loaded into the next layout that ran (another layout).
+    order = list(ran)
+    for index, case in enumerate(saves):
+        other = order[(order.index(case.layout) + 1) % len(order)]
+        saved = Path(saved_dir, case.layout)
+        saves[index] = demo_save.reload_elsewhere(case, saved, other, ran[other], _poisoned)
     dist.barrier()  # every rank done before any leaves the group
-    return cases
+    return cases, saves
 
 
 def _can_use_torch_writer() -> bool:

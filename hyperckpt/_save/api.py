@@ -17,8 +17,8 @@ import torch.distributed as dist
 from hyperckpt._layout.mapping import MappingLike
 from hyperckpt._read.tracker import ProgressCallback
 from hyperckpt._save.options import DEFAULT_MAX_SHARD_SIZE, SaveOptions, one_save_options
-from hyperckpt._save.ranks import FAILURES, agree_within, rank_lost
-from hyperckpt._save.stage import SaveReport, Staged, check_shared, commit, stage
+from hyperckpt._save.ranks import rank_lost
+from hyperckpt._save.stage import SaveReport, Staged, check_shared, commit, publish, stage
 
 # Re-exported from their own modules, where callers imported them before the split.
 __all__ = [
@@ -141,13 +141,7 @@ def save(
         options=build,
         flat=False,
     )
-    failure: BaseException | None = None
-    if staged.publishes:
-        try:
-            commit(staged, overwrite=built[0].overwrite)
-        except FAILURES as err:
-            failure = err
-    agree_within(failure, staged.ranks, staged.target, "publishing")
+    publish(staged, overwrite=built[0].overwrite)
     report = staged.report()
     logger.info(
         "hyperckpt: saved %d tensors into %d file(s) at %s in %.2f s",

@@ -124,6 +124,7 @@ def _cut(
     view: torch.Tensor = local.local
     for d in sorted(fixed, reverse=True):
         view = view.select(d, fixed[d])
+    view, offsets = _in_place(tensor, view, offsets)
     summary = TensorSummary(
         tensor.name,
         source.dtype,
@@ -134,3 +135,58 @@ def _cut(
         source.described,
     )
     return summary, LocalTensor(view, (offsets[0], offsets[1]))
+
+
+def _in_place(
+    tensor: SavedTensor,
+    view: torch.Tensor,
+    offsets: list[dict[Box, tuple[int, ...]]],
+) -> tuple[torch.Tensor, list[dict[Box, tuple[int, ...]]]]:
+    """``view`` and the boxes' places in it, such that each box's rows lie in memory as in
+    the file (what the writes assume: whole along every dimension after the last one the
+    box narrows in the checkpoint tensor).
+
+    A checkpoint tensor cut along a dimension that is not the view's first (a concatenation
+    of columns) leaves each row of the view wider than the tensor's: then this rank's part
+    of it is copied (only the part it holds, never a gather).
+    """
+    if all(_fits(view, tensor.shape, box, at) for where in offsets for box, at in where.items()):
+        return view, offsets
+    starts = [at for where in offsets for at in where.values()]
+    ends = [
+        tuple(a + n for a, n in zip(at, box[1], strict=True))
+        for where in offsets
+        for box, at in where.items()
+    ]
+    low = tuple(min(column) for column in zip(*starts, strict=True))
+    high = tuple(max(column) for column in zip(*ends, strict=True))
+    part = view
+    for k, (a, b) in enumerate(zip(low, high, strict=True)):
+        part = part.narrow(k, a, b - a)
+    part = part.contiguous()
+    moved = [
+        {box: tuple(a - o for a, o in zip(at, low, strict=True)) for box, at in where.items()}
+        for where in offsets
+    ]
+    # A local tensor joins its boxes along the dimensions where they differ, so once cut to
+    # the hull a box whole along a dimension of the checkpoint tensor is whole in it too.
+    assert all(
+        _fits(part, tensor.shape, box, at) for where in moved for box, at in where.items()
+    ), (tensor.name, low, high)
+    return part, moved
+
+
+def _fits(view: torch.Tensor, shape: tuple[int, ...], box: Box, at: tuple[int, ...]) -> bool:
+    """Whether ``box`` of a tensor of ``shape``, at ``at`` in ``view``, has its rows in
+    memory as in the file: dense from the last dimension the box narrows on."""
+    narrowed = [k for k in range(len(shape)) if box[1][k] != shape[k]]
+    first = narrowed[-1] if narrowed else 0
+    part = view
+    for k, (a, n) in enumerate(zip(at, box[1], strict=True)):
+        part = part.narrow(k, a, n)
+    dense = 1
+    for k in reversed(range(first, part.dim())):
+        if part.shape[k] != 1 and part.stride(k) != dense:
+            return False
+        dense *= part.shape[k]
+    return True

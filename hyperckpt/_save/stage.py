@@ -43,7 +43,7 @@ from hyperckpt._save.write import audit_boxes, write_boxes
 from hyperckpt._storage import outputs as files
 from hyperckpt.errors import CheckpointError
 
-__all__ = ["SaveReport", "Staged", "abandon", "check_shared", "commit", "stage"]
+__all__ = ["SaveReport", "Staged", "abandon", "check_shared", "commit", "publish", "stage"]
 
 logger = logging.getLogger("hyperckpt")
 
@@ -269,6 +269,23 @@ def commit(staged: Staged, *, overwrite: bool) -> None:
     except BaseException:
         abandon(staged)
         raise
+
+
+def publish(staged: Staged, *, overwrite: bool) -> None:
+    """Step 7 on every rank: the ranks that publish commit (the coordinator; per rank, each
+    storage's lowest rank), then every rank learns whether all of them did.
+
+    Raises:
+        CheckpointError: A publishing rank failed (on every rank, naming it).
+        OSError: This rank's commit failed.
+    """
+    failure: BaseException | None = None
+    if staged.publishes:
+        try:
+            commit(staged, overwrite=overwrite)
+        except FAILURES as err:
+            failure = err
+    agree_within(failure, staged.ranks, staged.target, "publishing")
 
 
 def abandon(staged: Staged) -> None:

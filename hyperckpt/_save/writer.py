@@ -10,6 +10,13 @@ the coordinator.  So that the plain call reaches ``write_data`` for every layout
 the ``Metadata`` that ``dcp.save`` returns therefore lists DTensors as bytes entries.  The
 files, not that object, are the checkpoint.
 
+Whether the ranks share the storage is checked before a byte is written: the coordinator
+creates the temporary directory and every other rank must see it (``save.not_shared``
+otherwise, naming ``per_rank=True``).  With ``per_rank=True`` each rank writes its own
+files (torch's ``save_distributed`` spelling) and each storage's lowest rank publishes them
+in ``write_data``, after every rank wrote and audited: DCP calls ``finish`` on the
+coordinator only, which cannot publish another host's files.
+
 DCP does not tell a writer whether it runs with ``no_dist=True``; the coordinator's
 ``prepare_global_plan`` shows it (one plan: one process), and a rank that is not the
 coordinator always runs with the others.  A single-process ``dcp.save`` therefore enters no
@@ -38,7 +45,7 @@ from torch.futures import Future
 from hyperckpt._layout.mapping import MappingLike
 from hyperckpt._read.tracker import ProgressCallback
 from hyperckpt._save.options import SaveOptions, one_save_options
-from hyperckpt._save.stage import Staged, commit, stage
+from hyperckpt._save.stage import Staged, commit, publish, stage
 from hyperckpt.errors import CheckpointError
 
 __all__ = ["HuggingFaceStorageWriter"]
@@ -58,7 +65,6 @@ class HuggingFaceStorageWriter(StorageWriter):
         process_group: Must be the group passed to ``dcp.save`` (default: the default group).
         options: A :class:`~hyperckpt.SaveOptions`, as in :func:`hyperckpt.save` (the
             keywords below set its fields; one given both ways is a ``ValueError``).
-            ``per_rank`` is refused: use :func:`hyperckpt.save`.
         max_shard_size: See :func:`hyperckpt.save`.
         dtype: See :func:`hyperckpt.save`.
         refuse_narrowing: See :func:`hyperckpt.save`.
@@ -68,12 +74,15 @@ class HuggingFaceStorageWriter(StorageWriter):
         thread_count: See :func:`hyperckpt.save`.
         progress: See :func:`hyperckpt.save`.
         timeout: See :func:`hyperckpt.save`.
+        per_rank: See :func:`hyperckpt.save`: for storage the ranks do not share, each
+            rank writes ``shard-0000r-model-0000k-of-0000K.safetensors`` files, published
+            on each storage by its lowest rank; gather them, then load or ``hyperckpt
+            consolidate`` them.
         mapping: See :func:`hyperckpt.save`: the mapping runs backwards, so
             ``mapping="qwen3-moe"`` writes fused experts as ``mlp.experts.{e}.*_proj.weight``.
 
     Raises:
-        ValueError: An option is malformed, given both as a keyword and in ``options``, or
-            ``per_rank`` is set.
+        ValueError: An option is malformed, or given both as a keyword and in ``options``.
         TypeError: An option is of a wrong kind.
     """
 
@@ -92,6 +101,7 @@ class HuggingFaceStorageWriter(StorageWriter):
         thread_count: int | None = None,
         progress: ProgressCallback | None = None,
         timeout: float | None = None,
+        per_rank: bool | None = None,
         mapping: MappingLike | None = None,
     ) -> None:
         super().__init__()
@@ -106,14 +116,9 @@ class HuggingFaceStorageWriter(StorageWriter):
             audit=audit,
             thread_count=thread_count,
             timeout=timeout,
+            per_rank=per_rank,
             mapping=mapping,
         )
-        if self._options.per_rank:
-            raise ValueError(
-                "HuggingFaceStorageWriter does not write per_rank files (options.per_rank is "
-                "True); use hyperckpt.save(state_dict, path, per_rank=True) for storage the "
-                "ranks do not share"
-            )
         self._group = process_group
         self._progress = progress
         self._staged: Staged | None = None
@@ -178,6 +183,8 @@ class HuggingFaceStorageWriter(StorageWriter):
             options=lambda: options,
             flat=True,
         )
+        if self._options.per_rank:  # every storage's lowest rank publishes its files
+            publish(self._staged, overwrite=self._options.overwrite)
         future: Future[list[WriteResult]] = Future()
         future.set_result(
             [
@@ -188,9 +195,11 @@ class HuggingFaceStorageWriter(StorageWriter):
         return future
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
-        """On the coordinator, once every rank wrote and audited: the index, the rename."""
+        """On the coordinator, once every rank wrote and audited: the index, the rename
+        (per rank: nothing left, ``write_data`` published)."""
         assert self._staged is not None, "finish follows write_data"
-        commit(self._staged, overwrite=self._options.overwrite)
+        if not self._options.per_rank:
+            commit(self._staged, overwrite=self._options.overwrite)
 
     def storage_meta(self) -> StorageMeta | None:
         """The checkpoint's path as DCP's checkpoint id."""

@@ -123,7 +123,8 @@ SAVE_RULES: tuple[_Entry, ...] = (
      r"would narrow it", _save({"w": _T}, dtype="bf16", refuse_narrowing=True)),
     ("save.path_exists", "The checkpoint path does not exist yet, unless `overwrite=True`.",
      r"already exists; pass overwrite=True", _existing),
-    ("save.not_shared", "Every rank sees the directory rank 0 created (shared storage).",
+    ("save.not_shared", "Every rank sees the directory rank 0 created (shared storage); "
+     "otherwise save with `per_rank=True` (`hyperckpt.save` or the writer).",
      r"the ranks do not share this storage", _not_shared),
     ("save.audit_mismatch", "Every box written reads back with the digest computed while "
      "writing it.", r"reads back other bytes than were written", _audit),

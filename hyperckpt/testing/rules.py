@@ -294,6 +294,8 @@ def _long_names(root: Path, count: int, length: int, like: bool) -> object:
     }
     assignment = (dict.fromkeys(names, "model.safetensors"), False) if like else None
     return plan_output(tensors, like=assignment)
+
+
 def _missing_key(root: Path) -> object:
     import torch
 
@@ -356,6 +358,20 @@ def _saved_through_a_function(root: Path) -> object:
     from hyperckpt._save.api import save
 
     return save({"w": torch.ones(2)}, root / "saved", mapping=_renamed_from_a_table)
+
+
+def _saved_qkv(shapes: dict[str, tuple[int, ...]]) -> Callable[[Path], object]:
+    """A save with ``mapping="qkv-proj"`` of tensors of these shapes."""
+
+    def trigger(root: Path) -> object:
+        import torch
+
+        from hyperckpt._save.api import save
+
+        state = {name: torch.zeros(shape) for name, shape in shapes.items()}
+        return save(state, root / "saved", mapping="qkv-proj")
+
+    return trigger
 
 
 def _expert(shape: list[int], dtype: str = "BF16") -> tuple[str, list[int]]:
@@ -600,11 +616,18 @@ _READ_RULES: tuple[Rule, ...] = (
          "tensor, and raises nothing.", _E, r"raised \w+ .* on tensor|a rename function returns",
          _mapped({"w": _expert([2])}, _renamed_from_a_table)),
     Rule("mapping.not_invertible", "A save with `mapping=` runs it backwards: every rule has "
-         "an inverse (no rename function, no `Replace` to the empty string, a concatenation "
-         "only of equal sources, `Fuse(..., equal=True)`).", _E,
-         r"cannot be run backwards|does not start with it|where it stood|not in the state "
-         r"dict|equal parts|sits at two places|gives checkpoint name|from several names|no "
+         "an inverse (no rename function, no `Replace` to the empty string; the sizes a "
+         "concatenation is cut into are `mapping.split_*`).", _E,
+         r"cannot be run backwards|does not start with it|where it stood|sits at two places|gives checkpoint name|from several names|no "
          r"dimension", _saved_through_a_function),
+    Rule("mapping.split_unknown", "A save with `mapping=` knows the sizes it cuts a concatenated "
+         "tensor into: `Fuse(..., equal=True)`, or `split=` sizes, fixed or read from a tensor of "
+         "the state dict (`qkv-proj` reads `q`'s width from `o_proj.weight`).", _E,
+         r"sizes along that dimension are not in the state dict|which the state dict does not hold",
+         _saved_qkv({"a.qkv_proj.weight": (6, 2)})),
+    Rule("mapping.split_mismatch", "The sizes a save cuts a concatenated tensor into add up to "
+         "its width (equal shares divide it exactly).", _E, r"which does not cut \d+ exactly|which "
+         r"has shape", _saved_qkv({"a.qkv_proj.weight": (6, 2), "a.o_proj.weight": (2, 5)})),
     Rule("mapping.dtype", "The sources of a fused tensor share one dtype.", _E,
          r"is \w+ but .* is \w+; a fused tensor has one dtype",
          _mapped({f"{_X}.{e}.down_proj.weight": _expert([3, 2], ("BF16", "F16")[e]) for e in (0, 1)},

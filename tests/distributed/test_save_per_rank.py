@@ -13,6 +13,7 @@ back the originals bit for bit.
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -58,10 +59,16 @@ def test_per_rank_files_on_two_storages_gather_into_a_checkpoint_every_reader_ta
     assert [p.name for p in tmp_path.iterdir()] != []
     for storage in ("a", "b"):  # nothing but the checkpoint is left on either storage
         assert [p.name for p in (tmp_path / storage).iterdir()] == ["ckpt"]
+    assert _read_back_gathered(tmp_path, [tmp_path / s / "ckpt" for s in ("a", "b")]) == []
+
+
+def _read_back_gathered(tmp_path: Path, storages: list[Path]) -> list[str]:
+    """Copy every storage's files into one directory and read it back three ways: what
+    differs from the originals, per reader and tensor."""
     gathered = tmp_path / "gathered"
     gathered.mkdir()
-    for storage in ("a", "b"):
-        for file in (tmp_path / storage / "ckpt").iterdir():
+    for storage in storages:
+        for file in storage.iterdir():
             shutil.copy(file, gathered / file.name)
     assert hyperckpt.describe(gathered).kind == "torch-sharded"
     originals = {e[0]: _original(e, seed=n) for n, e in enumerate(ENTRIES)}
@@ -81,4 +88,38 @@ def test_per_rank_files_on_two_storages_gather_into_a_checkpoint_every_reader_ta
             problem = mismatch(got[name], tensor)
             if problem:
                 problems.append(f"{kind}: {name}: {problem}")
-    assert problems == []
+    return problems
+
+
+def _dcp_save(rank: int, world: int, root: str) -> list[str]:
+    meshes = _meshes(world)
+    state = {e[0]: _held(e, _original(e, seed=n), meshes) for n, e in enumerate(ENTRIES)}
+    os.chdir(Path(root, "a" if rank < 2 else "b"))  # one path, "ckpt", two storages
+    with pytest.raises(dcp.api.CheckpointException) as info:
+        dcp.save(state, storage_writer=hyperckpt.HuggingFaceStorageWriter("ckpt"))
+    rules = {r: failure[0].rule for r, failure in info.value.failures.items()}  # type: ignore[attr-defined]
+    assert set(rules.values()) == {"save.not_shared"}, rules
+    assert "per_rank=True" in str(info.value)
+    assert os.listdir(".") == [], os.listdir(".")  # nothing left on either storage
+    writer = hyperckpt.HuggingFaceStorageWriter("ckpt", per_rank=True)
+    dcp.save(state, storage_writer=writer)
+    report = writer.report
+    assert isinstance(report, hyperckpt.SaveReport)
+    assert not report.indexed
+    return sorted(os.listdir("ckpt"))
+
+
+def test_dcp_save_refuses_storage_the_ranks_do_not_share_and_writes_per_rank_files_when_asked(
+    tmp_path: Path,
+) -> None:
+    for storage in ("a", "b"):
+        (tmp_path / storage).mkdir()
+    listed = run_ranks(_dcp_save, 4, str(tmp_path), workdir=tmp_path)
+    on_a, on_b = (
+        sorted((tmp_path / "a" / "ckpt").iterdir()),
+        sorted((tmp_path / "b" / "ckpt").iterdir()),
+    )
+    assert listed == [[p.name for p in on_a]] * 2 + [[p.name for p in on_b]] * 2
+    assert all(p.name.startswith(("shard-00001", "shard-00002")) for p in on_a), on_a
+    assert all(p.name.startswith(("shard-00003", "shard-00004")) for p in on_b), on_b
+    assert _read_back_gathered(tmp_path, [tmp_path / "a" / "ckpt", tmp_path / "b" / "ckpt"]) == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import abc
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 from hyperckpt._layout import tiling
 from hyperckpt._layout.mapping.rule import _SHOWN, _collision, _names, _shown, _Tensor, _Tensors
@@ -11,7 +12,13 @@ from hyperckpt._layout.model import Piece, TensorLayout
 from hyperckpt._layout.templates import Template, looks_numeric
 from hyperckpt.errors import CheckpointError, RuleId
 
-__all__ = ["Fuse"]
+__all__ = ["Fuse", "SplitEntry"]
+
+#: One source's size along a :class:`Fuse`'s ``dim`` when a save cuts the fused tensor back:
+#: an ``int`` (elements), ``None`` (an equal share of what the others leave), or
+#: ``(template, dim)``: the size of dimension ``dim`` of the state-dict tensor ``template``
+#: names (filled with the fused tensor's placeholders).
+SplitEntry: TypeAlias = int | tuple[str, int] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +51,13 @@ class Fuse:
         stack: The placeholder that indexes the stacked dimension, or ``None``.
         equal: The sources have equal sizes along ``dim`` (gate and up projections), so
             a save with this mapping can split the fused tensor back into them; without
-            it such a save is refused (``mapping.not_invertible``).
+            it (or ``split``) such a save is refused (``mapping.split_unknown``).
+        split: The sources' sizes along ``dim``, one :data:`SplitEntry` per source, for a
+            save to cut the fused tensor back when they differ (grouped-query attention's
+            ``q`` is wider than ``k`` and ``v``): ``(4096, 1024, 1024)``; or read from the
+            state dict, ``(("{m}.o_proj.weight", 1), None, None)`` (``q`` as wide as
+            ``o_proj``'s input, ``k`` and ``v`` sharing the rest equally).  A load takes the
+            sizes from the checkpoint and never reads this.  ``None`` with ``equal``.
     """
 
     dest: str
@@ -52,6 +65,7 @@ class Fuse:
     dim: int = 0
     stack: str | None = None
     equal: bool = False
+    split: abc.Sequence[SplitEntry] | None = None
     _templates: tuple[Template, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -91,13 +105,57 @@ class Fuse:
         if self.stack is not None:
             for template in templates:
                 template.check_stack(self.stack)
+        if self.split is not None:
+            object.__setattr__(self, "split", self._check_split(self.split, dest))
         object.__setattr__(self, "_templates", (dest, *templates))
+
+    def _check_split(
+        self, split: abc.Sequence[SplitEntry], dest: Template
+    ) -> tuple[SplitEntry, ...]:
+        """``split`` as a tuple, each entry checked (see the class's ``split``)."""
+        where = f"Fuse({self.dest!r})"
+        given: object = split
+        if isinstance(given, str):
+            raise TypeError(f"{where}: split= is one size per source, got the string {split!r}")
+        entries = tuple(split)
+        if self.equal:
+            raise ValueError(f"{where}: give equal=True or split=, not both")
+        if len(entries) != len(self.sources) or len(entries) < 2:
+            raise ValueError(
+                f"{where}: split= needs one size per source ({len(self.sources)} sources, at "
+                f"least 2), got {len(entries)}: {entries!r}"
+            )
+        for entry in entries:
+            if entry is None:
+                continue
+            if type(entry) is int:
+                if entry < 0:
+                    raise ValueError(f"{where}: split= size {entry} is negative")
+                continue
+            if (
+                not isinstance(entry, tuple)
+                or len(entry) != 2
+                or not isinstance(entry[0], str)
+                or type(entry[1]) is not int
+            ):
+                raise TypeError(
+                    f"{where}: a split= entry is an int, None or (tensor template, dim), got "
+                    f"{entry!r}"
+                )
+            extra = set(Template.parse(entry[0]).fields) - set(dest.fields)
+            if extra:
+                raise ValueError(
+                    f"{where}: split= template {entry[0]!r} uses {sorted(extra)}, which are not "
+                    f"placeholders of the destination ({sorted(dest.fields)})"
+                )
+        return entries
 
     def describe(self) -> str:
         stack = f", stack={self.stack!r}" if self.stack else ""
         dim = f", dim={self.dim}" if len(self.sources) > 1 else ""
         equal = ", equal=True" if self.equal else ""
-        return f"Fuse({self.dest!r}, {list(self.sources)}{dim}{stack}{equal})"
+        split = f", split={self.split!r}" if self.split is not None else ""
+        return f"Fuse({self.dest!r}, {list(self.sources)}{dim}{stack}{equal}{split})"
 
     def _apply(self, tensors: _Tensors) -> tuple[_Tensors, list[str]]:
         dest, *templates = self._templates

@@ -43,7 +43,14 @@ PRESETS: Final[abc.Mapping[str, Mapping]] = MappingProxyType(
             "mixtral",
         ),
         "gate-up-proj": Mapping(
-            (Fuse("{m}.gate_up_proj.{p}", ("{m}.gate_proj.{p}", "{m}.up_proj.{p}"), dim=0, equal=True),),
+            (
+                Fuse(
+                    "{m}.gate_up_proj.{p}",
+                    ("{m}.gate_proj.{p}", "{m}.up_proj.{p}"),
+                    dim=0,
+                    equal=True,
+                ),
+            ),
             "gate-up-proj",
         ),
         "qkv-proj": Mapping(
@@ -52,6 +59,9 @@ PRESETS: Final[abc.Mapping[str, Mapping]] = MappingProxyType(
                     "{m}.qkv_proj.{p}",
                     ("{m}.q_proj.{p}", "{m}.k_proj.{p}", "{m}.v_proj.{p}"),
                     dim=0,
+                    # Saving: q is as wide as o_proj's input (heads x head_dim); k and v,
+                    # the key/value heads, share the rest equally (grouped-query attention).
+                    split=(("{m}.o_proj.weight", 1), None, None),
                 ),
             ),
             "qkv-proj",

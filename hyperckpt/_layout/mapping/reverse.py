@@ -4,10 +4,13 @@ Loading with a mapping makes each model tensor out of checkpoint tensors; saving
 makes each checkpoint tensor a box of one state-dict tensor: ``experts.gate_up_proj``
 ``[E, 2I, H]`` gives ``experts.{e}.gate_proj.weight`` as rows ``[0, I)`` of expert ``e``
 (its leading dimension dropped) and ``up_proj`` as rows ``[I, 2I)``.  Nothing is copied:
-the save intersects each rank's boxes of the state-dict tensor with these boxes.  The rules
-are undone last to first; a rule whose inverse is not defined (a rename function, a
-``Replace`` to the empty string, a concatenation of unequal sources) is refused with
-``mapping.not_invertible``.  Pure planning: no torch import here.
+the save intersects each rank's boxes of the state-dict tensor with these boxes.  A
+concatenation is cut at the sizes its ``Fuse`` gives (``equal``, or ``split``: fixed, or
+read from another state-dict tensor's shape, as ``qkv-proj`` reads ``q``'s width from
+``o_proj``); sizes it cannot know are refused with ``mapping.split_unknown``, sizes that do
+not fit with ``mapping.split_mismatch``.  The rules are undone last to first; a rule whose
+inverse is not defined (a rename function, a ``Replace`` to the empty string) is refused
+with ``mapping.not_invertible``.  Pure planning: no torch import here.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from hyperckpt._layout.mapping.fuse import Fuse
 from hyperckpt._layout.mapping.names import AddPrefix, Rename, Replace, StripPrefix
 from hyperckpt._layout.mapping.rule import Rule, _shown
 from hyperckpt._layout.templates import Template
-from hyperckpt.errors import CheckpointError
+from hyperckpt.errors import CheckpointError, RuleId
 
 __all__ = ["SavedTensor", "reverse"]
 
@@ -78,7 +81,9 @@ def reverse(
         for name, shape in shapes.items()
     ]
     for rule in reversed(mapping.rules):
-        saved = [part for tensor in saved for part in _undo(rule, tensor, mapping, path)]
+        # Every tensor's shape as this rule made it: a split= entry may read one.
+        present = {tensor.name: tensor.shape for tensor in saved}
+        saved = [part for tensor in saved for part in _undo(rule, tensor, present, mapping, path)]
     seen: dict[str, SavedTensor] = {}
     for tensor in saved:
         first = seen.setdefault(tensor.name, tensor)
@@ -93,9 +98,15 @@ def reverse(
     return saved
 
 
-def _undo(rule: Rule, tensor: SavedTensor, mapping: Mapping, path: str) -> list[SavedTensor]:
+def _undo(
+    rule: Rule,
+    tensor: SavedTensor,
+    present: abc.Mapping[str, tuple[int, ...]],
+    mapping: Mapping,
+    path: str,
+) -> list[SavedTensor]:
     if isinstance(rule, Fuse):
-        return _split(rule, tensor, mapping, path)
+        return _split(rule, tensor, present, mapping, path)
     new = _unname(rule, tensor, mapping, path)
     if new is None or new == tensor.name:
         return [tensor]
@@ -162,7 +173,13 @@ def _unrename(
     return found[0] if found else None
 
 
-def _split(rule: Fuse, tensor: SavedTensor, mapping: Mapping, path: str) -> list[SavedTensor]:
+def _split(
+    rule: Fuse,
+    tensor: SavedTensor,
+    present: abc.Mapping[str, tuple[int, ...]],
+    mapping: Mapping,
+    path: str,
+) -> list[SavedTensor]:
     """``tensor`` as the sources ``rule`` fuses into it, when its name is a destination."""
     dest, *templates = rule._templates
     binding = dest.match(tensor.name)
@@ -180,23 +197,7 @@ def _split(rule: Fuse, tensor: SavedTensor, mapping: Mapping, path: str) -> list
             f"rule {rule.describe()} makes {_shown(tensor.name)}, but its shape "
             f"{list(shape)} has no dimension {rule.dim} to split",
         )
-    chunk = 0
-    if count > 1:
-        if not rule.equal or shape[axis] % count:
-            why = (
-                "its sources' sizes along that dimension are not in the state dict: pass "
-                "Fuse(..., equal=True) when they are equal"
-                if not rule.equal
-                else f"{shape[axis]} does not split into {count} equal parts"
-            )
-            raise _refused(
-                mapping,
-                path,
-                tensor.source,
-                f"rule {rule.describe()} concatenates {count} sources along dimension "
-                f"{rule.dim} of {_shown(tensor.name)} (shape {list(shape)}); {why}",
-            )
-        chunk = shape[axis] // count
+    widths = _sizes(rule, tensor, binding, shape[axis], present, mapping, path) if count > 1 else []
     experts = range(shape[0]) if lead else range(1)
     parts: list[SavedTensor] = []
     for e in experts:
@@ -209,8 +210,8 @@ def _split(rule: Fuse, tensor: SavedTensor, mapping: Mapping, path: str) -> list
                 offsets[tensor.kept[0]] += e
                 sizes[tensor.kept[0]] = 1
             if count > 1:
-                offsets[tensor.kept[axis]] += j * chunk
-                sizes[tensor.kept[axis]] = chunk
+                offsets[tensor.kept[axis]] += sum(widths[:j])
+                sizes[tensor.kept[axis]] = widths[j]
             parts.append(
                 SavedTensor(
                     template.format(where),
@@ -223,7 +224,96 @@ def _split(rule: Fuse, tensor: SavedTensor, mapping: Mapping, path: str) -> list
     return parts
 
 
-def _refused(mapping: Mapping, path: str, tensor: str, problem: str) -> CheckpointError:
+def _sizes(
+    rule: Fuse,
+    tensor: SavedTensor,
+    binding: abc.Mapping[str, str],
+    total: int,
+    present: abc.Mapping[str, tuple[int, ...]],
+    mapping: Mapping,
+    path: str,
+) -> list[int]:
+    """The sizes of ``rule``'s sources along its ``dim`` in ``tensor`` (``total`` wide).
+
+    Raises:
+        CheckpointError: No sizes are given, or a size is read from a tensor the state
+            dict lacks (``mapping.split_unknown``); the sizes do not add up to ``total``
+            (``mapping.split_mismatch``).
+    """
+    count = len(rule.sources)
+    what = (
+        f"rule {rule.describe()} concatenates {count} sources along dimension {rule.dim} of "
+        f"{_shown(tensor.name)} ({total} wide)"
+    )
+    fix = (
+        "give their sizes: Fuse(..., split=(...)) with one int per source, or "
+        "(tensor template, dim) to read one from the state dict"
+    )
+    split = rule.split if rule.split is not None else ((None,) * count if rule.equal else None)
+    if split is None:
+        raise _refused(
+            mapping,
+            path,
+            tensor.source,
+            f"{what}; its sources' sizes along that dimension are not in the state dict: "
+            f"pass Fuse(..., equal=True) when they are equal, or {fix}",
+            rule="mapping.split_unknown",
+        )
+    known: list[int | None] = []
+    for position, entry in enumerate(split):
+        if entry is None or isinstance(entry, int):
+            known.append(entry)
+            continue
+        name = Template.parse(entry[0]).format(binding)
+        shape = present.get(name)
+        template = rule._templates[1 + position]
+        source = template.text if rule.stack else template.format(binding)
+        if shape is None:
+            raise _refused(
+                mapping,
+                path,
+                tensor.source,
+                f"{what}; the size of source {source!r} is read from dimension {entry[1]} of "
+                f"{_shown(name)}, which the state dict does not hold: save it along, or "
+                f"{fix}",
+                rule="mapping.split_unknown",
+            )
+        dim = entry[1] + len(shape) if entry[1] < 0 else entry[1]
+        if not 0 <= dim < len(shape):
+            raise _refused(
+                mapping,
+                path,
+                tensor.source,
+                f"{what}; the size of source {source!r} is read from dimension {entry[1]} of "
+                f"{_shown(name)}, which has shape {list(shape)}; {fix}",
+                rule="mapping.split_mismatch",
+            )
+        known.append(shape[dim])
+    fixed = sum(size for size in known if size is not None)
+    free = known.count(None)
+    rest = total - fixed
+    if rest < 0 or (rest if not free else rest % free):
+        shown = ", ".join("?" if size is None else str(size) for size in known)
+        share = f" and {free} equal share(s) of the other {rest}" if free else ""
+        raise _refused(
+            mapping,
+            path,
+            tensor.source,
+            f"{what}; the sizes ({shown}) give {fixed}{share}, which does not cut "
+            f"{total} exactly: the mapping belongs to another model, or {fix}",
+            rule="mapping.split_mismatch",
+        )
+    return [rest // free if size is None else size for size in known]
+
+
+def _refused(
+    mapping: Mapping,
+    path: str,
+    tensor: str,
+    problem: str,
+    *,
+    rule: RuleId = "mapping.not_invertible",
+) -> CheckpointError:
     shown = f" {mapping.name!r}" if mapping.name else ""
     return CheckpointError(
         f"{path}: saving state-dict tensor {_shown(tensor)} with mapping{shown}: {problem}; "
@@ -231,5 +321,5 @@ def _refused(mapping: Mapping, path: str, tensor: str, problem: str) -> Checkpoi
         f"without mapping=)",
         path=path,
         tensor=tensor,
-        rule="mapping.not_invertible",
+        rule=rule,
     )

@@ -344,7 +344,14 @@ def test_demo_loads_every_layout_bit_exact_with_nothing_but_torch(tmp_path: Path
     assert done.returncode == 0, done.stdout + done.stderr
     for title in ("FSDP ", "TP ", "FSDP\u00d7TP ", "HSDP "):
         assert title in done.stdout
-    assert done.stdout.count("bit-exact") == 11  # 10 loads and the consolidated copy
+    # 10 loads, the consolidated copy, and per layout a save loaded back twice.
+    assert done.stdout.count("bit-exact") == 11 + 4 * 2
+    saved = [line for line in done.stdout.splitlines() if "whole, 1 process" in line]
+    assert [line.split()[0] for line in saved] == ["FSDP", "TP", "FSDP\u00d7TP", "HSDP"]
+    assert all(line.count("19/19 bit-exact") == 2 for line in saved), saved
+    assert "dcp.save + HuggingFaceStorageWriter" in done.stdout
+    for layout in ("fsdp", "tp", "fsdp-tp", "hsdp"):
+        assert describe(out / "saved" / layout).kind == "huggingface"
     assert "Hugging Face files: 19/19 bit-exact" in done.stdout
     broadcast_row = next(line for line in done.stdout.splitlines() if "broadcast on" in line)
     assert "bit-exact" in broadcast_row
@@ -372,7 +379,8 @@ def test_demo_on_two_ranks_skips_the_layouts_that_need_four_and_succeeds(tmp_pat
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "skipped: needs 4 or more ranks" in done.stdout
-    assert done.stdout.count("bit-exact") == 5  # FSDP and TP, both checkpoints; consolidate
+    # FSDP and TP, both checkpoints; consolidate; FSDP and TP saved, each loaded back twice.
+    assert done.stdout.count("bit-exact") == 5 + 2 * 2
     assert "all verified" in done.stdout
     assert "SOME LOADS FAILED" not in done.stdout
 

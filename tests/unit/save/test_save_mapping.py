@@ -25,7 +25,9 @@ def _fused(dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
     }
 
 
-def _expected(state: dict[str, torch.Tensor], gate: str, up: str, down: str) -> dict[str, torch.Tensor]:
+def _expected(
+    state: dict[str, torch.Tensor], gate: str, up: str, down: str
+) -> dict[str, torch.Tensor]:
     out = {f"{M}.gate.weight": state[f"{M}.gate.weight"]}
     for e in range(E):
         gate_up = state[f"{M}.experts.gate_up_proj"][e]
@@ -36,7 +38,9 @@ def _expected(state: dict[str, torch.Tensor], gate: str, up: str, down: str) -> 
 
 
 @pytest.mark.parametrize("preset", ["qwen3-moe", "qwen2-moe"])
-def test_fused_experts_are_saved_per_expert_and_load_back_fused(tmp_path: Path, preset: str) -> None:
+def test_fused_experts_are_saved_per_expert_and_load_back_fused(
+    tmp_path: Path, preset: str
+) -> None:
     state = _fused()
     hyperckpt.save(state, tmp_path / "ckpt", mapping=preset)
     expected = _expected(state, "gate_proj", "up_proj", "down_proj")
@@ -93,7 +97,9 @@ def test_gate_up_proj_and_a_prefix_are_undone_on_save(tmp_path: Path) -> None:
 
 
 def test_a_rename_function_is_refused_on_save_naming_the_tensor(tmp_path: Path) -> None:
-    with pytest.raises(CheckpointError, match=r"is a function, which cannot be run backwards") as info:
+    with pytest.raises(
+        CheckpointError, match=r"is a function, which cannot be run backwards"
+    ) as info:
         hyperckpt.save({"w": torch.ones(2)}, tmp_path / "ckpt", mapping=str.upper)
     assert info.value.rule == "mapping.not_invertible"
     assert info.value.tensor == "w"
@@ -101,11 +107,142 @@ def test_a_rename_function_is_refused_on_save_naming_the_tensor(tmp_path: Path) 
     assert not (tmp_path / "ckpt").exists()
 
 
-def test_qkv_proj_is_refused_on_save_since_its_split_is_not_in_the_state_dict(tmp_path: Path) -> None:
+# Grouped-query attention: 4 heads of q, 2 of k and v, head_dim 3, hidden 5.
+Q, KV, H = 12, 6, 5
+A = "model.layers.0.self_attn"
+
+
+def _attention() -> dict[str, torch.Tensor]:
+    return {
+        f"{A}.qkv_proj.weight": sample_tensor((Q + 2 * KV, H), torch.bfloat16, seed=11),
+        f"{A}.qkv_proj.bias": sample_tensor((Q + 2 * KV,), torch.bfloat16, seed=12),
+        f"{A}.o_proj.weight": sample_tensor((H, Q), torch.bfloat16, seed=13),
+    }
+
+
+def test_reverse_cuts_qkv_at_q_width_read_from_o_proj_and_equal_k_v() -> None:
+    shapes = {name: tuple(t.shape) for name, t in _attention().items()}
+    saved = reverse(hyperckpt.Mapping.preset("qkv-proj"), shapes, path="p")
+    assert [(t.name, t.source, t.offsets, t.sizes, t.shape) for t in saved] == [
+        (f"{A}.q_proj.weight", f"{A}.qkv_proj.weight", (0, 0), (Q, H), (Q, H)),
+        (f"{A}.k_proj.weight", f"{A}.qkv_proj.weight", (Q, 0), (KV, H), (KV, H)),
+        (f"{A}.v_proj.weight", f"{A}.qkv_proj.weight", (Q + KV, 0), (KV, H), (KV, H)),
+        (f"{A}.q_proj.bias", f"{A}.qkv_proj.bias", (0,), (Q,), (Q,)),
+        (f"{A}.k_proj.bias", f"{A}.qkv_proj.bias", (Q,), (KV,), (KV,)),
+        (f"{A}.v_proj.bias", f"{A}.qkv_proj.bias", (Q + KV,), (KV,), (KV,)),
+        (f"{A}.o_proj.weight", f"{A}.o_proj.weight", (0, 0), (H, Q), (H, Q)),
+    ]
+
+
+def test_reverse_takes_fixed_split_sizes_and_stacked_experts_of_unequal_parts() -> None:
+    fixed = hyperckpt.Mapping(
+        (hyperckpt.Fuse("{m}.qkv", ("{m}.q", "{m}.k", "{m}.v"), dim=0, split=(4, 1, None)),)
+    )
+    saved = reverse(fixed, {"x.qkv": (7, 2)}, path="p")
+    assert [(t.name, t.offsets, t.sizes) for t in saved] == [
+        ("x.q", (0, 0), (4, 2)),
+        ("x.k", (4, 0), (1, 2)),
+        ("x.v", (5, 0), (2, 2)),
+    ]
+    stacked = hyperckpt.Mapping(
+        (hyperckpt.Fuse("{m}.wide", ("{m}.{e}.a", "{m}.{e}.b"), dim=1, stack="e", split=(3, 1)),)
+    )
+    saved = reverse(stacked, {"x.wide": (2, 4, 5)}, path="p")
+    assert [(t.name, t.offsets, t.sizes, t.shape) for t in saved] == [
+        ("x.0.a", (0, 0, 0), (1, 3, 5), (3, 5)),
+        ("x.0.b", (0, 3, 0), (1, 1, 5), (1, 5)),
+        ("x.1.a", (1, 0, 0), (1, 3, 5), (3, 5)),
+        ("x.1.b", (1, 3, 0), (1, 1, 5), (1, 5)),
+    ]
+
+
+def test_qkv_proj_with_grouped_query_attention_saves_separate_projections_and_loads_back(
+    tmp_path: Path,
+) -> None:
+    state = _attention()
+    hyperckpt.save(state, tmp_path / "ckpt", mapping="qkv-proj")
+    weight, bias = state[f"{A}.qkv_proj.weight"], state[f"{A}.qkv_proj.bias"]
+    expected = {
+        f"{A}.q_proj.weight": weight[:Q],
+        f"{A}.k_proj.weight": weight[Q : Q + KV],
+        f"{A}.v_proj.weight": weight[Q + KV :],
+        f"{A}.q_proj.bias": bias[:Q],
+        f"{A}.k_proj.bias": bias[Q : Q + KV],
+        f"{A}.v_proj.bias": bias[Q + KV :],
+        f"{A}.o_proj.weight": state[f"{A}.o_proj.weight"],
+    }
+    with safe_open(str(tmp_path / "ckpt" / "model.safetensors"), "pt") as f:
+        assert sorted(f.keys()) == sorted(expected)
+        for name, tensor in expected.items():
+            assert mismatch(f.get_tensor(name), tensor) is None, name
+    back = {name: poison_(torch.empty_like(t)) for name, t in state.items()}
+    hyperckpt.load(back, tmp_path / "ckpt", mapping="qkv-proj")
+    for name, tensor in state.items():
+        assert mismatch(back[name], tensor) is None, name
+
+
+def test_qkv_proj_without_o_proj_is_refused_naming_the_tensor_and_the_fix(tmp_path: Path) -> None:
+    state = {f"{A}.qkv_proj.weight": torch.ones(6, 2)}
+    with pytest.raises(CheckpointError, match=r"which the state dict does not hold") as info:
+        hyperckpt.save(state, tmp_path / "c", mapping="qkv-proj")
+    assert info.value.rule == "mapping.split_unknown"
+    assert info.value.tensor == f"{A}.qkv_proj.weight"
+    assert f"'{A}.o_proj.weight'" in str(info.value)
+    assert "split=" in str(info.value)
+    assert str(tmp_path / "c") in str(info.value)
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_fuse_without_sizes_is_refused_on_save(tmp_path: Path) -> None:
+    mapping = hyperckpt.Mapping((hyperckpt.Fuse("{m}.ab", ("{m}.a", "{m}.b")),))
     with pytest.raises(CheckpointError, match=r"sizes along that dimension are not in") as info:
-        hyperckpt.save({"attn.qkv_proj.weight": torch.ones(6, 2)}, tmp_path / "c", mapping="qkv-proj")
-    assert info.value.rule == "mapping.not_invertible"
-    assert info.value.tensor == "attn.qkv_proj.weight"
+        hyperckpt.save({"x.ab": torch.ones(6, 2)}, tmp_path / "c", mapping=mapping)
+    assert info.value.rule == "mapping.split_unknown"
+    assert info.value.tensor == "x.ab"
+
+
+@pytest.mark.parametrize(
+    ("o_proj", "split", "problem"),
+    [
+        ((2, 5), None, r"the sizes \(5, \?, \?\) give 5 and 2 equal share\(s\) of the other 1"),
+        ((2, 30), None, r"give 30 and 2 equal share"),
+        ((2,), None, r"dimension 1 of 'x.o_proj.weight', which has shape \[2\]"),
+        (None, (3, 2, 2), r"the sizes \(3, 2, 2\) give 7, which does not cut 6 exactly"),
+    ],
+)
+def test_split_sizes_that_do_not_cut_the_tensor_are_refused(
+    tmp_path: Path, o_proj: tuple[int, ...] | None, split: tuple[int, ...] | None, problem: str
+) -> None:
+    state = {"x.qkv_proj.weight": torch.ones(6, 2)}
+    if o_proj is not None:
+        state["x.o_proj.weight"] = torch.ones(o_proj)
+    mapping: object = "qkv-proj"
+    if split is not None:
+        fuse = hyperckpt.Fuse(
+            "{m}.qkv_proj.{p}", ("{m}.q.{p}", "{m}.k.{p}", "{m}.v.{p}"), split=split
+        )
+        mapping = hyperckpt.Mapping((fuse,))
+    with pytest.raises(CheckpointError, match=problem) as info:
+        hyperckpt.save(state, tmp_path / "c", mapping=mapping)  # type: ignore[arg-type]
+    assert info.value.rule == "mapping.split_mismatch"
+    assert info.value.tensor == "x.qkv_proj.weight"
+    assert not (tmp_path / "c").exists()
+
+
+def test_fuse_checks_its_split_when_made() -> None:
+    sources = ("{m}.q", "{m}.k")
+    with pytest.raises(ValueError, match="not both"):
+        hyperckpt.Fuse("{m}.qk", sources, equal=True, split=(1, 1))
+    with pytest.raises(ValueError, match="one size per source"):
+        hyperckpt.Fuse("{m}.qk", sources, split=(1,))
+    with pytest.raises(ValueError, match="negative"):
+        hyperckpt.Fuse("{m}.qk", sources, split=(-1, None))
+    with pytest.raises(TypeError, match="an int, None or"):
+        hyperckpt.Fuse("{m}.qk", sources, split=(1.5, None))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="the string"):
+        hyperckpt.Fuse("{m}.qk", sources, split="12")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"uses \['n'\]"):
+        hyperckpt.Fuse("{m}.qk", sources, split=(("{n}.o", 1), None))
 
 
 def test_reverse_gives_each_expert_a_box_of_the_fused_tensor() -> None:
@@ -177,5 +314,45 @@ def test_the_options_object_is_honoured_by_save_and_by_the_writer(tmp_path: Path
 def test_save_options_check_their_fields_when_made() -> None:
     with pytest.raises(ValueError, match="thread_count"):
         hyperckpt.SaveOptions(threads=0)
-    with pytest.raises(ValueError, match="per_rank"):
-        hyperckpt.HuggingFaceStorageWriter("unused", options=hyperckpt.SaveOptions(per_rank=True))
+    with pytest.raises(ValueError, match=r"per_rank= and options\.per_rank"):
+        hyperckpt.HuggingFaceStorageWriter(
+            "unused", options=hyperckpt.SaveOptions(per_rank=True), per_rank=True
+        )
+
+
+def test_the_writer_writes_per_rank_files_with_a_mapping_that_load_back(tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    state = _fused()
+    writer = hyperckpt.HuggingFaceStorageWriter(
+        tmp_path / "ckpt", per_rank=True, mapping="qwen3-moe"
+    )
+    dcp.save(state, storage_writer=writer, no_dist=True)
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
+        "shard-00001-model-00001-of-00001.safetensors"
+    ]
+    assert hyperckpt.describe(tmp_path / "ckpt").kind == "torch-sharded"
+    expected = _expected(state, "gate_proj", "up_proj", "down_proj")
+    theirs = {name: poison_(torch.empty_like(t)) for name, t in expected.items()}
+    dcp.load(
+        theirs, storage_reader=dcp.HuggingFaceStorageReader(str(tmp_path / "ckpt")), no_dist=True
+    )
+    back = {name: poison_(torch.empty_like(t)) for name, t in state.items()}
+    hyperckpt.load(back, tmp_path / "ckpt", mapping="qwen3-moe")
+    for name, tensor in expected.items():
+        assert mismatch(theirs[name], tensor) is None, name
+    for name, tensor in state.items():
+        assert mismatch(back[name], tensor) is None, name
+
+
+def test_a_concatenation_of_columns_is_saved_column_by_column(tmp_path: Path) -> None:
+    # Each source is a column range of the fused tensor: its rows are not contiguous in the
+    # state dict's memory (found by the split property test; saved as the first rows before).
+    fused = sample_tensor((3, 5), torch.float32, seed=21)
+    mapping = hyperckpt.Mapping(
+        (hyperckpt.Fuse("{m}.ab", ("{m}.a", "{m}.b"), dim=1, split=(2, 3)),)
+    )
+    hyperckpt.save({"x.ab": fused}, tmp_path / "ckpt", mapping=mapping)
+    with safe_open(str(tmp_path / "ckpt" / "model.safetensors"), "pt") as f:
+        assert mismatch(f.get_tensor("x.a"), fused[:, :2]) is None
+        assert mismatch(f.get_tensor("x.b"), fused[:, 2:]) is None
