@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.planner_helpers import (
     _init_state_dict,
     create_read_items_for_chunk_list,
 )
-from torch.distributed.tensor import DTensor, Partial
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from hyperckpt._planner.gc_hold import without_gc
 from hyperckpt._planner.local_items import flat_state_dict, local_read_items
@@ -42,6 +42,10 @@ __all__ = ["LoadPlanner", "StridedLayout", "strided_regions"]
 
 #: Exact types that DCP's lookup returns as they are when asked at the origin.
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+#: Placements that are exactly these types are neither ``Partial`` nor ``_StridedShard``
+#: (a subclass of ``Shard``).
+_PLAIN_PLACEMENTS = frozenset({Shard, Replicate})
 
 #: How to read ``_StridedShard`` placements; see :class:`LoadPlanner`.
 StridedLayout = Literal["auto", "dtensor", "fsdp"]
@@ -215,6 +219,8 @@ def strided_regions(
         if not isinstance(value, DTensor) or (known is not None and fqn not in known):
             continue
         placements = value._spec.placements
+        if all(type(p) in _PLAIN_PLACEMENTS for p in placements):
+            continue  # neither Partial nor _StridedShard, without hashing the placements
         kind = kinds.get(placements)
         if kind is None:
             kind = kinds[placements] = (
