@@ -45,3 +45,13 @@ def test_the_encoded_layout_decodes_to_the_same_layout_elsewhere(tmp_path: Path)
         assert list(back.files[name].tensors.items()) == list(header.tensors.items())
         assert back.files[name].metadata == header.metadata
         assert back.files[name].stamp == header.stamp
+
+
+def test_the_compact_tensors_pickle_as_they_are(tmp_path: Path) -> None:
+    layout = describe(write_sample(tmp_path / "sample"))
+    back = pickle.loads(pickle.dumps(layout.tensors))
+    assert dict(back.items()) == dict(layout.tensors.items())
+    for header in layout.files.values():
+        assert list(pickle.loads(pickle.dumps(header.tensors)).items()) == list(
+            header.tensors.items()
+        )
