@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -154,18 +154,9 @@ class LoadPlanner(DefaultLoadPlanner):
     def _local_plan(self) -> LoadPlan:
         assert self.metadata is not None, "set_up_planner runs before create_local_plan"
         known = self.metadata.state_dict_metadata
-        for fqn, value in self.state_dict.items():
-            md = known.get(fqn)
-            # Before DCP's own check, whose message cannot say a shard file is missing.
-            if (
-                isinstance(md, TensorStorageMetadata)
-                and isinstance(value, torch.Tensor)
-                and value.size() != md.size
-            ):
-                raise shape_mismatch(fqn, tuple(md.size), tuple(value.size()))
-        regions = strided_regions(
-            self.state_dict, strided_layout=self.strided_layout, known=known.keys()
-        )
+        # Sizes are checked in the same pass, before DCP's own check, whose message cannot
+        # say a shard file is missing.
+        regions = strided_regions(self.state_dict, strided_layout=self.strided_layout, known=known)
         if self.flatten_state_dict and not known.keys() <= self.state_dict.keys():
             # torch's planner may swap in a pre-2.4 flattening here: let it.
             plan = super().create_local_plan()
@@ -195,20 +186,23 @@ def strided_regions(
     state_dict: Mapping[str, object],
     *,
     strided_layout: StridedLayout = "auto",
-    known: Container[str] | None = None,
+    known: Mapping[str, object] | None = None,
 ) -> dict[str, tuple[Region, ...]]:
     """This rank's regions of every ``_StridedShard`` DTensor in ``state_dict``, checked.
 
     Every rank of each DTensor's mesh must call this with the same keys (tensors whose
     layout is decided by the mesh's shapes take one all-reduce each, in key order).
-    With ``known``, only those keys of ``state_dict`` are looked at.
+    With ``known`` (the checkpoint's metadata by key), only its keys are looked at, and
+    first every tensor's size is checked against the checkpoint's, in key order, before
+    any all-reduce.
 
     Returns:
         Regions by key, in key order; DTensors without ``_StridedShard`` and DTensors
         whose mesh excludes this rank are left out.
 
     Raises:
-        CheckpointError: A DTensor is ``Partial``, or its regions do not tile its local
+        CheckpointError: A tensor's size differs from the checkpoint's (with ``known``), a
+            DTensor is ``Partial``, or its regions do not tile its local
             tensor; the message names the key, placements and mesh.
     """
     regions = {}
@@ -216,7 +210,17 @@ def strided_regions(
     kinds: dict[object, tuple[bool, bool]] = {}  # placements -> (partial, strided)
     marked: list[tuple[str, DTensor, bool, bool]] = []  # the DTensors to look at closer
     for fqn, value in state_dict.items():
-        if not isinstance(value, DTensor) or (known is not None and fqn not in known):
+        if known is not None:
+            md = known.get(fqn)
+            if md is None:
+                continue
+            if (
+                isinstance(md, TensorStorageMetadata)
+                and isinstance(value, torch.Tensor)
+                and value.size() != md.size
+            ):
+                raise shape_mismatch(fqn, tuple(md.size), tuple(value.size()))
+        if not isinstance(value, DTensor):
             continue
         placements = value._spec.placements
         if all(type(p) in _PLAIN_PLACEMENTS for p in placements):
