@@ -6,6 +6,8 @@ shapes, as in ``simulate_scale.py``) becomes a DTensor whose local tensor lives 
 one process can pose as rank ``r`` of ``W`` ranks.  The metadata stores each tensor as one
 chunk, as a Hugging Face checkpoint does.  For the rank, both planners run
 ``set_up_planner`` + ``create_local_plan`` on the same state dict; the items must be equal.
+The meta tensors are made real first, untimed (DCP's set-up does that in place, so the
+planner that ran first used to pay for it alone).
 
 Layouts: ``fsdp`` (``Shard(0)`` over all ranks), ``fsdp-tp`` (the TP plan of ``hyperckpt
 plan`` over 8 ranks times FSDP; packed weights as ``_StridedShard``), ``ep`` (DeepSeek's
@@ -38,6 +40,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorProperties,
     TensorStorageMetadata,
 )
+from torch.distributed.checkpoint.planner_helpers import _init_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
@@ -124,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
                 dist.init_process_group("fake", store=FakeStore(), rank=args.rank, world_size=world)
                 try:
                     state, md = state_and_metadata(shapes, layout, world, args.rank)
+                    # DCP's set-up replaces meta tensors by real ones, in place: whichever
+                    # planner ran first paid for it (~9 s for DeepSeek-V3), the other did
+                    # not.  A real load has real tensors, so make them real once, untimed.
+                    _init_state_dict(state)
                     theirs, torch_s, torch_peak = plan(DefaultLoadPlanner, state, md)
                     ours, ours_s, ours_peak = plan(hyperckpt.LoadPlanner, state, md)
                 finally:

@@ -22,16 +22,20 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType, MappingProxyType
 from typing import Literal, cast
 
+import numpy as np
 import torch.distributed as dist
 
 from hyperckpt._dist.agreement import Failure, agree
-from hyperckpt._format.header import FileHeader, TensorEntry
+from hyperckpt._format.header import EntryTable, FileHeader
+from hyperckpt._format.table import Packed
 from hyperckpt._layout.model import CheckpointLayout, Piece, TensorLayout
+from hyperckpt._layout.whole import WholeTensors
 from hyperckpt._storage.files import LocalStorage
 from hyperckpt._storage.stamp import FileStamp, stamp_changes
 from hyperckpt.errors import CheckpointChangedError, CheckpointError, CheckpointNotFoundError
@@ -73,17 +77,20 @@ def check_header_reads(value: str) -> None:
         raise ValueError(f"header_reads must be one of {', '.join(HEADER_READS)}; got {value!r}")
 
 
-# The encoded layout: plain tuples, dicts and strings (picklable, compact, versionless).
-_Entry = tuple[str, str, tuple[int, ...], int, int]
-_File = tuple[str, tuple[int, int, int, int, int], int, tuple[_Entry, ...], dict[str, str] | None]
+# The encoded layout: plain tuples, dicts, strings and byte strings (picklable, compact,
+# versionless).  Each file's tensors travel as its table's columns (``EntryTable.pack``);
+# a Hugging Face layout's tensors as the places of its names in those tables, a torch
+# sharded layout's as one tuple per tensor (its pieces were tiled by the reader).
+_File = tuple[str, tuple[int, int, int, int, int], int, Packed, dict[str, str] | None]
 _Tensor = tuple[
     str, str, tuple[int, ...], tuple[tuple[int, tuple[int, ...], tuple[int, ...], int, int], ...]
 ]
-_Encoded = tuple[str, str, tuple[_File, ...], tuple[_Tensor, ...], str | None]
+_Tensors = bytes | tuple[_Tensor, ...]
+_Encoded = tuple[str, str, tuple[_File, ...], _Tensors, str | None]
 
 
 def encode_layout(layout: CheckpointLayout) -> _Encoded:
-    """A layout as plain tuples (``MappingProxyType`` does not pickle); see :func:`decode_layout`."""
+    """A layout as plain values (``MappingProxyType`` does not pickle); see :func:`decode_layout`."""
     names = list(layout.files)
     number = {name: index for index, name in enumerate(names)}
     files = tuple(
@@ -91,20 +98,25 @@ def encode_layout(layout: CheckpointLayout) -> _Encoded:
             name,
             (h.stamp.size, h.stamp.mtime_ns, h.stamp.inode, h.stamp.device, h.stamp.ctime_ns),
             h.header_length,
-            tuple((e.name, e.dtype, e.shape, e.start, e.stop) for e in h.tensors.values()),
+            h.tensors.pack(),
             None if h.metadata is None else dict(h.metadata),
         )
         for name, h in layout.files.items()
     )
-    tensors = tuple(
-        (
-            t.name,
-            t.dtype,
-            t.shape,
-            tuple((number[p.file], p.offsets, p.shape, p.start, p.stop) for p in t.pieces),
+    tensors: _Tensors
+    whole = layout.tensors
+    if isinstance(whole, WholeTensors) and [f for f, _ in whole.files] == names:
+        tensors = zlib.compress(whole.places.tobytes(), 1)
+    else:
+        tensors = tuple(
+            (
+                t.name,
+                t.dtype,
+                t.shape,
+                tuple((number[p.file], p.offsets, p.shape, p.start, p.stop) for p in t.pieces),
+            )
+            for t in layout.tensors.values()
         )
-        for t in layout.tensors.values()
-    )
     return (layout.kind, layout.root, files, tensors, layout.index)
 
 
@@ -116,35 +128,44 @@ def decode_layout(encoded: _Encoded, root: str) -> CheckpointLayout:
     """
     kind, _, files, tensors, index = encoded
     headers: dict[str, FileHeader] = {}
-    for name, stamp, header_length, entries, metadata in files:
+    for name, stamp, header_length, packed, metadata in files:
         headers[name] = FileHeader(
             name=name,
             path=os.path.join(root, name),
             stamp=FileStamp(*stamp),
             header_length=header_length,
-            tensors=MappingProxyType({e[0]: TensorEntry(*e) for e in entries}),
+            tensors=EntryTable.unpack(packed),
             metadata=None if metadata is None else MappingProxyType(metadata),
         )
     names = [file[0] for file in files]
-    layouts = {
-        name: TensorLayout(
-            name,
-            dtype,
-            shape,
-            tuple(
-                Piece(names[f], offsets, piece_shape, s, e)
-                for f, offsets, piece_shape, s, e in pieces
-            ),
+    layouts: Mapping[str, TensorLayout]
+    if isinstance(tensors, bytes):
+        layouts = WholeTensors.at(
+            [(name, header.tensors) for name, header in headers.items()],
+            np.frombuffer(zlib.decompress(tensors), np.int64),
         )
-        for name, dtype, shape, pieces in tensors
-    }
+    else:
+        layouts = MappingProxyType(
+            {
+                name: TensorLayout(
+                    name,
+                    dtype,
+                    shape,
+                    tuple(
+                        Piece(names[f], offsets, piece_shape, s, e)
+                        for f, offsets, piece_shape, s, e in pieces
+                    ),
+                )
+                for name, dtype, shape, pieces in tensors
+            }
+        )
     if kind not in ("huggingface", "torch-sharded"):
         raise AssertionError(f"unknown layout kind {kind!r}")
     return CheckpointLayout(
         cast(Literal["huggingface", "torch-sharded"], kind),
         root,
         MappingProxyType(headers),
-        MappingProxyType(layouts),
+        layouts,
         index=index,
     )
 

@@ -20,7 +20,7 @@ from operator import itemgetter
 from types import MappingProxyType
 
 from hyperckpt._format.dtypes import DTYPES, DtypeInfo
-from hyperckpt._format.entries import MAX_TORCH_SIZE, check_entry, check_metadata, valid_entry
+from hyperckpt._format.entries import MAX_TORCH_SIZE, check_entry, check_metadata
 from hyperckpt._format.sniff import SNIFF_BYTES, could_be_safetensors, other_format
 from hyperckpt._format.strict_json import (
     METADATA_KEY,
@@ -28,6 +28,14 @@ from hyperckpt._format.strict_json import (
     is_unicode,
     json_type,
     strict_json,
+)
+from hyperckpt._format.table import (
+    ByteSpan,
+    Entry,
+    EntryTable,
+    TensorEntry,
+    entry_table,
+    table_of_entries,
 )
 from hyperckpt._storage.opener import open_regular
 from hyperckpt._storage.stamp import FileStamp
@@ -39,6 +47,7 @@ __all__ = [
     "MAX_TORCH_SIZE",
     "ByteSpan",
     "DtypeInfo",
+    "EntryTable",
     "FileHeader",
     "TensorEntry",
     "decode_strict_json",
@@ -57,41 +66,6 @@ _LENGTH_PREFIX = 8
 _BEGIN_END = itemgetter(3, 4)
 
 
-class ByteSpan:
-    """What a value with a half-open byte range ``[start, stop)`` knows of it: its length.
-
-    Subclasses are frozen dataclasses with ``start`` and ``stop`` fields.
-    """
-
-    __slots__ = ()
-    start: int
-    stop: int
-
-    @property
-    def nbytes(self) -> int:
-        """Length of the data in bytes."""
-        return self.stop - self.start
-
-
-@dataclass(frozen=True, slots=True)
-class TensorEntry(ByteSpan):
-    """One tensor in a safetensors file.
-
-    Attributes:
-        name: The tensor's key in the header.
-        dtype: The safetensors dtype code, e.g. ``"BF16"``.
-        shape: Size of each dimension, in elements; ``()`` for a 0-d tensor.
-        start: First byte of the data, absolute in the file (header included).
-        stop: One past the last byte, absolute in the file (half-open ``[start, stop)``).
-    """
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    start: int
-    stop: int
-
-
 @dataclass(frozen=True, slots=True)
 class FileHeader:
     """A validated safetensors header.
@@ -101,7 +75,8 @@ class FileHeader:
         path: The file's path on disk.
         stamp: The file's identity when the header was read.
         header_length: Length of the JSON header in bytes (the 8-byte prefix excluded).
-        tensors: Every tensor, keyed by name, ordered by position in the file.
+        tensors: Every tensor, keyed by name, ordered by position in the file: the
+            file's columns (:class:`EntryTable`), each value built when looked up.
         metadata: The ``__metadata__`` mapping, or ``None`` when absent or null.
     """
 
@@ -109,7 +84,7 @@ class FileHeader:
     path: str
     stamp: FileStamp
     header_length: int
-    tensors: Mapping[str, TensorEntry]
+    tensors: EntryTable
     metadata: Mapping[str, str] | None
 
     @property
@@ -179,17 +154,17 @@ def _parse(raw: bytes, file_size: int, *, name: str, path: str | None) -> FileHe
     length = len(raw)
     document = _decode_json(raw, name)
     metadata = check_metadata(document.pop(METADATA_KEY, None), name)
-    entries = [
-        valid_entry(key, value) or check_entry(key, value, name) for key, value in document.items()
-    ]
     data_start = _LENGTH_PREFIX + length
-    tensors = _check_offsets(entries, name, data_start, file_size)
+    tensors = entry_table(document, data_start, file_size)
+    if tensors is None:  # some rule fails: check one by one, in order, to name it
+        entries = [check_entry(key, value, name) for key, value in document.items()]
+        tensors = table_of_entries(_check_offsets(entries, name, data_start, file_size), data_start)
     return FileHeader(
         name=name,
         path=name if path is None else path,
         stamp=FileStamp(file_size, 0, 0, 0),
         header_length=length,
-        tensors=MappingProxyType(tensors),
+        tensors=tensors,
         metadata=None if metadata is None else MappingProxyType(metadata),
     )
 
@@ -253,12 +228,8 @@ def _decode_json(raw: bytes, name: str) -> dict[str, object]:
     return document
 
 
-def _check_offsets(
-    entries: list[tuple[str, str, tuple[int, ...], int, int]],
-    name: str,
-    data_start: int,
-    file_size: int,
-) -> dict[str, TensorEntry]:
+def _check_offsets(entries: list[Entry], name: str, data_start: int, file_size: int) -> list[Entry]:
+    """The entries in file order, once they tile the data buffer and end at the file's end."""
     ordered = sorted(entries, key=_BEGIN_END)
     position = 0
     previous: str | None = None
@@ -288,7 +259,4 @@ def _check_offsets(
             path=name,
             rule="file.size_mismatch",
         )
-    return {
-        key: TensorEntry(key, dtype, shape, data_start + begin, data_start + end)
-        for key, dtype, shape, begin, end in ordered
-    }
+    return ordered

@@ -25,13 +25,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Final
 
-from hyperckpt._format.header import (
-    FileHeader,
-    TensorEntry,
-    read_header,
-)
+from hyperckpt._format.header import FileHeader, read_header
 from hyperckpt._format.preview import preview
 from hyperckpt._format.sniff import other_format_of_file
+from hyperckpt._format.table import CODES
 from hyperckpt._layout.candidates import (
     INDEX_SUFFIX,
     SINGLE_PREFIXES,
@@ -60,6 +57,7 @@ from hyperckpt._layout.model import (
     raise_problem,
 )
 from hyperckpt._layout.sharding import sharding_info, tile
+from hyperckpt._layout.whole import WholeTensors
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
 
 __all__ = ["describe_directory", "detect_kind", "huggingface_layout", "torch_sharded_layout"]
@@ -193,15 +191,9 @@ def huggingface_layout(
             check_single_file_beside_index(
                 root, headers, owner, problems, index=choice.index, single=choice.single
             )
-    tensors = {
-        name: _whole(owner[name], headers[owner[name]].tensors[name]) for name in sorted(owner)
-    }
+    tensors = WholeTensors.of([(name, header.tensors) for name, header in headers.items()], owner)
     return CheckpointLayout(
-        HUGGINGFACE,
-        str(root),
-        MappingProxyType(headers),
-        MappingProxyType(tensors),
-        index=choice.index,
+        HUGGINGFACE, str(root), MappingProxyType(headers), tensors, index=choice.index
     )
 
 
@@ -311,9 +303,17 @@ def torch_sharded_layout(
         offsets = sharding_info(header, required=True, report=problems)
         if offsets is None:
             continue
-        for tensor, entry in header.tensors.items():
-            piece = Piece(header.name, offsets[tensor], entry.shape, entry.start, entry.stop)
-            found.setdefault(tensor, []).append((entry.dtype, piece))
+        table = header.tensors
+        for tensor, code, shape, start, stop in zip(
+            table.names,
+            table.codes,
+            table.shapes(),
+            table.starts.tolist(),
+            table.stops.tolist(),
+            strict=True,
+        ):
+            piece = Piece(header.name, offsets[tensor], shape, start, stop)
+            found.setdefault(tensor, []).append((CODES[code], piece))
     tensors: dict[str, TensorLayout] = {}
     if not problems.count:  # with a file left out, each tensor it held would show a gap
         for name in sorted(found):
@@ -427,12 +427,6 @@ def _check_whole_tensors(header: FileHeader, report: Report) -> None:
                 )
             )
             return
-
-
-def _whole(file: str, entry: TensorEntry) -> TensorLayout:
-    shape = entry.shape
-    piece = Piece(file, (0,) * len(shape), shape, entry.start, entry.stop)
-    return TensorLayout(entry.name, entry.dtype, shape, (piece,))
 
 
 def _nothing_here(root: Path, entries: list[str]) -> CheckpointNotFoundError:

@@ -116,7 +116,9 @@ class CheckpointLayout:
         root: The checkpoint directory.
         files: Each file's validated header, keyed by its name relative to ``root``, in
             name order.  Only the files that belong to the checkpoint.
-        tensors: Every tensor's layout, keyed by name, in name order.
+        tensors: Every tensor's layout, keyed by name, in name order.  For a Hugging Face
+            checkpoint, columns over the files' tables (``WholeTensors``) whose values are
+            built on lookup.
         index: The index read, by its name in ``root`` (``model.safetensors.index.json``,
             diffusers' ``diffusion_pytorch_model.safetensors.index.json``), or ``None``
             when there is none (one file, a torch sharded directory).
@@ -131,4 +133,7 @@ class CheckpointLayout:
     @property
     def nbytes(self) -> int:
         """Bytes of tensor data in the whole checkpoint."""
+        compact = getattr(self.tensors, "nbytes", None)  # a table sums its columns
+        if isinstance(compact, int):
+            return compact
         return sum(tensor.nbytes for tensor in self.tensors.values())

@@ -13,6 +13,7 @@ from torch.distributed.checkpoint.metadata import (
 
 from hyperckpt._layout.gcpause import collector_paused
 from hyperckpt._layout.model import CheckpointLayout
+from hyperckpt._layout.whole import WholeTensors
 from hyperckpt._read.dtypes import to_torch_dtype, to_torch_shape
 from hyperckpt._read.storage_info import StorageInfo
 
@@ -28,6 +29,9 @@ def to_metadata(layout: CheckpointLayout) -> Metadata:
     """
     state: dict[str, TensorStorageMetadata] = {}
     storage: dict[MetadataIndex, StorageInfo] = {}
+    if isinstance(layout.tensors, WholeTensors):
+        _whole_metadata(layout.tensors, state, storage)
+        return Metadata(state_dict_metadata=state, storage_data=storage)  # type: ignore[arg-type]
     for tensor in layout.tensors.values():
         chunks = []
         for piece in tensor.pieces:
@@ -45,3 +49,26 @@ def to_metadata(layout: CheckpointLayout) -> Metadata:
             chunks=chunks,
         )
     return Metadata(state_dict_metadata=state, storage_data=storage)  # type: ignore[arg-type]
+
+
+def _whole_metadata(
+    tensors: WholeTensors,
+    state: dict[str, TensorStorageMetadata],
+    storage: dict[MetadataIndex, StorageInfo],
+) -> None:
+    """The metadata of whole tensors, read from the columns: one chunk at the origin each."""
+    properties: dict[str, TensorProperties] = {}
+    origins: dict[int, torch.Size] = {}
+    for name, file, code, shape, start, stop in tensors.rows():
+        sizes = to_torch_shape(code, shape)
+        size = torch.Size(sizes)
+        origin = origins.get(len(sizes))
+        if origin is None:
+            origin = origins[len(sizes)] = torch.Size((0,) * len(sizes))
+        prop = properties.get(code)
+        if prop is None:
+            prop = properties[code] = TensorProperties(dtype=to_torch_dtype(code))
+        storage[MetadataIndex(name, origin)] = StorageInfo(file, start, stop - start, code, sizes)
+        state[name] = TensorStorageMetadata(
+            properties=prop, size=size, chunks=[ChunkStorageMetadata(offsets=origin, sizes=size)]
+        )

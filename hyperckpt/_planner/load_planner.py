@@ -13,22 +13,26 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import (
     ChunkStorageMetadata,
+    Metadata,
     MetadataIndex,
     TensorStorageMetadata,
 )
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
-from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
-from torch.distributed.tensor import DTensor, Partial
+from torch.distributed.checkpoint.planner_helpers import (
+    _init_state_dict,
+    create_read_items_for_chunk_list,
+)
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from hyperckpt._planner.gc_hold import without_gc
-from hyperckpt._planner.local_items import local_read_items
+from hyperckpt._planner.local_items import flat_state_dict, local_read_items
 from hyperckpt._planner.placements import is_strided
 from hyperckpt._planner.regions import DTENSOR, FSDP, Order, Region, local_regions, orders_differ
 from hyperckpt._planner.shapes import shape_mismatch
@@ -38,6 +42,10 @@ __all__ = ["LoadPlanner", "StridedLayout", "strided_regions"]
 
 #: Exact types that DCP's lookup returns as they are when asked at the origin.
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+#: Placements that are exactly these types are neither ``Partial`` nor ``_StridedShard``
+#: (a subclass of ``Shard``).
+_PLAIN_PLACEMENTS = frozenset({Shard, Replicate})
 
 #: How to read ``_StridedShard`` placements; see :class:`LoadPlanner`.
 StridedLayout = Literal["auto", "dtensor", "fsdp"]
@@ -89,6 +97,33 @@ class LoadPlanner(DefaultLoadPlanner):
             )
         self.strided_layout: StridedLayout = strided_layout
 
+    def set_up_planner(
+        self,
+        state_dict: dict[str, Any],
+        metadata: Metadata | None = None,
+        is_coordinator: bool = False,
+    ) -> None:
+        """As ``DefaultLoadPlanner``; a state dict that is already flat is not walked twice.
+
+        Made with the cyclic collector held.  A flat state dict (string keys, plain tensors,
+        parameters and DTensors) flattens to a copy of itself: that copy is made directly
+        (see :func:`~hyperckpt._planner.local_items.flat_state_dict`), and DCP's pass that
+        makes meta tensors real runs only when there is one; anything else goes through
+        torch's own walks.
+        """
+        with without_gc():
+            flat, meta = flat_state_dict(state_dict)
+            if not (flat and self.flatten_state_dict):
+                super().set_up_planner(state_dict, metadata, is_coordinator)
+                return
+            if meta:
+                _init_state_dict(state_dict)  # in place: meta tensors become real ones
+            self.original_state_dict = state_dict
+            self.state_dict = dict(state_dict)
+            self.mappings = {key: (key,) for key in state_dict}
+            self.metadata = metadata
+            self.is_coordinator = is_coordinator
+
     def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
         """The state dict's tensor for ``index``, as ``DefaultLoadPlanner`` finds it.
 
@@ -119,19 +154,9 @@ class LoadPlanner(DefaultLoadPlanner):
     def _local_plan(self) -> LoadPlan:
         assert self.metadata is not None, "set_up_planner runs before create_local_plan"
         known = self.metadata.state_dict_metadata
-        for fqn, value in self.state_dict.items():
-            md = known.get(fqn)
-            # Before DCP's own check, whose message cannot say a shard file is missing.
-            if (
-                isinstance(md, TensorStorageMetadata)
-                and isinstance(value, torch.Tensor)
-                and tuple(value.size()) != tuple(md.size)
-            ):
-                raise shape_mismatch(fqn, tuple(md.size), tuple(value.size()))
-        regions = strided_regions(
-            {fqn: value for fqn, value in self.state_dict.items() if fqn in known},
-            strided_layout=self.strided_layout,
-        )
+        # Sizes are checked in the same pass, before DCP's own check, whose message cannot
+        # say a shard file is missing.
+        regions = strided_regions(self.state_dict, strided_layout=self.strided_layout, known=known)
         if self.flatten_state_dict and not known.keys() <= self.state_dict.keys():
             # torch's planner may swap in a pre-2.4 flattening here: let it.
             plan = super().create_local_plan()
@@ -139,7 +164,9 @@ class LoadPlanner(DefaultLoadPlanner):
         else:
             # The same items as torch's, in time for this rank's own tensors.
             strict = not self.allow_partial_load
-            items = local_read_items(self.state_dict, self.metadata, strict=strict, skip=regions)
+            items = local_read_items(
+                self.state_dict, self.metadata, strict=strict, skip=regions, sizes_checked=True
+            )
             plan = LoadPlan(items)
         if not regions:
             return plan
@@ -156,35 +183,57 @@ class LoadPlanner(DefaultLoadPlanner):
 
 
 def strided_regions(
-    state_dict: Mapping[str, object], *, strided_layout: StridedLayout = "auto"
+    state_dict: Mapping[str, object],
+    *,
+    strided_layout: StridedLayout = "auto",
+    known: Mapping[str, object] | None = None,
 ) -> dict[str, tuple[Region, ...]]:
     """This rank's regions of every ``_StridedShard`` DTensor in ``state_dict``, checked.
 
     Every rank of each DTensor's mesh must call this with the same keys (tensors whose
     layout is decided by the mesh's shapes take one all-reduce each, in key order).
+    With ``known`` (the checkpoint's metadata by key), only its keys are looked at, and
+    first every tensor's size is checked against the checkpoint's, in key order, before
+    any all-reduce.
 
     Returns:
         Regions by key, in key order; DTensors without ``_StridedShard`` and DTensors
         whose mesh excludes this rank are left out.
 
     Raises:
-        CheckpointError: A DTensor is ``Partial``, or its regions do not tile its local
+        CheckpointError: A tensor's size differs from the checkpoint's (with ``known``), a
+            DTensor is ``Partial``, or its regions do not tile its local
             tensor; the message names the key, placements and mesh.
     """
     regions = {}
     problems: list[CheckpointError] = []
     kinds: dict[object, tuple[bool, bool]] = {}  # placements -> (partial, strided)
-    for fqn, value in sorted(state_dict.items()):
+    marked: list[tuple[str, DTensor, bool, bool]] = []  # the DTensors to look at closer
+    for fqn, value in state_dict.items():
+        if known is not None:
+            md = known.get(fqn)
+            if md is None:
+                continue
+            if (
+                isinstance(md, TensorStorageMetadata)
+                and isinstance(value, torch.Tensor)
+                and value.size() != md.size
+            ):
+                raise shape_mismatch(fqn, tuple(md.size), tuple(value.size()))
         if not isinstance(value, DTensor):
             continue
-        placements = value.placements
+        placements = value._spec.placements
+        if all(type(p) in _PLAIN_PLACEMENTS for p in placements):
+            continue  # neither Partial nor _StridedShard, without hashing the placements
         kind = kinds.get(placements)
         if kind is None:
             kind = kinds[placements] = (
                 any(isinstance(p, Partial) for p in placements),
                 any(is_strided(p) for p in placements),
             )
-        partial, strided = kind
+        if kind[0] or kind[1]:
+            marked.append((fqn, value, *kind))
+    for fqn, value, partial, strided in sorted(marked, key=_first):
         if partial:
             problems.append(
                 CheckpointError(
@@ -205,6 +254,10 @@ def strided_regions(
     if problems:
         raise problems[0]
     return regions
+
+
+def _first(marked: tuple[str, DTensor, bool, bool]) -> str:
+    return marked[0]
 
 
 def _regions_for(fqn: str, value: DTensor, layout: StridedLayout) -> tuple[Region, ...]:

@@ -12,8 +12,10 @@ torch's own functions; the items are equal, field by field, to torch's.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
+from torch.distributed.checkpoint import _version
 from torch.distributed.checkpoint.metadata import (
     ChunkStorageMetadata,
     Metadata,
@@ -28,7 +30,30 @@ from torch.distributed.checkpoint.planner_helpers import (
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-__all__ = ["local_read_items"]
+__all__ = ["flat_state_dict", "local_read_items"]
+
+#: Values a state dict can hold that DCP's flattening keeps as they are (leaves).
+_LEAVES = frozenset({torch.Tensor, torch.nn.Parameter, DTensor})
+
+
+def flat_state_dict(state_dict: dict[str, Any]) -> tuple[bool, bool]:
+    """Whether DCP's flattening leaves ``state_dict`` as it is, and whether it holds meta
+    tensors (which DCP's set-up replaces by real ones), in one pass.
+
+    Flat: every key a string, every value exactly a tensor, a parameter or a DTensor (no
+    nesting, no ``ShardedTensor``), and torch not keeping its 2.3 flattening.  Then
+    ``_flatten_sharded_tensors`` and ``flatten_state_dict`` make a copy of it, each key
+    mapped to the path ``(key,)``.
+    """
+    if _version._derived_version == "2_3":
+        return False, False
+    leaves = _LEAVES
+    meta = False
+    for key, value in state_dict.items():
+        if type(key) is not str or type(value) not in leaves:
+            return False, False
+        meta = meta or value.is_meta
+    return True, meta
 
 
 def local_read_items(
@@ -37,6 +62,7 @@ def local_read_items(
     *,
     strict: bool,
     skip: Iterable[str] = (),
+    sizes_checked: bool = False,
 ) -> list[ReadItem]:
     """What ``create_default_local_load_plan(state_dict, metadata, strict)`` returns as items.
 
@@ -45,6 +71,8 @@ def local_read_items(
         metadata: The checkpoint's metadata.
         strict: Refuse keys the checkpoint lacks (else skip them).
         skip: Keys planned elsewhere (``_StridedShard`` DTensors planned by region).
+        sizes_checked: The caller already refused every tensor whose size differs from
+            the checkpoint's.
 
     Raises:
         RuntimeError: A key is missing and ``strict`` (torch's message).
@@ -52,7 +80,7 @@ def local_read_items(
     """
     known = metadata.state_dict_metadata
     skipped = set(skip)
-    boxes: dict[tuple[object, ...], ChunkStorageMetadata] = {}
+    cuts: dict[tuple[object, ...], _Cut] = {}  # (shape, mesh, placements) -> the rank's cut
     members: dict[int, bool] = {}  # id(mesh) -> whether this rank is in it
     items: list[ReadItem] = []
     for fqn, obj in state_dict.items():
@@ -61,8 +89,10 @@ def local_read_items(
             if strict:
                 raise RuntimeError(f"Missing key in checkpoint state_dict: {fqn}.")
             continue
+        kind = type(obj)
         if (
-            isinstance(md, TensorStorageMetadata)
+            not sizes_checked
+            and isinstance(md, TensorStorageMetadata)
             and getattr(obj, "size", None) is not None
             and md.size != obj.size()  # type: ignore[attr-defined]
         ):
@@ -84,19 +114,20 @@ def local_read_items(
                 continue
             # The mesh lives as long as the state dict that holds it: its id is stable here.
             signature = (spec.shape, id(mesh), spec.placements)
-            box = boxes.get(signature)
-            if box is None:
+            cut = cuts.get(signature)
+            if cut is None:
                 obj._raise_if_contains_partial_placements()
                 sizes, offsets = compute_local_shape_and_global_offset(
                     obj.shape, mesh, spec.placements
                 )
-                box = boxes[signature] = ChunkStorageMetadata(
-                    offsets=torch.Size(offsets), sizes=torch.Size(sizes)
-                )
-            items += _items_for(fqn, md, box)
-        elif type(obj) in (torch.Tensor, torch.nn.Parameter) and isinstance(
-            md, TensorStorageMetadata
-        ):
+                box = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))
+                cut = cuts[signature] = _Cut(box, spec.shape)
+            chunks = md.chunks
+            if len(chunks) != 1 or chunks[0].sizes != md.size or any(chunks[0].offsets):
+                items += create_read_items_for_chunk_list(fqn, md, [cut.box])
+            elif cut.lengths is not None:  # else the box misses the tensor: nothing to read
+                items.append(cut.item(fqn, chunks[0].offsets))
+        elif kind in _PLAIN and isinstance(md, TensorStorageMetadata):
             shape = obj.size()  # type: ignore[attr-defined]
             box = ChunkStorageMetadata(offsets=torch.Size([0] * len(shape)), sizes=shape)
             items += _items_for(fqn, md, box)
@@ -105,24 +136,92 @@ def local_read_items(
     return items
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+class _Cut:
+    """A local box cut against a tensor stored as one whole chunk: the parts its read
+    item shares with every tensor of the same shape, mesh and placements.
+
+    Attributes:
+        box: The rank's box of the tensor (global offsets and sizes).
+        lengths: The box's extent inside the tensor, or ``None`` when they do not overlap
+            (torch's overlap test: then there is nothing to read).
+        dest_offsets: Where the read lands in the local tensor: its origin.
+    """
+
+    __slots__ = ("box", "dest_offsets", "lengths")
+
+    def __init__(self, box: ChunkStorageMetadata, whole: torch.Size) -> None:
+        self.box = box
+        lengths: list[int] = []
+        for offset, size, extent in zip(box.offsets, box.sizes, whole, strict=True):
+            if offset >= extent or offset + size <= 0:
+                break
+            lengths.append(min(extent, offset + size) - offset)
+        self.lengths = torch.Size(lengths) if len(lengths) == len(whole) else None
+        self.dest_offsets = torch.Size([0] * len(whole))
+
+    def item(self, fqn: str, origin: torch.Size) -> ReadItem:
+        """The read item of tensor ``fqn`` (whose chunk starts at ``origin``), equal to
+        torch's.  Where the dataclasses allow (see :data:`_BY_DICT`), built without their
+        frozen ``__init__``s: each instance's ``__dict__`` is set to the fields those set."""
+        assert self.lengths is not None, "an item is made only where the box overlaps"
+        if not _BY_DICT:
+            return ReadItem(
+                LoadItemType.TENSOR,
+                MetadataIndex(fqn, self.box.offsets, 0),
+                self.dest_offsets,
+                MetadataIndex(fqn, origin, 0),
+                self.box.offsets,
+                self.lengths,
+            )
+        dest = _new(MetadataIndex)
+        _set(dest, "__dict__", {"fqn": fqn, "offset": self.box.offsets, "index": 0})
+        storage = _new(MetadataIndex)
+        _set(storage, "__dict__", {"fqn": fqn, "offset": origin, "index": 0})
+        item = _new(ReadItem)
+        _set(
+            item,
+            "__dict__",
+            {
+                "type": LoadItemType.TENSOR,
+                "dest_index": dest,
+                "dest_offsets": self.dest_offsets,
+                "storage_index": storage,
+                "storage_offsets": self.box.offsets,
+                "lengths": self.lengths,
+            },
+        )
+        return item
+
+
+def _fields_by_dict(cls: type, names: tuple[str, ...]) -> bool:
+    """Whether ``cls`` is a dataclass whose instances keep exactly ``names`` in ``__dict__``
+    (so setting them there is what its frozen ``__init__`` does)."""
+    fields = getattr(cls, "__dataclass_fields__", None)
+    return (
+        fields is not None
+        and tuple(fields) == names
+        and "__slots__" not in cls.__dict__
+        and "__post_init__" not in cls.__dict__
+    )
+
+
+#: Whether read items and their indexes can be made by setting ``__dict__`` (torch 2.9 to
+#: 2.13: plain frozen dataclasses with these fields); else their constructors are called.
+_BY_DICT = _fields_by_dict(
+    ReadItem,
+    ("type", "dest_index", "dest_offsets", "storage_index", "storage_offsets", "lengths"),
+) and _fields_by_dict(MetadataIndex, ("fqn", "offset", "index"))
+_new = object.__new__
+_set = object.__setattr__
+
+
 def _items_for(fqn: str, md: TensorStorageMetadata, box: ChunkStorageMetadata) -> list[ReadItem]:
     """torch's items for one local box; directly when the tensor is stored as one chunk."""
     chunks = md.chunks
-    if len(chunks) != 1 or any(chunks[0].offsets) or tuple(chunks[0].sizes) != tuple(md.size):
+    if len(chunks) != 1 or chunks[0].sizes != md.size or any(chunks[0].offsets):
         return create_read_items_for_chunk_list(fqn, md, [box])
-    saved = chunks[0]
-    lengths = []
-    for offset, size, whole in zip(box.offsets, box.sizes, saved.sizes, strict=True):
-        if offset >= whole or offset + size <= 0:  # torch's overlap test, as it reads
-            return []
-        lengths.append(min(whole, offset + size) - offset)
-    return [
-        ReadItem(
-            type=LoadItemType.TENSOR,
-            dest_index=MetadataIndex(fqn, box.offsets, 0),
-            dest_offsets=torch.Size([0] * len(lengths)),
-            storage_index=MetadataIndex(fqn, saved.offsets, 0),
-            storage_offsets=torch.Size(box.offsets),
-            lengths=torch.Size(lengths),
-        )
-    ]
+    cut = _Cut(box, chunks[0].sizes)
+    return [] if cut.lengths is None else [cut.item(fqn, md.chunks[0].offsets)]
