@@ -25,6 +25,8 @@ class LoadStats:
         threads: Read threads the engine was given.
         cold_bytes: Bytes of the files' requested spans found not in the page cache when
             the load began (read with read-ahead hints and larger requests).
+        mapped_bytes: Bytes copied from read-only memory maps of warm files (not counted
+            in ``bytes_read``).
     """
 
     tensors: int = 0
@@ -37,3 +39,4 @@ class LoadStats:
     bytes_needed: int = 0
     threads: int = 0
     cold_bytes: int = 0
+    mapped_bytes: int = 0
