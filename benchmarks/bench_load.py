@@ -346,7 +346,7 @@ def _summary(rows: list[dict[str, object]]) -> list[dict[str, object]]:
                 "vs_safetensors": round(median["hyperckpt"] / median["safetensors"], 2),
                 "vs_limit": round(median["hyperckpt"] / median["limit"], 2),
                 **extra,
-                "mapped_share": round(by_map / max(1, by_map + by_read), 2),
+                "mapped_share": round(by_map / max(1, by_read), 2),  # bytes_read holds both
                 "spread": {
                     reader: [round(min(values), 3), round(max(values), 3)]  # type: ignore[type-var]
                     for reader, values in readers.items()

@@ -273,7 +273,7 @@ class _Load:
             planner.commit_tensor(request.item, request.target)
         return LoadStats(
             tensors=len(items),
-            bytes_read=reads.bytes_read,
+            bytes_read=reads.bytes_read + (mapped.bytes_copied if mapped is not None else 0),
             bytes_needed=sum(request.box.nbytes for request in requests),
             reads=reads.calls,
             files=len(files),
