@@ -30,7 +30,7 @@ from __future__ import annotations
 import enum
 import math
 import mmap
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 __all__ = ["DEFAULT_COSTS", "Costs", "Runs", "Strategy", "choose", "choose_run", "estimate"]
 
@@ -91,6 +91,13 @@ class Costs:
         mapped_byte: Each byte copied from a mapped page into the destination.
         mapped_row: Each run of a strided ``MAP`` copy (numpy's inner-loop restart).
         map_call: One map and unmap of a part (at most ``CHUNK_BYTES`` of file).
+        map_threads: How much dearer each mapped page of a one-run copy gets per further
+            read thread of the process (maps and unmaps serialise on the process's address
+            space, each unmap interrupts the other threads' cores to flush their TLBs).
+            Measured on the development VM, 8 MiB parts of a warm 256 MiB file: one thread
+            copies from maps at 1.05x to 1.4x the speed of ``preadv``, two threads at 0.84x;
+            column slices gain 1.5x from maps with two threads all the same (the calls and
+            ``iovec`` entries a run saves outweigh it), so only :func:`choose_run` applies it.
         rank_share: How much dearer every byte gets per further rank of the host reading
             at the same time (they share its memory bandwidth; calls cost each rank its own
             core).  An assumption, not fitted: the benchmark runs one process.
@@ -107,6 +114,7 @@ class Costs:
     mapped_byte: float = 0.08
     mapped_row: float = 30.0
     map_call: float = 20000.0
+    map_threads: float = 8.0
     rank_share: float = 0.1
 
 
@@ -213,7 +221,13 @@ def choose(
 
 
 def choose_run(
-    length: int, *, ranks: int, chunk: int, map_part: int | None, costs: Costs = DEFAULT_COSTS
+    length: int,
+    *,
+    ranks: int,
+    chunk: int,
+    map_part: int | None,
+    threads: int = 1,
+    costs: Costs = DEFAULT_COSTS,
 ) -> Strategy:
     """How to read one run of ``length`` bytes into a contiguous destination: ``RUNS``
     (``preadv`` in place, one call per ``chunk`` bytes) or ``MAP`` (one map per
@@ -224,10 +238,12 @@ def choose_run(
         ranks: Ranks of this host reading at the same time.
         chunk: Most bytes one ``preadv`` reads.
         map_part: Most bytes one ``MAP`` copy maps; ``None``: no map.
+        threads: Read threads of this process copying at the same time.
     """
     if map_part is None:
         return Strategy.RUNS
     weight = 1.0 + costs.rank_share * max(0, ranks - 1)
     read = math.ceil(length / max(1, chunk)) * costs.call + length * costs.placed_byte * weight
-    mapped = _mapped(length, length, 1, map_part, weight, costs)
+    shared = costs.mapped_page * (1.0 + costs.map_threads * max(0, threads - 1))
+    mapped = _mapped(length, length, 1, map_part, weight, replace(costs, mapped_page=shared))
     return Strategy.MAP if mapped < read else Strategy.RUNS
