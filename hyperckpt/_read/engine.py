@@ -75,7 +75,7 @@ from hyperckpt._read.jobs import (
 from hyperckpt._read.mapped import MappedFiles
 from hyperckpt._read.pool import run_jobs
 from hyperckpt._read.reads import FileReads
-from hyperckpt._read.requests import Request, resolve, spans
+from hyperckpt._read.requests import resolve, spans
 from hyperckpt._read.routes import MAX_GAP, route, share
 from hyperckpt._read.staging import Staging
 from hyperckpt._read.stats import LoadStats
@@ -237,20 +237,32 @@ class _Load:
             fds = {name: file.fileno() for name, file in files.items()}
             cold = find_cold(spans(requests), fds) if engine.page_cache_aware else None
             routes = route(requests, cuda=torch.cuda.is_available())
-            if engine.memory_map and cold is not None:
-                mapped = MappedFiles(fds, _leases(routes.direct, routes.strided, files, cold))
             budget = share(routes, limit=staging.limit, threads=engine.threads)
             # Held here until the jobs are done: they hold its address only.
             scratch = staging.allocate(max(1, budget.scratch_bytes)) if routes.in_place else None
-            jobs = make_jobs(
-                routes,
-                budget,
-                scratch=scratch.data_ptr() if scratch is not None else 0,
-                mostly_cold=cold.mostly_cold if cold is not None else frozenset(),
-                strategy=engine.column_strategy,
-                ranks=engine.local_ranks,
-                mappable=_mappable(mapped, cold),
-            )
+
+            def plan(mappable: Mappable) -> list[Job]:
+                return make_jobs(
+                    routes,
+                    budget,
+                    scratch=scratch.data_ptr() if scratch is not None else 0,
+                    mostly_cold=cold.mostly_cold if cold is not None else frozenset(),
+                    strategy=engine.column_strategy,
+                    ranks=engine.local_ranks,
+                    mappable=mappable,
+                )
+
+            if engine.memory_map and cold is not None:
+                # The rule first assumes every resident range may be mapped; only the files
+                # it chose a map for are leased (a lease makes writers wait), and where a
+                # lease is refused the jobs are planned again without it.
+                jobs = plan(cold.resident)
+                wanted = {job.name for job in jobs if isinstance(job, MappedRun | MappedPart)}
+                mapped = MappedFiles(fds, _leases(wanted, files))
+                if len(mapped) < len(wanted):
+                    jobs = plan(_mappable(mapped, cold))
+            else:
+                jobs = plan(lambda name, offset, length: False)
             if routes.device:
                 device = DeviceRing(budget.slot_bytes, budget.slots, staging)
             reads = FileReads(fds, cold if cold is not None and cold.cold_bytes else None)
@@ -285,20 +297,9 @@ class _Load:
         )
 
 
-def _leases(
-    direct: Mapping[str, list[tuple[int, int, int]]],
-    strided: Sequence[Request],
-    files: Mapping[str, StorageFile],
-    cold: ColdWindows,
-) -> dict[str, ReadLease]:
-    """A read lease on each file with some request in place that is in the page cache
-    (the files a map may serve); files refused one are read with ``preadv``."""
-    wanted = {
-        name
-        for name, extents in direct.items()
-        if any(cold.resident(name, offset, length) for offset, length, _ in extents)
-    }
-    wanted.update(r.name for r in strided if cold.resident(r.name, *r.box.span()))
+def _leases(wanted: set[str], files: Mapping[str, StorageFile]) -> dict[str, ReadLease]:
+    """A read lease on each file the cost rule chose a map for; files refused one are
+    read with ``preadv``."""
     leases = {}
     for name in sorted(wanted):
         file = files[name]

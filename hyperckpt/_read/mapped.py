@@ -81,6 +81,9 @@ class MappedFiles:
     def __contains__(self, name: str) -> bool:
         return name in self._leases
 
+    def __len__(self) -> int:
+        return len(self._leases)
+
     def copy_run(self, name: str, offset: int, length: int, address: int) -> None:
         """Copy ``length`` bytes of ``name`` from ``offset`` to ``address``.
 

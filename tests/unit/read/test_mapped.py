@@ -18,12 +18,13 @@ from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 from hyperckpt import ReadOptions
 from hyperckpt._layout.directory import huggingface_layout
 from hyperckpt._load.readers import to_metadata
+from hyperckpt._read import engine as engine_module
 from hyperckpt._read import pagecache
 from hyperckpt._read.columns import Runs, Strategy, choose, choose_run
 from hyperckpt._read.engine import CHUNK_BYTES, MAX_GAP, STAGE_BLOCK, ReadEngine
 from hyperckpt._read.stats import LoadStats
 from hyperckpt._storage import lease as lease_module
-from hyperckpt._storage.lease import take_read_lease
+from hyperckpt._storage.lease import ReadLease, take_read_lease
 
 _FILE = "model.safetensors"
 #: (stored dtype, shape); the tensors of the test checkpoint.
@@ -156,6 +157,24 @@ def test_one_load_lets_the_rule_mix_mapped_and_read_requests_bit_exactly(
     if threads > 1:
         assert stats.mapped_bytes < whole
     assert stats.bytes_read > stats.mapped_bytes  # the conversions, the small boxes
+
+
+def test_only_files_the_rule_maps_are_leased(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _write(tmp_path)
+    taken: list[str] = []
+
+    def spy(fd: int, name: str, *, size: int) -> ReadLease | None:
+        taken.append(name)
+        return take_read_lease(fd, name, size=size)
+
+    monkeypatch.setattr(engine_module, "take_read_lease", spy)
+    stats, _ = _load(tmp_path, ["whole tensor"], threads=2)  # runs on two threads: preadv
+    assert (taken, stats.mapped_bytes) == ([], 0)  # no lease: a writer would not wait
+    stats, _ = _load(tmp_path, ["narrow column"], threads=2)
+    assert taken == [_FILE]
+    assert stats.mapped_bytes == 300 * 7 * 2
 
 
 def test_a_file_open_for_writing_elsewhere_gets_no_lease_and_is_read_with_preadv(
@@ -333,7 +352,7 @@ def test_a_file_changed_by_another_process_during_a_mapped_read_raises_not_sigbu
 
 _HOLDER = """
 import os, sys, time
-from hyperckpt._storage.lease import take_read_lease
+from hyperckpt._storage.lease import ReadLease, take_read_lease
 fd = os.open({path!r}, os.O_RDONLY)
 lease = take_read_lease(fd, "f", size=os.fstat(fd).st_size)
 print("held" if lease is not None and lease.held() else "none", flush=True)
