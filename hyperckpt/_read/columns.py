@@ -92,12 +92,15 @@ class Costs:
         mapped_row: Each run of a strided ``MAP`` copy (numpy's inner-loop restart).
         map_call: One map and unmap of a part (at most ``CHUNK_BYTES`` of file).
         map_threads: How much dearer each mapped page of a one-run copy gets per further
-            read thread of the process (maps and unmaps serialise on the process's address
-            space, each unmap interrupts the other threads' cores to flush their TLBs).
-            Measured on the development VM, 8 MiB parts of a warm 256 MiB file: one thread
-            copies from maps at 1.05x to 1.4x the speed of ``preadv``, two threads at 0.84x;
-            column slices gain 1.5x from maps with two threads all the same (the calls and
-            ``iovec`` entries a run saves outweigh it), so only :func:`choose_run` applies it.
+            thread copying on the host at the same time (this rank's read threads and the
+            other ranks'): maps, populates and unmaps serialise on a process's address space,
+            each unmap interrupts the other threads' cores to flush their TLBs, and the page
+            tables compete with the copy for memory bandwidth.  Measured on the development
+            VM, 8 MiB parts of a warm file: one thread alone copies from maps at 1.05x to
+            1.45x the speed of ``preadv``; two threads of one process at 0.84x; two ranks of
+            one thread each, FSDP rows, at 0.76x to 0.87x.  Column slices gain 1.3x to 1.8x
+            from maps in all three settings (the calls and ``iovec`` entries a run saves
+            outweigh it), so only :func:`choose_run` applies it.
         rank_share: How much dearer every byte gets per further rank of the host reading
             at the same time (they share its memory bandwidth; calls cost each rank its own
             core).  An assumption, not fitted: the benchmark runs one process.
@@ -238,7 +241,8 @@ def choose_run(
         ranks: Ranks of this host reading at the same time.
         chunk: Most bytes one ``preadv`` reads.
         map_part: Most bytes one ``MAP`` copy maps; ``None``: no map.
-        threads: Read threads of this process copying at the same time.
+        threads: Threads copying on the host at the same time (this rank's read threads
+            times the ranks of the host).
     """
     if map_part is None:
         return Strategy.RUNS

@@ -222,7 +222,11 @@ def make_jobs(
             usable = mappable(name, offset, length) and strategy in (None, Strategy.MAP)
             part = CHUNK_BYTES if usable else None
             chosen = choose_run(
-                length, ranks=ranks, chunk=CHUNK_BYTES, map_part=part, threads=budget.threads
+                length,
+                ranks=ranks,
+                chunk=CHUNK_BYTES,
+                map_part=part,
+                threads=budget.threads * max(1, ranks),
             )
             if usable and (strategy is Strategy.MAP or chosen is Strategy.MAP):
                 jobs.extend(_mapped_runs(name, offset, length, address, owner[2]))
