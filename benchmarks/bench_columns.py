@@ -2,7 +2,7 @@
 
 For bf16 matrices of several widths and 2 / 4 / 8 / 32 tensor-parallel ranks, reads rank 0's
 column slice of each matrix with :class:`hyperckpt._read.engine.ReadEngine`, once per strategy
-(``stage``, ``runs``, ``scatter``) and once with the cost rule choosing, alternating the
+(``stage``, ``runs``, ``scatter``, ``map``: a strided copy from a memory map) and once with the cost rule choosing, alternating the
 variants in one process with a warm page cache.  Every result is compared with the file's
 values (destinations poisoned first).  Time is the reading thread's CPU time (user and
 kernel, ``CLOCK_THREAD_CPUTIME_ID``; the engine runs on the calling thread with one read
@@ -41,7 +41,13 @@ from hyperckpt._read.columns import Strategy
 from hyperckpt._read.engine import ReadEngine
 
 logger = logging.getLogger("bench_columns")
-VARIANTS: tuple[Strategy | None, ...] = (Strategy.SCATTER, Strategy.STAGE, Strategy.RUNS, None)
+VARIANTS: tuple[Strategy | None, ...] = (
+    Strategy.SCATTER,
+    Strategy.STAGE,
+    Strategy.RUNS,
+    Strategy.MAP,
+    None,
+)
 
 
 class _Planner:

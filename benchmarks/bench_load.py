@@ -6,6 +6,13 @@ the loaders, with a warm and a cold page cache.  Destinations are pre-faulted; e
 of the first repetition of each case is compared with the generator's values.  Writes a
 table, JSON and a plot into ``docs/benchmarks/``.
 
+``hyperckpt`` lets the cost rule choose per request (a memory-map copy for warm files);
+``hyperckpt-preadv`` is the same load with the map turned off (every byte through
+``preadv``, the path before issue 26).  Two limits: ``limit``, ``preadv`` of each rank's
+share of the files in 8 MiB calls, and ``copy-limit``, ``memcpy`` of the same share from
+read-only memory maps.  The ``map`` column is the cost rule's choice: the share of
+hyperckpt's bytes it copied from maps (the rest went through ``preadv``).
+
     python benchmarks/bench_load.py                 # 2.2 GB, the full matrix
     python benchmarks/bench_load.py --size 0.3 --ranks 2 --repeats 1   # a quick look
 """
@@ -38,13 +45,16 @@ from _common import (
     expected,
     llama_specs,
     machine,
+    map_copy_seconds,
     pread_seconds,
     proc_io,
     write_checkpoint,
 )
 
 from hyperckpt._dist import spawn as _spawn
+from hyperckpt._load import readers as _readers
 from hyperckpt._load.readers import HuggingFaceStorageReader
+from hyperckpt._read.engine import ReadEngine
 
 logger = logging.getLogger("bench_load")
 LAYOUTS = ("fsdp", "tp", "replicate")
@@ -52,13 +62,16 @@ LAYOUTS = ("fsdp", "tp", "replicate")
 #: ``LOCAL_WORLD_SIZE`` (``torch.multiprocessing`` sets none).  The peers run where installed.
 READERS = (
     "hyperckpt",
+    "hyperckpt-preadv",
     "hyperckpt-auto",
     "torch",
     "safetensors",
     "runai",
     "fastsafetensors",
     "limit",
+    "copy-limit",
 )
+LIMITS = ("limit", "copy-limit")
 
 
 #: Peers measured warm only: they read every file whole on every rank, so a cold run of
@@ -78,6 +91,11 @@ def _available(reader: str) -> bool:
 
 
 _POISON = float("nan")
+
+
+def _preadv_engine(*args: object, **kwargs: object) -> ReadEngine:
+    """The read engine with the memory map turned off (today's ``preadv`` path)."""
+    return ReadEngine(*args, memory_map=False, **kwargs)  # type: ignore[arg-type]
 
 
 def _placements(layout: str, spec: Spec) -> list[Placement]:
@@ -209,7 +227,7 @@ def _rank(
                 for reader in [r for r in READERS if _available(r)]:
                     if cache == "cold" and reader in WARM_ONLY:
                         continue
-                    if repeat == 0 and reader != "limit":
+                    if repeat == 0 and reader not in LIMITS:
                         for tensor in state.values():
                             tensor.to_local().fill_(_POISON)
                     if cache == "cold":
@@ -223,6 +241,14 @@ def _rank(
                     if reader == "hyperckpt":
                         ours = HuggingFaceStorageReader(directory, thread_count=threads)
                         dcp.load(state, storage_reader=ours)
+                        stats = ours.last_stats
+                    elif reader == "hyperckpt-preadv":
+                        _readers.ReadEngine = _preadv_engine  # type: ignore[misc, assignment]
+                        try:
+                            ours = HuggingFaceStorageReader(directory, thread_count=threads)
+                            dcp.load(state, storage_reader=ours)
+                        finally:
+                            _readers.ReadEngine = ReadEngine  # type: ignore[misc]
                         stats = ours.last_stats
                     elif reader == "hyperckpt-auto":
                         launcher = os.environ.pop("LOCAL_WORLD_SIZE", None)
@@ -246,6 +272,10 @@ def _rank(
                         )
                     elif reader == "safetensors":
                         _safetensors_load(directory, layout, specs, state, rank, world)
+                    elif reader == "copy-limit":
+                        map_copy_seconds(
+                            directory, limit_buffer, part=rank, parts=world, threads=threads
+                        )
                     else:
                         pread_seconds(
                             directory, limit_buffer, part=rank, parts=world, threads=threads
@@ -253,13 +283,12 @@ def _rank(
                     dist.barrier()
                     seconds = time.perf_counter() - begin
                     after = proc_io()
-                    if repeat == 0 and reader != "limit":
+                    if repeat == 0 and reader not in LIMITS:
                         _check(layout, specs, state, rank, world)
                     moved = {key: after[key] - before[key] for key in ("rchar", "read_bytes")}
                     gathered: list[object] = [None] * world
-                    dist.all_gather_object(
-                        gathered, (moved, None if stats is None else stats.bytes_read)
-                    )
+                    engine = None if stats is None else (stats.bytes_read, stats.mapped_bytes)
+                    dist.all_gather_object(gathered, (moved, engine))
                     rows.append(
                         {
                             "ranks": world,
@@ -272,7 +301,8 @@ def _rank(
                             "gbps": total / seconds / 1e9,
                             "rchar": [g[0]["rchar"] for g in gathered],  # type: ignore[index]
                             "read_bytes": [g[0]["read_bytes"] for g in gathered],  # type: ignore[index]
-                            "engine_bytes": [g[1] for g in gathered],  # type: ignore[index]
+                            "engine_bytes": [g[1] and g[1][0] for g in gathered],  # type: ignore[index]
+                            "mapped_bytes": [g[1] and g[1][1] for g in gathered],  # type: ignore[index]
                         }
                     )
         del state
@@ -281,9 +311,14 @@ def _rank(
 
 def _summary(rows: list[dict[str, object]]) -> list[dict[str, object]]:
     cases: dict[tuple[object, ...], dict[str, float]] = {}
+    mapped: dict[tuple[object, ...], list[int]] = {}
     for row in rows:
         key = (row["ranks"], row["layout"], row["cache"])
         cases.setdefault(key, {})
+        if row["reader"] == "hyperckpt":
+            counts = mapped.setdefault(key, [0, 0])
+            counts[0] += sum(int(b or 0) for b in row.get("mapped_bytes", []))  # type: ignore[attr-defined]
+            counts[1] += sum(int(b or 0) for b in row["engine_bytes"])  # type: ignore[attr-defined]
         bucket = cases[key].setdefault(str(row["reader"]), [])  # type: ignore[arg-type]
         bucket.append(float(row["gbps"]))  # type: ignore[attr-defined, arg-type]
     summary = []
@@ -291,6 +326,16 @@ def _summary(rows: list[dict[str, object]]) -> list[dict[str, object]]:
         cases.items(), key=lambda kv: (kv[0][2] != "warm", kv[0][0], LAYOUTS.index(str(kv[0][1])))
     ):
         median = {reader: statistics.median(values) for reader, values in readers.items()}  # type: ignore[arg-type]
+        by_map, by_read = mapped.get((ranks, layout, cache), [0, 0])
+        ratios = {
+            "vs_today": ("hyperckpt-preadv",),
+            "vs_copy_limit": ("copy-limit",),
+        }
+        extra = {
+            name: round(median["hyperckpt"] / median[peer], 2)
+            for name, (peer,) in ratios.items()
+            if peer in median
+        }
         summary.append(
             {
                 "ranks": ranks,
@@ -300,6 +345,8 @@ def _summary(rows: list[dict[str, object]]) -> list[dict[str, object]]:
                 "vs_torch": round(median["hyperckpt"] / median["torch"], 2),
                 "vs_safetensors": round(median["hyperckpt"] / median["safetensors"], 2),
                 "vs_limit": round(median["hyperckpt"] / median["limit"], 2),
+                **extra,
+                "mapped_share": round(by_map / max(1, by_read), 2),  # bytes_read holds both
                 "spread": {
                     reader: [round(min(values), 3), round(max(values), 3)]  # type: ignore[type-var]
                     for reader, values in readers.items()
@@ -311,12 +358,12 @@ def _summary(rows: list[dict[str, object]]) -> list[dict[str, object]]:
 
 def _table(summary: list[dict[str, object]]) -> str:
     readers = [r for r in READERS if any(f"{r}_gbps" in row for row in summary)]
-    names = {"limit": "preadv limit"}
+    names = {"limit": "preadv limit", "copy-limit": "copy limit"}
     lines = [
         "| ranks | layout | cache | "
         + " | ".join(names.get(r, r) for r in readers)
-        + " | vs torch | vs safetensors | vs limit |",
-        "|---:|---|---|" + "---:|" * (len(readers) + 3),
+        + " | vs torch | vs safetensors | vs today | vs preadv limit | vs copy limit | map |",
+        "|---:|---|---|" + "---:|" * (len(readers) + 6),
     ]
     for row in summary:
         cells = " | ".join(
@@ -325,14 +372,24 @@ def _table(summary: list[dict[str, object]]) -> str:
         )
         lines.append(
             f"| {row['ranks']} | {row['layout']} | {row['cache']} | {cells} | "
-            f"{row['vs_torch']:.2f}x | {row['vs_safetensors']:.2f}x | {row['vs_limit']:.2f} |"
+            f"{row['vs_torch']:.2f}x | {row['vs_safetensors']:.2f}x | "
+            f"{_ratio(row, 'vs_today', 'x')} | {row['vs_limit']:.2f} | "
+            f"{_ratio(row, 'vs_copy_limit', '')} | {float(row['mapped_share']):.0%} |"  # type: ignore[arg-type]
         )
     return (
         "\n".join(lines)
         + "\n\nGB/s of checkpoint (its bytes / wall time of the slowest rank), median of the "
         "repeats; `hyperckpt` with the benchmark's thread count, `hyperckpt-auto` with its "
-        "defaults and no LOCAL_WORLD_SIZE; min-max of every reader in the JSON (`spread`).\n"
+        "defaults and no LOCAL_WORLD_SIZE, `hyperckpt-preadv` with the memory map off (the "
+        "path before issue 26: `vs today`); `preadv limit` / `copy-limit`: each rank's share "
+        "of the files by 8 MiB `preadv` / by `memcpy` from memory maps; `map`: the share of "
+        "hyperckpt's bytes the cost rule copied from maps; min-max of every reader in the "
+        "JSON (`spread`).\n"
     )
+
+
+def _ratio(row: dict[str, object], key: str, unit: str) -> str:
+    return f"{float(row[key]):.2f}{unit}" if key in row else "-"  # type: ignore[arg-type]
 
 
 def _plot(summary: list[dict[str, object]], out: Path, title: str) -> None:

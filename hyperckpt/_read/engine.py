@@ -17,9 +17,15 @@ several in flight within one file and across files:
   into staging and one copy of the needed columns, one ``preadv`` per run straight into
   place, or a scatter ``preadv`` that lands the runs in place and the bytes between them in
   a scratch buffer; any other strided sub-box is read as its span (first to last byte) into
-  staging and copied once.  Every
-  byte comes through ``preadv``, never a memory map: a file truncated during a load must
-  raise, not kill the process with ``SIGBUS``, and the kernel's I/O counters see it all;
+  staging and copied once;
+* a fourth way serves both kinds when the file is warm (its pages found in the page cache
+  before the load) on a local file system and a read lease can be taken on it: a copy from
+  a read-only memory map of the part (:mod:`hyperckpt._read.mapped`), strided for column
+  slices, chosen per request by the same cost rule.  The lease makes any other process's
+  attempt to write or truncate the file wait and tells us, so a file changed during a load
+  raises :class:`~hyperckpt.errors.CheckpointChangedError` rather than ``SIGBUS``; cold
+  files, files on network file systems and files we cannot lease (not ours, open for
+  writing elsewhere) are read with ``preadv`` only;
 * CUDA destinations receive their bytes through a small ring of pinned buffers, copied with
   ``non_blocking=True`` while the next read proceeds, and synchronised before any commit;
   the ring's buffers are kept for the next load (see
@@ -49,7 +55,7 @@ from typing import Protocol
 import torch
 from torch.distributed.checkpoint.planner import LoadPlanner, ReadItem
 
-from hyperckpt._read.cold import COLD_THRESHOLD, COLD_WINDOW, find_cold
+from hyperckpt._read.cold import COLD_THRESHOLD, COLD_WINDOW, ColdWindows, find_cold
 from hyperckpt._read.columns import Strategy
 from hyperckpt._read.copies import fill, through_host
 from hyperckpt._read.device import DeviceRing
@@ -58,11 +64,15 @@ from hyperckpt._read.jobs import (
     COLD_CHUNK_BYTES,
     STAGE_BLOCK,
     Job,
+    Mappable,
+    MappedPart,
+    MappedRun,
     RunsRead,
     ScatterRead,
     StagedPart,
     make_jobs,
 )
+from hyperckpt._read.mapped import MappedFiles
 from hyperckpt._read.pool import run_jobs
 from hyperckpt._read.reads import FileReads
 from hyperckpt._read.requests import resolve, spans
@@ -73,6 +83,7 @@ from hyperckpt._read.storage_info import StorageInfo
 from hyperckpt._read.threads import local_ranks, threads_per_rank, usable_cores
 from hyperckpt._read.tracker import ProgressTracker
 from hyperckpt._storage.files import LocalStorage
+from hyperckpt._storage.lease import ReadLease, take_read_lease
 from hyperckpt._storage.protocol import StorageFile
 from hyperckpt._storage.stamp import FileStamp
 
@@ -144,7 +155,9 @@ class ReadEngine:
         page_cache_aware: Find the windows of each file that are not in the page cache
             before reading, hint the kernel to read them ahead as the reads reach them and
             read mostly cold files in larger aligned requests; ``False`` reads every file
-            the same way (benchmarks).
+            the same way (benchmarks), and never from a memory map.
+        memory_map: Let the cost rule copy from a memory map of warm, leased files;
+            ``False`` reads every byte with ``preadv`` (benchmarks and tests).
     """
 
     def __init__(
@@ -157,6 +170,7 @@ class ReadEngine:
         local_ranks: int = 1,
         column_strategy: Strategy | None = None,
         page_cache_aware: bool = True,
+        memory_map: bool = True,
     ) -> None:
         self.root = root
         self.storage = LocalStorage(root)
@@ -168,6 +182,7 @@ class ReadEngine:
         self.progress = progress
         self.column_strategy = column_strategy
         self.page_cache_aware = page_cache_aware
+        self.memory_map = memory_map
 
     def run(
         self,
@@ -215,6 +230,7 @@ class _Load:
         staging = Staging(max(1, engine.options.staging_bytes))
         files: dict[str, StorageFile] = {}
         device: DeviceRing | None = None
+        mapped: MappedFiles | None = None
         try:
             for name in sorted({request.name for request in requests}):
                 files[name] = engine.storage.open_unchanged(name, engine.stamps[name], again=_AGAIN)
@@ -224,18 +240,33 @@ class _Load:
             budget = share(routes, limit=staging.limit, threads=engine.threads)
             # Held here until the jobs are done: they hold its address only.
             scratch = staging.allocate(max(1, budget.scratch_bytes)) if routes.in_place else None
-            jobs = make_jobs(
-                routes,
-                budget,
-                scratch=scratch.data_ptr() if scratch is not None else 0,
-                mostly_cold=cold.mostly_cold if cold is not None else frozenset(),
-                strategy=engine.column_strategy,
-                ranks=engine.local_ranks,
-            )
+
+            def plan(mappable: Mappable) -> list[Job]:
+                return make_jobs(
+                    routes,
+                    budget,
+                    scratch=scratch.data_ptr() if scratch is not None else 0,
+                    mostly_cold=cold.mostly_cold if cold is not None else frozenset(),
+                    strategy=engine.column_strategy,
+                    ranks=engine.local_ranks,
+                    mappable=mappable,
+                )
+
+            if engine.memory_map and cold is not None:
+                # The rule first assumes every resident range may be mapped; only the files
+                # it chose a map for are leased (a lease makes writers wait), and where a
+                # lease is refused the jobs are planned again without it.
+                jobs = plan(cold.resident)
+                wanted = {job.name for job in jobs if isinstance(job, MappedRun | MappedPart)}
+                mapped = MappedFiles(fds, _leases(wanted, files))
+                if len(mapped) < len(wanted):
+                    jobs = plan(_mappable(mapped, cold))
+            else:
+                jobs = plan(lambda name, offset, length: False)
             if routes.device:
                 device = DeviceRing(budget.slot_bytes, budget.slots, staging)
-            reads = FileReads(fds, cold)
-            delivery = _Delivery(reads, staging, budget.host_block, device, engine.progress)
+            reads = FileReads(fds, cold if cold is not None and cold.cold_bytes else None)
+            delivery = _Delivery(reads, staging, budget.host_block, device, mapped, engine.progress)
             run_jobs(jobs, delivery.do, threads=budget.threads)
             if device is not None:
                 device.synchronize()
@@ -246,13 +277,15 @@ class _Load:
         finally:
             if device is not None:
                 device.close()
+            if mapped is not None:
+                mapped.release()
             for file in files.values():
                 file.close()
         for request in requests:
             planner.commit_tensor(request.item, request.target)
         return LoadStats(
             tensors=len(items),
-            bytes_read=reads.bytes_read,
+            bytes_read=reads.bytes_read + (mapped.bytes_copied if mapped is not None else 0),
             bytes_needed=sum(request.box.nbytes for request in requests),
             reads=reads.calls,
             files=len(files),
@@ -260,7 +293,27 @@ class _Load:
             staging_peak=staging.peak,
             threads=budget.threads,
             cold_bytes=cold.cold_bytes if cold is not None else 0,
+            mapped_bytes=mapped.bytes_copied if mapped is not None else 0,
         )
+
+
+def _leases(wanted: set[str], files: Mapping[str, StorageFile]) -> dict[str, ReadLease]:
+    """A read lease on each file the cost rule chose a map for; files refused one are
+    read with ``preadv``."""
+    leases = {}
+    for name in sorted(wanted):
+        file = files[name]
+        lease = take_read_lease(file.fileno(), name, size=file.stamp.size)
+        if lease is not None:
+            leases[name] = lease
+    return leases
+
+
+def _mappable(mapped: MappedFiles | None, cold: ColdWindows | None) -> Mappable:
+    """Which ranges the jobs may copy from a map: leased files, resident windows."""
+    if mapped is None or cold is None:
+        return lambda name, offset, length: False
+    return lambda name, offset, length: name in mapped and cold.resident(name, offset, length)
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +325,7 @@ class _Delivery:
         staging: The load's staging memory (each thread's host buffer).
         host_block: Bytes of each thread's host buffer.
         device: The pinned ring, when some destination is a CUDA tensor.
+        mapped: The files that may be copied from a memory map, when some are.
         progress: Told each job's bytes once they have arrived, when given.
     """
 
@@ -279,6 +333,7 @@ class _Delivery:
     staging: Staging
     host_block: int
     device: DeviceRing | None
+    mapped: MappedFiles | None
     progress: ProgressTracker | None
 
     def do(self, job: Job) -> None:
@@ -295,6 +350,12 @@ class _Delivery:
                 together=job.together,
                 scratch=job.scratch,
             )
+        elif isinstance(job, MappedRun):
+            assert self.mapped is not None
+            self.mapped.copy_run(job.name, job.offset, job.length, job.address)
+        elif isinstance(job, MappedPart):
+            assert self.mapped is not None
+            self.mapped.copy_box(job.name, job.part, job.destination)
         elif isinstance(job, StagedPart):
             through_host(
                 reads.scatter,

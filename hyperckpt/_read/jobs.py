@@ -10,6 +10,7 @@ ordered by file and offset.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +19,7 @@ from torch.distributed.checkpoint.planner import ReadItem
 from hyperckpt._read import sysio as _sysio
 from hyperckpt._read.boxes import Box, narrow
 from hyperckpt._read.coalesce import coalesce
-from hyperckpt._read.columns import Runs, Strategy, choose
+from hyperckpt._read.columns import Runs, Strategy, choose, choose_run
 from hyperckpt._read.requests import Request
 from hyperckpt._read.routes import Budget, Routes
 
@@ -28,6 +29,9 @@ __all__ = [
     "STAGE_BLOCK",
     "DevicePart",
     "Job",
+    "Mappable",
+    "MappedPart",
+    "MappedRun",
     "RunsRead",
     "ScatterRead",
     "StagedPart",
@@ -134,7 +138,54 @@ class DevicePart:
     parts: Parts
 
 
-Job = ScatterRead | RunsRead | StagedPart | DevicePart
+@dataclass(frozen=True, slots=True)
+class MappedRun:
+    """Consecutive bytes of a file copied from a memory map into a contiguous destination.
+
+    Attributes:
+        name: The file.
+        offset: Its first byte, absolute in the file.
+        length: Bytes copied (at most :data:`CHUNK_BYTES`).
+        address: Where they land.
+        parts: Bytes delivered to each read item.
+    """
+
+    name: str
+    offset: int
+    length: int
+    address: int
+    parts: Parts
+
+
+@dataclass(frozen=True, slots=True)
+class MappedPart:
+    """A block of a strided request copied from a memory map into its destination.
+
+    Attributes:
+        name: The file.
+        offset: The block's first byte, absolute in the file.
+        part: The block, a sub-box of the request's box (its span at most
+            :data:`CHUNK_BYTES`, or one run).
+        destination: Where the block lands (a view of a contiguous CPU tensor of the
+            stored dtype).
+        parts: Bytes delivered to each read item.
+    """
+
+    name: str
+    offset: int
+    part: Box
+    destination: torch.Tensor
+    parts: Parts
+
+
+Job = ScatterRead | RunsRead | StagedPart | DevicePart | MappedRun | MappedPart
+#: Whether a half-open byte range of a file (name, offset, length) may be copied from a
+#: memory map: the file is held under a read lease and the range is in the page cache.
+Mappable = Callable[[str, int, int], bool]
+
+
+def _never(name: str, offset: int, length: int) -> bool:
+    return False
 
 
 def make_jobs(
@@ -145,6 +196,7 @@ def make_jobs(
     mostly_cold: frozenset[str],
     strategy: Strategy | None,
     ranks: int,
+    mappable: Mappable = _never,
 ) -> list[Job]:
     """The jobs that read every routed request, ordered by file and offset.
 
@@ -158,14 +210,40 @@ def make_jobs(
             the cost rule choose per request.
         ranks: Ranks of this host loading at the same time (weighs over-read bytes in
             the cost rule).
+        mappable: Which byte ranges may be copied from a memory map (the cost rule then
+            weighs :attr:`~hyperckpt._read.columns.Strategy.MAP` against the others).
     """
     jobs: list[Job] = []
     for name, extents in routes.direct.items():
         owners = routes.owners[name]
-        jobs.extend(_direct_jobs(name, extents, scratch, budget.scratch_bytes, owners, mostly_cold))
+        kept, kept_owners = [], []
+        for extent, owner in zip(extents, owners, strict=True):
+            offset, length, address = extent
+            usable = mappable(name, offset, length) and strategy in (None, Strategy.MAP)
+            part = CHUNK_BYTES if usable else None
+            chosen = choose_run(
+                length,
+                ranks=ranks,
+                chunk=CHUNK_BYTES,
+                map_part=part,
+                threads=budget.threads * max(1, ranks),
+            )
+            if usable and (strategy is Strategy.MAP or chosen is Strategy.MAP):
+                jobs.extend(_mapped_runs(name, offset, length, address, owner[2]))
+            else:
+                kept.append(extent)
+                kept_owners.append(owner)
+        if kept:
+            jobs.extend(
+                _direct_jobs(name, kept, scratch, budget.scratch_bytes, kept_owners, mostly_cold)
+            )
     for request in routes.strided:
-        chosen = _strategy(request.box, budget, strategy, ranks)
-        if chosen is Strategy.STAGE:
+        offset, length = request.box.span()
+        usable = mappable(request.name, offset, length)
+        chosen = _strategy(request.box, budget, strategy, ranks, usable)
+        if chosen is Strategy.MAP:
+            jobs.extend(_mapped_parts(request))
+        elif chosen is Strategy.STAGE:
             jobs.extend(_staged_jobs(request, min(budget.host_block, STAGE_BLOCK)))
         else:
             jobs.extend(_strided_jobs(request, scratch, chosen is Strategy.SCATTER))
@@ -194,9 +272,33 @@ def _direct_jobs(
     ]
 
 
-def _strategy(box: Box, budget: Budget, forced: Strategy | None, ranks: int) -> Strategy:
+def _mapped_runs(name: str, offset: int, length: int, address: int, item: ReadItem) -> list[Job]:
+    """One run copied from a map in parts of at most :data:`CHUNK_BYTES` (threads share them)."""
+    jobs: list[Job] = []
+    for first in range(0, length, CHUNK_BYTES):
+        size = min(CHUNK_BYTES, length - first)
+        jobs.append(MappedRun(name, offset + first, size, address + first, [(item, size)]))
+    return jobs
+
+
+def _mapped_parts(request: Request) -> list[Job]:
+    """A strided request copied from a map in blocks whose spans fit :data:`CHUNK_BYTES`."""
+    box, target = request.box, request.target
+    jobs: list[Job] = []
+    for offsets, lengths in _blocks(box, CHUNK_BYTES):
+        part = box.sub(offsets, lengths)
+        destination = narrow(target, offsets, lengths)
+        parts = [(request.item, part.nbytes)]
+        jobs.append(MappedPart(request.name, part.span()[0], part, destination, parts))
+    return jobs
+
+
+def _strategy(
+    box: Box, budget: Budget, forced: Strategy | None, ranks: int, mappable: bool
+) -> Strategy:
     """How to read a strided ``box`` into a contiguous destination of its dtype: the
-    ``forced`` strategy where feasible, else the cost rule's choice."""
+    ``forced`` strategy where feasible, else the cost rule's choice (``MAP`` only where
+    ``mappable``)."""
     starts, run = box.run_starts()
     gaps = starts[1:] - starts[:-1] - run
     runs = Runs(
@@ -212,9 +314,12 @@ def _strategy(box: Box, budget: Budget, forced: Strategy | None, ranks: int) -> 
             scratch=budget.scratch_bytes,
             block=min(budget.host_block, STAGE_BLOCK),
             per_call=_per_job(runs.span // runs.count),
+            map_part=CHUNK_BYTES if mappable else None,
         )
     if forced is Strategy.SCATTER and runs.max_gap > budget.scratch_bytes:
         return Strategy.RUNS
+    if forced is Strategy.MAP and not mappable:
+        return Strategy.SCATTER if runs.max_gap <= budget.scratch_bytes else Strategy.RUNS
     return forced
 
 

@@ -13,8 +13,8 @@ class LoadStats:
 
     Attributes:
         tensors: Read items completed (sub-boxes delivered to destinations).
-        bytes_read: Bytes read from checkpoint files by positional reads, over-read gaps
-            included.
+        bytes_read: Bytes read from checkpoint files: by positional reads, over-read gaps
+            included, and copied from memory maps (``mapped_bytes``).
         reads: Positional read calls issued.
         files: Files opened.
         seconds: Wall time of the reads, in seconds.
@@ -25,6 +25,8 @@ class LoadStats:
         threads: Read threads the engine was given.
         cold_bytes: Bytes of the files' requested spans found not in the page cache when
             the load began (read with read-ahead hints and larger requests).
+        mapped_bytes: Of ``bytes_read``, those copied from read-only memory maps of warm
+            files (exactly the bytes the destinations needed).
     """
 
     tensors: int = 0
@@ -37,3 +39,4 @@ class LoadStats:
     bytes_needed: int = 0
     threads: int = 0
     cold_bytes: int = 0
+    mapped_bytes: int = 0
