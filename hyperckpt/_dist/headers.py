@@ -33,6 +33,7 @@ from hyperckpt._dist.agreement import Failure, agree
 from hyperckpt._format.header import FileHeader, TensorEntry
 from hyperckpt._layout.model import CheckpointLayout, Piece, TensorLayout
 from hyperckpt._storage.files import LocalStorage
+from hyperckpt._storage.places import is_remote
 from hyperckpt._storage.stamp import FileStamp, stamp_changes
 from hyperckpt.errors import CheckpointChangedError, CheckpointError, CheckpointNotFoundError
 
@@ -75,7 +76,8 @@ def check_header_reads(value: str) -> None:
 
 # The encoded layout: plain tuples, dicts and strings (picklable, compact, versionless).
 _Entry = tuple[str, str, tuple[int, ...], int, int]
-_File = tuple[str, tuple[int, int, int, int, int], int, tuple[_Entry, ...], dict[str, str] | None]
+_Stamp = tuple[int, int, int, int, int, str, str]
+_File = tuple[str, _Stamp, int, tuple[_Entry, ...], dict[str, str] | None]
 _Tensor = tuple[
     str, str, tuple[int, ...], tuple[tuple[int, tuple[int, ...], tuple[int, ...], int, int], ...]
 ]
@@ -89,7 +91,15 @@ def encode_layout(layout: CheckpointLayout) -> _Encoded:
     files = tuple(
         (
             name,
-            (h.stamp.size, h.stamp.mtime_ns, h.stamp.inode, h.stamp.device, h.stamp.ctime_ns),
+            (
+                h.stamp.size,
+                h.stamp.mtime_ns,
+                h.stamp.inode,
+                h.stamp.device,
+                h.stamp.ctime_ns,
+                h.stamp.etag,
+                h.stamp.version,
+            ),
             h.header_length,
             tuple((e.name, e.dtype, e.shape, e.start, e.stop) for e in h.tensors.values()),
             None if h.metadata is None else dict(h.metadata),
@@ -279,6 +289,8 @@ def shared_layout(
 
 def _local_root(path: str | os.PathLike[str], encoded: _Encoded) -> str:
     """This rank's checkpoint directory: ``path``, or its parent when it names one file."""
+    if is_remote(path):  # every rank addresses the same objects
+        return encoded[1]
     local = Path(path)
     if encoded[0] == "huggingface" and local.suffix == ".safetensors" and not local.is_dir():
         return str(local.parent)
@@ -288,9 +300,15 @@ def _local_root(path: str | os.PathLike[str], encoded: _Encoded) -> str:
 def _with_own_stamps(layout: CheckpointLayout, rank: int) -> CheckpointLayout:
     """The layout with each file's stamp replaced by this rank's ``stat`` of it.
 
+    In object storage every rank addresses the same objects, and each of its reads pins
+    the ETag the headers were read from (``If-Match``): the stamps are kept, and no rank
+    makes a request here.
+
     Raises:
         CheckpointChangedError: A file is missing or differs in size, mtime, ctime or inode.
     """
+    if is_remote(layout.root):
+        return layout
     headers = {}
     storage = LocalStorage(layout.root)
     for name, header in layout.files.items():

@@ -65,6 +65,7 @@ from hyperckpt._read.jobs import (
 )
 from hyperckpt._read.pool import run_jobs
 from hyperckpt._read.reads import FileReads
+from hyperckpt._read.remote import REMOTE_READS, RemoteReads
 from hyperckpt._read.requests import resolve, spans
 from hyperckpt._read.routes import MAX_GAP, route, share
 from hyperckpt._read.staging import Staging
@@ -72,8 +73,9 @@ from hyperckpt._read.stats import LoadStats
 from hyperckpt._read.storage_info import StorageInfo
 from hyperckpt._read.threads import local_ranks, threads_per_rank, usable_cores
 from hyperckpt._read.tracker import ProgressTracker
-from hyperckpt._storage.files import LocalStorage
+from hyperckpt._storage.places import storage_at
 from hyperckpt._storage.protocol import StorageFile
+from hyperckpt._storage.remote import S3File, S3Storage
 from hyperckpt._storage.stamp import FileStamp
 
 #: The tuning constants live where they are read (``routes``, ``jobs``, ``cold``); they are named here
@@ -159,12 +161,15 @@ class ReadEngine:
         page_cache_aware: bool = True,
     ) -> None:
         self.root = root
-        self.storage = LocalStorage(root)
+        self.storage = storage_at(root)
+        #: Whether the files are objects in a store (read by ranged GETs, no descriptors).
+        self.remote = isinstance(self.storage, S3Storage)
         self.stamps = stamps
         self.options = options
         self.local_ranks = max(1, local_ranks)
+        default = REMOTE_READS if self.remote else default_threads(self.local_ranks)
         #: Reads in flight at once, the thread pool's size.
-        self.threads = max(1, options.thread_count or default_threads(self.local_ranks))
+        self.threads = max(1, options.thread_count or default)
         self.progress = progress
         self.column_strategy = column_strategy
         self.page_cache_aware = page_cache_aware
@@ -218,8 +223,14 @@ class _Load:
         try:
             for name in sorted({request.name for request in requests}):
                 files[name] = engine.storage.open_unchanged(name, engine.stamps[name], again=_AGAIN)
-            fds = {name: file.fileno() for name, file in files.items()}
-            cold = find_cold(spans(requests), fds) if engine.page_cache_aware else None
+            reads: FileReads | RemoteReads
+            if engine.remote:
+                cold = None
+                reads = RemoteReads({n: f for n, f in files.items() if isinstance(f, S3File)})
+            else:
+                fds = {name: file.fileno() for name, file in files.items()}
+                cold = find_cold(spans(requests), fds) if engine.page_cache_aware else None
+                reads = FileReads(fds, cold)
             routes = route(requests, cuda=torch.cuda.is_available())
             budget = share(routes, limit=staging.limit, threads=engine.threads)
             # Held here until the jobs are done: they hold its address only.
@@ -234,7 +245,6 @@ class _Load:
             )
             if routes.device:
                 device = DeviceRing(budget.slot_bytes, budget.slots, staging)
-            reads = FileReads(fds, cold)
             delivery = _Delivery(reads, staging, budget.host_block, device, engine.progress)
             run_jobs(jobs, delivery.do, threads=budget.threads)
             if device is not None:
@@ -275,7 +285,7 @@ class _Delivery:
         progress: Told each job's bytes once they have arrived, when given.
     """
 
-    reads: FileReads
+    reads: FileReads | RemoteReads
     staging: Staging
     host_block: int
     device: DeviceRing | None
