@@ -516,7 +516,7 @@ def _remote_huggingface_files(
     if choice.index is None:
         assert choice.single is not None, "a choice without an index names its file"
         return storage, choice, None, [choice.single]
-    index = read_index(storage, problems, index=choice.index)
+    index = read_index(storage, problems, index=choice.index, present=entries)
     if index is None:
         return None
     weight_map, names = index

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Container, Mapping
+from collections.abc import Collection, Container, Mapping
 from typing import Final
 
 from hyperckpt._format.header import FileHeader, decode_strict_json, is_unicode, read_header_in
@@ -62,7 +62,11 @@ def read_index_text(storage: Storage, index: str = INDEX_NAME) -> str:
 
 
 def read_index(
-    storage: Storage, report: Report, *, index: str = INDEX_NAME
+    storage: Storage,
+    report: Report,
+    *,
+    index: str = INDEX_NAME,
+    present: Collection[str] | None = None,
 ) -> tuple[dict[str, str | None], list[str]] | None:
     """The index's weight map and the files it names that are there, in name order.
 
@@ -70,6 +74,13 @@ def read_index(
     or is missing is left out of the names.  Each is reported (non-strings first, then the
     files in name order); ``None`` when the index itself is unusable.  Every rule applies
     to an index of any name (``index``).
+
+    Args:
+        storage: The checkpoint directory.
+        report: Where each problem goes.
+        index: The index's name.
+        present: The names known to be there (an object store's listing, one request for
+            all), else each file is looked up (a ``stat``).
     """
     try:
         document = decode_strict_json(read_index_text(storage, index), index, "index")
@@ -119,7 +130,7 @@ def read_index(
             continue
         # Only existence here (a stat, nothing opened): what is there is checked by the
         # guarded opener when its header is read, so a FIFO or a directory is file.not_regular.
-        if not _exists(storage, file):
+        if not (file in present if present is not None else _exists(storage, file)):
             more = f" (and {count - 1} more)" if count > 1 else ""
             report(
                 CheckpointNotFoundError(
