@@ -17,6 +17,7 @@ def coalesce(
     scratch: int,
     chunk: int,
     aligned: bool = False,
+    over_read: float | None = None,
 ) -> list[tuple[int, list[tuple[int, int]]]]:
     """Group ``(file offset, length, address)`` extents into scatter reads.
 
@@ -33,6 +34,8 @@ def coalesce(
         aligned: Split long extents at multiples of ``chunk`` in the file rather than from
             each extent's start (large reads of a cold file then start on page and chunk
             boundaries).
+        over_read: The most bytes dropped per byte wanted in one read (0.1: a read fetches
+            at most 1.1 times what it delivers), besides ``gap``; ``None``: ``gap`` alone.
 
     Returns:
         ``(file offset, [(address, length), ...])`` per read, in offset order.
@@ -40,6 +43,7 @@ def coalesce(
     reads: list[tuple[int, list[tuple[int, int]]]] = []
     group: list[tuple[int, int]] = []
     start = end = 0
+    wanted = 0  # bytes the current group delivers
     for offset, length, address in sorted(extents):
         if length > chunk:
             if group:
@@ -52,15 +56,19 @@ def coalesce(
             continue
         skip = offset - end
         fits = 0 <= skip <= gap and offset + length - start <= chunk and len(group) + 2 <= IOV_MAX
+        if fits and over_read is not None:
+            span = offset + length - start
+            fits = span - wanted - length <= over_read * (wanted + length)
         if group and fits:
             if skip:
                 group.append((scratch, skip))
             group.append((address, length))
             end = offset + length
+            wanted += length
             continue
         if group:
             reads.append((start, group))
-        group, start, end = [(address, length)], offset, offset + length
+        group, start, end, wanted = [(address, length)], offset, offset + length, length
     if group:
         reads.append((start, group))
     return reads

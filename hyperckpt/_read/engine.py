@@ -43,7 +43,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
@@ -65,7 +65,7 @@ from hyperckpt._read.jobs import (
 )
 from hyperckpt._read.pool import run_jobs
 from hyperckpt._read.reads import FileReads
-from hyperckpt._read.remote import REMOTE_READS, RemoteReads
+from hyperckpt._read.remote import MAX_RUN_GAP, REMOTE_OVER_READ, REMOTE_READS, RemoteReads
 from hyperckpt._read.requests import resolve, spans
 from hyperckpt._read.routes import MAX_GAP, route, share
 from hyperckpt._read.staging import Staging
@@ -171,7 +171,11 @@ class ReadEngine:
         #: Reads in flight at once, the thread pool's size.
         self.threads = max(1, options.thread_count or default)
         self.progress = progress
-        self.column_strategy = column_strategy
+        # A column slice of an object is fetched by its runs (grouped per GET where the
+        # gaps are small): staging whole rows would fetch every rank's columns.
+        self.column_strategy = (
+            Strategy.RUNS if self.remote and column_strategy is None else column_strategy
+        )
         self.page_cache_aware = page_cache_aware
 
     def run(
@@ -235,13 +239,21 @@ class _Load:
             budget = share(routes, limit=staging.limit, threads=engine.threads)
             # Held here until the jobs are done: they hold its address only.
             scratch = staging.allocate(max(1, budget.scratch_bytes)) if routes.in_place else None
+            address = scratch.data_ptr() if scratch is not None else 0
+            if isinstance(reads, RemoteReads):
+                # A round trip costs more than a dropped MiB: neighbours share a GET across
+                # larger gaps, dropped per thread (never into the scratch buffer), while a
+                # GET fetches at most 1.1 times what it delivers.
+                reads.scratch = address
+                budget = replace(budget, scratch_bytes=MAX_RUN_GAP)
             jobs = make_jobs(
                 routes,
                 budget,
-                scratch=scratch.data_ptr() if scratch is not None else 0,
+                scratch=address,
                 mostly_cold=cold.mostly_cold if cold is not None else frozenset(),
                 strategy=engine.column_strategy,
                 ranks=engine.local_ranks,
+                over_read=REMOTE_OVER_READ if isinstance(reads, RemoteReads) else None,
             )
             if routes.device:
                 device = DeviceRing(budget.slot_bytes, budget.slots, staging)

@@ -145,6 +145,7 @@ def make_jobs(
     mostly_cold: frozenset[str],
     strategy: Strategy | None,
     ranks: int,
+    over_read: float | None = None,
 ) -> list[Job]:
     """The jobs that read every routed request, ordered by file and offset.
 
@@ -158,11 +159,17 @@ def make_jobs(
             the cost rule choose per request.
         ranks: Ranks of this host loading at the same time (weighs over-read bytes in
             the cost rule).
+        over_read: The most bytes dropped per byte delivered by one read of neighbouring
+            ranges (objects in a store: 0.1); ``None``: the gap rule alone.
     """
     jobs: list[Job] = []
     for name, extents in routes.direct.items():
         owners = routes.owners[name]
-        jobs.extend(_direct_jobs(name, extents, scratch, budget.scratch_bytes, owners, mostly_cold))
+        jobs.extend(
+            _direct_jobs(
+                name, extents, scratch, budget.scratch_bytes, owners, mostly_cold, over_read
+            )
+        )
     for request in routes.strided:
         chosen = _strategy(request.box, budget, strategy, ranks)
         if chosen is Strategy.STAGE:
@@ -184,10 +191,13 @@ def _direct_jobs(
     gap: int,
     owners: list[tuple[int, int, ReadItem]],
     mostly_cold: frozenset[str],
+    over_read: float | None,
 ) -> list[Job]:
     cold = name in mostly_cold
     chunk = COLD_CHUNK_BYTES if cold else CHUNK_BYTES
-    reads = coalesce(extents, gap=gap, scratch=scratch, chunk=chunk, aligned=cold)
+    reads = coalesce(
+        extents, gap=gap, scratch=scratch, chunk=chunk, aligned=cold, over_read=over_read
+    )
     by_address = sorted(owners, key=lambda owner: owner[0])
     return [
         ScatterRead(name, offset, buffers, _owned(buffers, by_address)) for offset, buffers in reads

@@ -20,7 +20,7 @@ import torch
 
 from hyperckpt._storage.remote import S3File
 
-__all__ = ["MAX_RUN_GAP", "REMOTE_READS", "RemoteReads", "group_runs"]
+__all__ = ["MAX_RUN_GAP", "REMOTE_OVER_READ", "REMOTE_READS", "RemoteReads", "group_runs"]
 
 #: Ranged GETs in flight per rank unless ``thread_count`` says otherwise: a GET waits on the
 #: network, not on a core, and a store answers each connection at a fraction of its limit.
@@ -28,6 +28,10 @@ REMOTE_READS = 16
 #: Most bytes between two runs of a column slice fetched and dropped rather than paying a
 #: second GET; a gap is also at most a tenth of a run (bytes fetched stay within 1.1x).
 MAX_RUN_GAP = 2**20
+
+
+#: The most bytes dropped per byte delivered by one GET of neighbouring ranges.
+REMOTE_OVER_READ = 0.1
 
 
 def group_runs(starts: Sequence[int], run: int) -> list[tuple[int, int]]:
@@ -39,7 +43,7 @@ def group_runs(starts: Sequence[int], run: int) -> list[tuple[int, int]]:
     Returns:
         ``(first, count)`` of each group: the index of its first run and how many runs.
     """
-    limit = min(MAX_RUN_GAP, run // 10)
+    limit = min(MAX_RUN_GAP, int(run * REMOTE_OVER_READ))
     groups: list[tuple[int, int]] = []
     first = 0
     for index in range(1, len(starts)):
@@ -65,6 +69,8 @@ class RemoteReads:
     Attributes:
         calls: Ranged GETs made so far (retries not counted).
         bytes_read: Bytes fetched so far, dropped gaps included.
+        scratch: The address jobs give for bytes to drop; such buffers are replaced by a
+            buffer of the thread's own (a gap may be larger than the scratch buffer).
     """
 
     def __init__(self, files: Mapping[str, S3File]) -> None:
@@ -73,11 +79,16 @@ class RemoteReads:
         self._files = files
         self._lock = threading.Lock()
         self._local = threading.local()
+        self.scratch = 0
 
     def scatter(self, name: str, offset: int, buffers: list[tuple[int, int]]) -> None:
         """Fetch ``name``'s consecutive bytes from ``offset`` into ``(address, length)``
         buffers, in order, with one ranged GET."""
-        views = [_view(address, length) for address, length in buffers if length]
+        views = [
+            self._drop(length) if address == self.scratch else _view(address, length)
+            for address, length in buffers
+            if length
+        ]
         self._files[name].readinto_many(offset, views)
         with self._lock:
             self.calls += 1

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -29,8 +30,10 @@ CREDENTIALS: Mapping[str, str] = {
 }
 
 _CHILD = """
+import logging
 import sys
 from moto.server import ThreadedMotoServer
+logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
 server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
 server.start()
 print(server.get_host_and_port()[1], flush=True)
@@ -57,22 +60,25 @@ class LocalS3:
         Raises:
             RuntimeError: It did not start (moto missing: ``pip install hyperckpt[test]``).
         """
-        process = subprocess.Popen(
-            [sys.executable, "-c", _CHILD],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert process.stdout is not None
-        line = process.stdout.readline().strip()
-        if not line.isdigit():
-            process.kill()
-            _, err = process.communicate()
-            raise RuntimeError(
-                f"the local S3 server did not start (is moto[server] installed? pip install "
-                f"hyperckpt[test]): {err.strip()[-2000:]}"
+        # Its stderr goes to a file: a pipe nobody reads would fill and stop the server.
+        with tempfile.TemporaryFile(mode="w+") as errors:
+            process = subprocess.Popen(
+                [sys.executable, "-c", _CHILD],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=errors,
+                text=True,
             )
+            assert process.stdout is not None
+            line = process.stdout.readline().strip()
+            if not line.isdigit():
+                process.kill()
+                process.wait()
+                errors.seek(0)
+                raise RuntimeError(
+                    f"the local S3 server did not start (is moto[server] installed? pip "
+                    f"install hyperckpt[test]): {errors.read().strip()[-2000:]}"
+                )
         return cls(process, f"http://127.0.0.1:{line}")
 
     def environment(self) -> dict[str, str]:
@@ -129,9 +135,8 @@ class LocalS3:
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 self._process.wait()
-        for stream in (self._process.stdout, self._process.stderr):
-            if stream is not None:
-                stream.close()
+        if self._process.stdout is not None:
+            self._process.stdout.close()
 
     def __enter__(self) -> LocalS3:
         return self
