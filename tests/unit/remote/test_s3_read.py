@@ -314,3 +314,39 @@ def test_writing_to_a_bucket_is_refused_with_a_way_out(s3_env: LocalS3) -> None:
     storage = S3Storage(f"s3://{bucket}/out")
     with pytest.raises(CheckpointError, match=r"writing to object storage is not supported"):
         storage.create_exclusive("model.safetensors")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["inspect"],
+        ["validate"],
+        ["validate", "--data"],
+        ["plan", "--world", "4", "--layout", "fsdp"],
+    ],
+)
+def test_the_cli_takes_a_bucket_url(
+    s3_env: LocalS3, tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    from hyperckpt._cli.main import main
+
+    folder = write_hf_checkpoint(tmp_path / "hf", _tensors(4), files=2)
+    url = _upload(s3_env, folder)
+    assert main([argv[0], url, *argv[1:]]) == 0
+    local = main([argv[0], str(folder), *argv[1:]])
+    assert local == 0
+    out = capsys.readouterr().out
+    assert url in out
+
+
+def test_the_cli_names_a_missing_prefix(
+    s3_env: LocalS3, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hyperckpt._cli.main import main
+
+    bucket = next(_names)
+    s3_env.bucket(bucket)
+    status = main(["validate", f"s3://{bucket}/nothing"])
+    assert status != 0
+    printed = capsys.readouterr()
+    assert f"s3://{bucket}/nothing: nothing under this prefix" in printed.out + printed.err
