@@ -350,3 +350,26 @@ def test_the_cli_names_a_missing_prefix(
     assert status != 0
     printed = capsys.readouterr()
     assert f"s3://{bucket}/nothing: nothing under this prefix" in printed.out + printed.err
+
+
+def test_consolidate_from_a_bucket_writes_what_a_local_consolidation_writes(
+    s3_env: LocalS3, tmp_path: Path
+) -> None:
+    from sharded_cases import grid, split, write_sharded
+
+    wide = sample_tensor((64, 256), torch.float32, seed=5)  # column pieces: runs of 512 bytes
+    rows = sample_tensor((40, 12), torch.bfloat16, seed=6)
+    folder = write_sharded(
+        tmp_path / "sharded", {"wide": grid(wide, 2, 2), "rows": split(rows, 0, 4)}
+    )
+    url = _upload(s3_env, folder)
+    hyperckpt.consolidate(url, tmp_path / "from-bucket")
+    hyperckpt.consolidate(folder, tmp_path / "from-disk")
+    written = sorted(p.name for p in (tmp_path / "from-bucket").iterdir())
+    assert written == sorted(p.name for p in (tmp_path / "from-disk").iterdir())
+    for name in written:
+        ours = (tmp_path / "from-bucket" / name).read_bytes()
+        assert ours == (tmp_path / "from-disk" / name).read_bytes(), name
+    truth = _truth(tmp_path / "from-bucket")
+    assert mismatch(truth["wide"], wide) is None
+    assert mismatch(truth["rows"], rows) is None
