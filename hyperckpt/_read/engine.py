@@ -65,7 +65,13 @@ from hyperckpt._read.jobs import (
 )
 from hyperckpt._read.pool import run_jobs
 from hyperckpt._read.reads import FileReads
-from hyperckpt._read.remote import MAX_RUN_GAP, REMOTE_OVER_READ, REMOTE_READS, RemoteReads
+from hyperckpt._read.remote import (
+    MAX_RUN_GAP,
+    REMOTE_CHUNK_BYTES,
+    REMOTE_OVER_READ,
+    REMOTE_READS,
+    RemoteReads,
+)
 from hyperckpt._read.requests import resolve, spans
 from hyperckpt._read.routes import MAX_GAP, route, share
 from hyperckpt._read.staging import Staging
@@ -254,6 +260,7 @@ class _Load:
                 strategy=engine.column_strategy,
                 ranks=engine.local_ranks,
                 over_read=REMOTE_OVER_READ if isinstance(reads, RemoteReads) else None,
+                chunk=REMOTE_CHUNK_BYTES if isinstance(reads, RemoteReads) else CHUNK_BYTES,
             )
             if routes.device:
                 device = DeviceRing(budget.slot_bytes, budget.slots, staging)

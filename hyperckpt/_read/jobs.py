@@ -146,6 +146,7 @@ def make_jobs(
     strategy: Strategy | None,
     ranks: int,
     over_read: float | None = None,
+    chunk: int = CHUNK_BYTES,
 ) -> list[Job]:
     """The jobs that read every routed request, ordered by file and offset.
 
@@ -161,13 +162,15 @@ def make_jobs(
             the cost rule).
         over_read: The most bytes dropped per byte delivered by one read of neighbouring
             ranges (objects in a store: 0.1); ``None``: the gap rule alone.
+        chunk: Most bytes one read of a file that is not mostly cold spans (objects in a
+            store: larger, a request costs a round trip).
     """
     jobs: list[Job] = []
     for name, extents in routes.direct.items():
         owners = routes.owners[name]
         jobs.extend(
             _direct_jobs(
-                name, extents, scratch, budget.scratch_bytes, owners, mostly_cold, over_read
+                name, extents, scratch, budget.scratch_bytes, owners, mostly_cold, over_read, chunk
             )
         )
     for request in routes.strided:
@@ -192,9 +195,10 @@ def _direct_jobs(
     owners: list[tuple[int, int, ReadItem]],
     mostly_cold: frozenset[str],
     over_read: float | None,
+    chunk: int,
 ) -> list[Job]:
     cold = name in mostly_cold
-    chunk = COLD_CHUNK_BYTES if cold else CHUNK_BYTES
+    chunk = COLD_CHUNK_BYTES if cold else chunk
     reads = coalesce(
         extents, gap=gap, scratch=scratch, chunk=chunk, aligned=cold, over_read=over_read
     )

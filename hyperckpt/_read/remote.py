@@ -6,7 +6,7 @@ calls, so that every job of :mod:`~hyperckpt._read.jobs` runs unchanged over obj
 buffers in order (the destination tensors themselves, the gaps into a scratch buffer); a
 :meth:`RemoteReads.runs` (the rows of a column slice) groups neighbouring runs whose gaps
 are small next to them (:func:`group_runs`) into one GET each.  The engine's pool keeps
-one GET in flight per thread, each at most :data:`~hyperckpt._read.jobs.CHUNK_BYTES`, so
+one GET in flight per thread, each at most :data:`REMOTE_CHUNK_BYTES`, so
 memory stays bounded: nothing is buffered but what a socket holds.
 """
 
@@ -20,7 +20,14 @@ import torch
 
 from hyperckpt._storage.remote import S3File
 
-__all__ = ["MAX_RUN_GAP", "REMOTE_OVER_READ", "REMOTE_READS", "RemoteReads", "group_runs"]
+__all__ = [
+    "MAX_RUN_GAP",
+    "REMOTE_CHUNK_BYTES",
+    "REMOTE_OVER_READ",
+    "REMOTE_READS",
+    "RemoteReads",
+    "group_runs",
+]
 
 #: Ranged GETs in flight per rank unless ``thread_count`` says otherwise: a GET waits on the
 #: network, not on a core, and a store answers each connection at a fraction of its limit.
@@ -30,6 +37,9 @@ REMOTE_READS = 16
 MAX_RUN_GAP = 2**20
 
 
+#: Most bytes one GET fetches; longer ranges are split so that GETs run side by side.  Larger
+#: than a local read: each GET pays a round trip (and some stores a cost per request).
+REMOTE_CHUNK_BYTES = 16 * 2**20
 #: The most bytes dropped per byte delivered by one GET of neighbouring ranges.
 REMOTE_OVER_READ = 0.1
 

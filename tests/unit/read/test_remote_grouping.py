@@ -46,17 +46,25 @@ def test_grouped_runs_fetch_at_most_a_tenth_more_than_they_deliver(
         assert fetched <= 1.1 * count * run
 
 
-@given(st.lists(st.tuples(st.integers(1, 50_000), st.integers(0, 40_000)), min_size=1, max_size=40))
+@given(
+    st.lists(st.tuples(st.integers(1, 200_000), st.integers(0, 40_000)), min_size=1, max_size=40)
+)
 def test_coalesced_reads_with_an_over_read_bound_keep_it(extents: list[tuple[int, int]]) -> None:
     ranges, at = [], 0
     for length, gap in extents:
         ranges.append((at, length, 10**9 + at))
         at += length + gap
-    reads = coalesce(ranges, gap=2**20, scratch=1, chunk=8 * 2**20, over_read=0.1)
+    chunk = 64 * 2**10
+    reads = coalesce(ranges, gap=2**20, scratch=1, chunk=chunk, over_read=0.1)
     delivered = 0
-    for _, buffers in reads:
+    for offset, buffers in reads:
         wanted = sum(n for address, n in buffers if address != 1)
         fetched = sum(n for _, n in buffers)
         assert fetched <= 1.1 * wanted
+        assert fetched <= chunk
+        at = offset
+        for address, n in buffers:  # each wanted byte lands where its extent's bytes go
+            assert address in (1, 10**9 + at)
+            at += n
         delivered += wanted
     assert delivered == sum(length for length, _ in extents)
