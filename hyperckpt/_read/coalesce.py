@@ -81,6 +81,9 @@ def _filled(
     so each should be full).  Neighbours join while the gap is at most ``gap`` and the read's
     dropped bytes stay within ``over_read`` of its wanted bytes."""
     reads: list[tuple[int, list[tuple[int, int]]]] = []
+    if extents:  # reads of even size: 64.03 MiB is five reads of 12.8 MiB, not 16 and a tail
+        span = max(offset + length for offset, length, _ in extents) - extents[0][0]
+        chunk = -(-span // -(-span // chunk))
     group: list[tuple[int, int]] = []
     start = end = wanted = dropped = 0
     for offset, length, address in extents:
