@@ -51,7 +51,7 @@ from torch.distributed.checkpoint.planner import LoadPlanner, ReadItem
 
 from hyperckpt._read.cold import COLD_THRESHOLD, COLD_WINDOW, find_cold
 from hyperckpt._read.columns import Strategy
-from hyperckpt._read.copies import fill, through_host
+from hyperckpt._read.copies import RunsInto, fill, through_host
 from hyperckpt._read.device import DeviceRing
 from hyperckpt._read.jobs import (
     CHUNK_BYTES,
@@ -332,6 +332,7 @@ class _Delivery:
                 job.destination,
                 self.host,
                 one_run=job.one_run,
+                runs=self._runs,
             )
         else:
             assert self.device is not None
@@ -339,10 +340,20 @@ class _Delivery:
             self.device.deliver(
                 request,
                 job.destination,
-                lambda buffer: fill(reads.scatter, request, part, buffer, self.host),
+                lambda buffer: fill(reads.scatter, request, part, buffer, self.host, self._runs),
             )
         if self.progress is not None:
             self.progress.deliver(job.parts)
+
+    @property
+    def _runs(self) -> RunsInto | None:
+        """Strided parts of objects in a store are fetched by their runs, never their span."""
+        reads = self.reads
+        if not isinstance(reads, RemoteReads):
+            return None
+        return lambda name, starts, run, address: reads.runs(
+            name, starts, run, address, together=False, scratch=0
+        )
 
     def host(self) -> torch.Tensor:
         """This thread's host buffer (allocated on its first use)."""

@@ -1,4 +1,4 @@
-"""Four spawned gloo ranks load FSDP, TP and HSDP layouts from a bucket, bit-exact.
+"""Four spawned gloo ranks load FSDP, TP, HSDP and FSDP x TP layouts from a bucket, bit-exact.
 
 The checkpoint (a Hugging Face index over two files) sits in the local S3 server the test
 session started; every rank reads it through ``HuggingFaceStorageReader("s3://...")`` and
@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from helpers import device_mesh, mismatch, poison_, run_ranks, sample_tensor, write_hf_checkpoint
 from torch.distributed.tensor import Placement, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.placement_types import _StridedShard
 
 from hyperckpt import HuggingFaceStorageReader
 from hyperckpt.testing.s3server import LocalS3
@@ -37,6 +38,12 @@ LAYOUTS: dict[str, tuple[tuple[int, ...], tuple[Placement, ...]]] = {
     "FSDP Shard(0)": ((WORLD,), (Shard(0),)),
     "TP Shard(1)": ((WORLD,), (Shard(1),)),
     "HSDP [Replicate, Shard(0)]": ((2, 2), (Replicate(), Shard(0))),
+    # Packed weights under TP, and FSDP x TP with a strided first mesh dimension.
+    "TP _StridedShard(0,2)": ((WORLD,), (_StridedShard(0, split_factor=2),)),
+    "FSDPxTP [_StridedShard(1,2), Shard(0)]": (
+        (2, 2),
+        (_StridedShard(1, split_factor=2), Shard(0)),
+    ),
 }
 
 
@@ -53,14 +60,16 @@ def _rank(rank: int, url: str, layout: str, exchange: str) -> dict[str, object]:
     originals = _originals()
     state = {}
     for name, tensor in originals.items():
-        empty = distribute_tensor(torch.empty_like(tensor), mesh, placements)
+        empty = distribute_tensor(
+            torch.empty_like(tensor), mesh, list(placements), src_data_rank=None
+        )
         poison_(empty.to_local())
         state[name] = empty
     reader = HuggingFaceStorageReader(url, exchange=exchange)  # type: ignore[arg-type]
     dcp.load(state, storage_reader=reader)
     wrong = {}
     for name, tensor in originals.items():
-        expected = distribute_tensor(tensor, mesh, placements).to_local()
+        expected = distribute_tensor(tensor, mesh, list(placements), src_data_rank=None).to_local()
         problem = mismatch(state[name].to_local(), expected)
         if problem is not None:
             wrong[name] = problem
@@ -84,7 +93,9 @@ def _all_layouts(rank: int, world_size: int, url: str) -> dict[str, dict[str, ob
     return results
 
 
-def test_four_ranks_load_fsdp_tp_and_hsdp_from_a_bucket(s3_env: LocalS3, tmp_path: Path) -> None:
+def test_four_ranks_load_fsdp_tp_hsdp_and_strided_layouts_from_a_bucket(
+    s3_env: LocalS3, tmp_path: Path
+) -> None:
     folder = write_hf_checkpoint(tmp_path / "hf", _originals(), files=2)
     s3_env.bucket("ranks")
     s3_env.upload("ranks", "llama", folder)
