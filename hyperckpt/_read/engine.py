@@ -260,7 +260,7 @@ class _Load:
                 strategy=engine.column_strategy,
                 ranks=engine.local_ranks,
                 over_read=REMOTE_OVER_READ if isinstance(reads, RemoteReads) else None,
-                chunk=REMOTE_CHUNK_BYTES if isinstance(reads, RemoteReads) else CHUNK_BYTES,
+                chunk=REMOTE_CHUNK_BYTES if isinstance(reads, RemoteReads) else None,
             )
             if routes.device:
                 device = DeviceRing(budget.slot_bytes, budget.slots, staging)

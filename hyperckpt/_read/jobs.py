@@ -146,7 +146,7 @@ def make_jobs(
     strategy: Strategy | None,
     ranks: int,
     over_read: float | None = None,
-    chunk: int = CHUNK_BYTES,
+    chunk: int | None = None,
 ) -> list[Job]:
     """The jobs that read every routed request, ordered by file and offset.
 
@@ -163,7 +163,7 @@ def make_jobs(
         over_read: The most bytes dropped per byte delivered by one read of neighbouring
             ranges (objects in a store: 0.1); ``None``: the gap rule alone.
         chunk: Most bytes one read of a file that is not mostly cold spans (objects in a
-            store: larger, a request costs a round trip).
+            store: larger, a request costs a round trip); ``None``: :data:`CHUNK_BYTES`.
     """
     jobs: list[Job] = []
     for name, extents in routes.direct.items():
@@ -195,10 +195,10 @@ def _direct_jobs(
     owners: list[tuple[int, int, ReadItem]],
     mostly_cold: frozenset[str],
     over_read: float | None,
-    chunk: int,
+    chunk: int | None,
 ) -> list[Job]:
     cold = name in mostly_cold
-    chunk = COLD_CHUNK_BYTES if cold else chunk
+    chunk = COLD_CHUNK_BYTES if cold else chunk or CHUNK_BYTES
     reads = coalesce(
         extents, gap=gap, scratch=scratch, chunk=chunk, aligned=cold, over_read=over_read
     )
