@@ -37,3 +37,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("distributed") and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(SPAWNING_TEST_TIMEOUT))
+
+
+# The local S3-compatible server and the environment that points clients at it.
+from s3faults import s3_env, s3_server  # noqa: E402, F401

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from hyperckpt._cli import consolidate, demo_command, inspect, plan, validate
 from hyperckpt._cli.common import INVALID, USAGE, UsageError
+from hyperckpt._storage.places import is_remote
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError, printable
 
 __all__ = ["main"]
@@ -66,6 +67,8 @@ def _fail(args: argparse.Namespace, err: Exception) -> None:
 
 def _is_root(args: argparse.Namespace, err: CheckpointNotFoundError) -> bool:
     path = getattr(args, "path", None)
+    if is_remote(path):  # the root itself is missing when the store found nothing under it
+        return err.rule == "dir.not_found"
     return path is not None and not Path(path).exists()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import math
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from hyperckpt._format.header import DTYPES
 from hyperckpt._layout.model import Piece
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.sysio import IOV_MAX, read_table
+from hyperckpt._storage.remote import S3File
 
 if TYPE_CHECKING:
     from hyperckpt._consolidate.assign import OutputTensor
@@ -151,10 +153,27 @@ def _fill(
     split = max(k for k in range(region.dim()) if region.shape[k] != view.shape[k])
     run = math.prod(region.shape[split:])
     if run >= SCATTER_RUN_BYTES:
-        _scatter(read(piece.file).fileno(), piece.file, start, region, split, run)
+        file = read(piece.file)
+        if isinstance(file, S3File):  # the runs are consecutive bytes: one ranged GET
+            file.readinto_many(start, _run_views(region, split, run))
+            return
+        _scatter(file.fileno(), piece.file, start, region, split, run)
         return
     read(piece.file).readinto(start, memoryview(staging.scratch)[:length])
     region.copy_(staging.scratch_tensor[:length].view(high - low, *inner))
+
+
+def _run_views(region: torch.Tensor, split: int, run: int) -> list[memoryview]:
+    """The runs of ``region`` (its dimensions from ``split`` on contiguous, ``run`` bytes
+    each) as byte views in place, in order."""
+    sizes = region.shape[:split]
+    steps = region.stride()[:split]
+    index = torch.arange(math.prod(sizes), dtype=torch.int64)
+    address = torch.full_like(index, region.data_ptr())
+    for size, stride in zip(reversed(sizes), reversed(steps), strict=True):
+        address += (index % size) * stride * region.element_size()
+        index = index // size
+    return [memoryview((ctypes.c_char * run).from_address(at)).cast("B") for at in address.tolist()]
 
 
 def _scatter(fd: int, name: str, start: int, region: torch.Tensor, split: int, run: int) -> None:

@@ -10,6 +10,7 @@ from hyperckpt._format.header import decode_strict_json, read_header
 from hyperckpt._format.preview import preview
 from hyperckpt._layout.index import check_plain_name, read_index_text
 from hyperckpt._layout.model import INDEX_NAME, SINGLE_FILE_NAME, TensorLayout
+from hyperckpt._storage.files import LocalStorage
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
 
 __all__ = ["check_like", "read_like"]
@@ -33,7 +34,7 @@ def read_like(path: str | os.PathLike[str]) -> tuple[dict[str, str], bool]:
     root = Path(path)
     index = root if root.name.endswith(".json") and not root.is_dir() else root / INDEX_NAME
     if index.exists():  # whatever is there: a FIFO or a device is refused, never read
-        text = read_index_text(index.parent, index.name)
+        text = read_index_text(LocalStorage(index.parent), index.name)
         document = decode_strict_json(text, str(index), "index")
         weight_map = document.get("weight_map") if isinstance(document, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:

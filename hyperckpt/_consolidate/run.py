@@ -45,6 +45,7 @@ from hyperckpt._layout.directory import torch_sharded_layout
 from hyperckpt._layout.model import INDEX_NAME, CheckpointLayout
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
 from hyperckpt._storage.files import LocalStorage
+from hyperckpt._storage.places import is_remote, storage_at
 from hyperckpt._storage.protocol import Entry, Storage
 from hyperckpt.errors import CheckpointError
 
@@ -195,7 +196,8 @@ def consolidate(
         for file in plan.files:
             for tensor in file.tensors:
                 check_sub_byte(tensor)
-        _check_places(Path(source), out)
+        if not is_remote(source):  # a bucket's prefix cannot hold a local output
+            _check_places(Path(source), out)
     except _FAILURES as err:
         failure = err
     agree(failure, group, _failed)
@@ -203,7 +205,8 @@ def consolidate(
     assert plan is not None
     if rank == 0:
         try:
-            _prepare(storage, Path(source), layout, overwrite=overwrite)
+            local = None if is_remote(source) else Path(source)
+            _prepare(storage, local, layout, overwrite=overwrite)
         except _FAILURES as err:
             failure = err
     agree(failure, group, _failed)
@@ -216,7 +219,7 @@ def consolidate(
         staged = write_files(
             mine,
             layout.files,
-            LocalStorage(layout.root),
+            storage_at(layout.root),
             storage,
             options=WriteOptions(staging_bytes=staging_bytes, thread_count=threads),
             progress=tracker,
@@ -275,7 +278,10 @@ def _check_options(
     check_path("output", output)
     check_path("like", like, optional=True)
     check_type(
-        "dtype", dtype, (str, torch.dtype, type(None)), "a dtype name such as 'bf16', a torch.dtype or None"
+        "dtype",
+        dtype,
+        (str, torch.dtype, type(None)),
+        "a dtype name such as 'bf16', a torch.dtype or None",
     )
     check_flag("overwrite", overwrite)
     check_number("staging_bytes", staging_bytes, STAGING_BYTES)
@@ -322,7 +328,7 @@ def _resolved(path: Path, what: str) -> Path:
 
 def _prepare(
     output: LocalStorage,
-    source: Path,
+    source: Path | None,
     layout: CheckpointLayout,
     *,
     overwrite: bool,
@@ -340,7 +346,9 @@ def _prepare(
     """
     output.make_root()
     entries = output.names()
-    if _resolved(source, "source").parent == _resolved(Path(output.root), "output"):
+    if source is not None and _resolved(source, "source").parent == _resolved(
+        Path(output.root), "output"
+    ):
         entries = [e for e in entries if e != source.name]
     marker = output.entry(MARKER_NAME) if MARKER_NAME in entries else None
     if marker is not None and marker.kind != "file":
@@ -361,7 +369,7 @@ def _prepare(
             doomed.append(entry)
         elif entry is not None:  # beside the files written it would pass for one of them
             _refuse_entry(output, name, entry.kind, "consolidate replaces safetensors files")
-    _check_no_input(output, doomed, LocalStorage(layout.root), layout.files)
+    _check_no_input(output, doomed, storage_at(layout.root), layout.files)
     for entry in doomed:
         output.remove(entry.name)
         logger.debug("hyperckpt consolidate: removed %s", entry.name)

@@ -34,6 +34,7 @@ from hyperckpt._read.tracker import ProgressTracker
 from hyperckpt._storage.files import temporary_name
 from hyperckpt._storage.opener import truncated
 from hyperckpt._storage.protocol import NewFile, Storage, StorageFile
+from hyperckpt._storage.remote import S3File
 
 __all__ = [
     "BLOCK_BYTES",
@@ -312,7 +313,8 @@ class _Writer:
     ) -> None:
         source = self._input(name)
         done = 0
-        while done < length and self._copy_file_range:
+        # An object in a store has no descriptor: its bytes come by ranged GETs into staging.
+        while done < length and self._copy_file_range and not isinstance(source, S3File):
             count = min(length - done, _COPY_CHUNK)
             try:
                 got = os.copy_file_range(

@@ -37,6 +37,7 @@ from hyperckpt._format.table import Packed
 from hyperckpt._layout.model import CheckpointLayout, Piece, TensorLayout
 from hyperckpt._layout.whole import WholeTensors
 from hyperckpt._storage.files import LocalStorage
+from hyperckpt._storage.places import is_remote
 from hyperckpt._storage.stamp import FileStamp, stamp_changes
 from hyperckpt.errors import CheckpointChangedError, CheckpointError, CheckpointNotFoundError
 
@@ -81,7 +82,8 @@ def check_header_reads(value: str) -> None:
 # versionless).  Each file's tensors travel as its table's columns (``EntryTable.pack``);
 # a Hugging Face layout's tensors as the places of its names in those tables, a torch
 # sharded layout's as one tuple per tensor (its pieces were tiled by the reader).
-_File = tuple[str, tuple[int, int, int, int, int], int, Packed, dict[str, str] | None]
+_Stamp = tuple[int, int, int, int, int, str, str]
+_File = tuple[str, _Stamp, int, Packed, dict[str, str] | None]
 _Tensor = tuple[
     str, str, tuple[int, ...], tuple[tuple[int, tuple[int, ...], tuple[int, ...], int, int], ...]
 ]
@@ -96,7 +98,15 @@ def encode_layout(layout: CheckpointLayout) -> _Encoded:
     files = tuple(
         (
             name,
-            (h.stamp.size, h.stamp.mtime_ns, h.stamp.inode, h.stamp.device, h.stamp.ctime_ns),
+            (
+                h.stamp.size,
+                h.stamp.mtime_ns,
+                h.stamp.inode,
+                h.stamp.device,
+                h.stamp.ctime_ns,
+                h.stamp.etag,
+                h.stamp.version,
+            ),
             h.header_length,
             h.tensors.pack(),
             None if h.metadata is None else dict(h.metadata),
@@ -300,6 +310,8 @@ def shared_layout(
 
 def _local_root(path: str | os.PathLike[str], encoded: _Encoded) -> str:
     """This rank's checkpoint directory: ``path``, or its parent when it names one file."""
+    if is_remote(path):  # every rank addresses the same objects
+        return encoded[1]
     local = Path(path)
     if encoded[0] == "huggingface" and local.suffix == ".safetensors" and not local.is_dir():
         return str(local.parent)
@@ -309,9 +321,15 @@ def _local_root(path: str | os.PathLike[str], encoded: _Encoded) -> str:
 def _with_own_stamps(layout: CheckpointLayout, rank: int) -> CheckpointLayout:
     """The layout with each file's stamp replaced by this rank's ``stat`` of it.
 
+    In object storage every rank addresses the same objects, and each of its reads pins
+    the ETag the headers were read from (``If-Match``): the stamps are kept, and no rank
+    makes a request here.
+
     Raises:
         CheckpointChangedError: A file is missing or differs in size, mtime, ctime or inode.
     """
+    if is_remote(layout.root):
+        return layout
     headers = {}
     storage = LocalStorage(layout.root)
     for name, header in layout.files.items():

@@ -38,6 +38,7 @@ from hyperckpt._format.table import (
     table_of_entries,
 )
 from hyperckpt._storage.opener import open_regular
+from hyperckpt._storage.protocol import Storage, StorageFile
 from hyperckpt._storage.stamp import FileStamp
 from hyperckpt.errors import CheckpointError
 
@@ -54,6 +55,7 @@ __all__ = [
     "is_unicode",
     "parse_header",
     "read_header",
+    "read_header_in",
     "strict_json",
 ]
 
@@ -113,14 +115,50 @@ def read_header(path: str | os.PathLike[str], *, name: str | None = None) -> Fil
     path = os.fspath(path)
     shown = path if name is None else name
     with open_regular(path, shown=shown, expected="a safetensors file") as file:
-        size = file.size
-        prefix = file.read_exact(0, min(size, _LENGTH_PREFIX))
-        if not could_be_safetensors(prefix, size):  # a pickle, an LFS pointer...: say so
-            _refuse_other_format(file.read_exact(0, min(size, SNIFF_BYTES)), size, shown)
-        length = _check_prefix(prefix, size, shown)
-        raw = file.read_exact(_LENGTH_PREFIX, length)
-        if not could_be_safetensors(prefix + raw[:1], size):  # a zip whose length fits
-            _refuse_other_format(prefix + raw[: SNIFF_BYTES - _LENGTH_PREFIX], size, shown)
+        return _read_open(file, shown, path, first=_LENGTH_PREFIX)
+
+
+def read_header_in(storage: Storage, name: str, *, first: int = _LENGTH_PREFIX) -> FileHeader:
+    """Read and validate the header of the file ``name`` of ``storage`` (see
+    :func:`read_header`; the same rules, in the same order).
+
+    Args:
+        storage: Where the file is (a local directory, a bucket's prefix).
+        name: The file's name in it, as messages name it.
+        first: Bytes asked for by the first read (at least the 8-byte prefix): an object
+            store answers the prefix and a small header in one request.
+
+    Raises:
+        CheckpointNotFoundError: The file does not exist.
+        CheckpointError: The file is unreadable, not a regular file, or breaks a rule.
+    """
+    with storage.open_file(name, expected="a safetensors file") as file:
+        return _read_open(
+            file, name, os.path.join(storage.root, name), first=max(_LENGTH_PREFIX, first)
+        )
+
+
+def _read_open(file: StorageFile, shown: str, path: str, *, first: int) -> FileHeader:
+    """The validated header of the open ``file`` (its stamp the one taken when opened)."""
+    size = file.size
+    head = file.read_exact(0, min(size, first))
+    prefix = head[:_LENGTH_PREFIX]
+    if not could_be_safetensors(prefix, size):  # a pickle, an LFS pointer...: say so
+        more = (
+            head
+            if len(head) >= min(size, SNIFF_BYTES)
+            else file.read_exact(0, min(size, SNIFF_BYTES))
+        )
+        _refuse_other_format(more[:SNIFF_BYTES], size, shown)
+    length = _check_prefix(prefix, size, shown)
+    if _LENGTH_PREFIX + length <= len(head):
+        raw = head[_LENGTH_PREFIX : _LENGTH_PREFIX + length]
+    else:
+        raw = head[_LENGTH_PREFIX:] + file.read_exact(
+            len(head), _LENGTH_PREFIX + length - len(head)
+        )
+    if not could_be_safetensors(prefix + raw[:1], size):  # a zip whose length fits
+        _refuse_other_format(prefix + raw[: SNIFF_BYTES - _LENGTH_PREFIX], size, shown)
     header = _parse(raw, size, name=shown, path=path)
     return _with_stamp(header, file.stamp)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Final
 
 from hyperckpt._format.preview import preview
@@ -60,7 +59,7 @@ def is_index_name(name: str) -> bool:
     return _ANY_INDEX.fullmatch(name) is not None
 
 
-def choose(root: Path, entries: Collection[str]) -> Choice | None:
+def choose(root: str, entries: Collection[str]) -> Choice | None:
     """The one checkpoint among ``entries`` (the names in ``root``), or ``None`` for none.
 
     Raises:

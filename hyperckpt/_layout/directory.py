@@ -21,11 +21,12 @@ import logging
 import os
 import re
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import MappingProxyType
 from typing import Final
 
-from hyperckpt._format.header import FileHeader, read_header
+from hyperckpt._format.header import FileHeader, read_header_in
 from hyperckpt._format.preview import preview
 from hyperckpt._format.sniff import other_format_of_file
 from hyperckpt._format.table import CODES
@@ -58,6 +59,9 @@ from hyperckpt._layout.model import (
 )
 from hyperckpt._layout.sharding import sharding_info, tile
 from hyperckpt._layout.whole import WholeTensors
+from hyperckpt._storage.files import LocalStorage
+from hyperckpt._storage.places import is_remote, storage_at
+from hyperckpt._storage.protocol import Storage
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
 
 __all__ = ["describe_directory", "detect_kind", "huggingface_layout", "torch_sharded_layout"]
@@ -108,27 +112,34 @@ def detect_kind(path: str | os.PathLike[str]) -> Kind:
         CheckpointError: Several candidate checkpoints, or several safetensors files
             without an index or sharding information.
     """
-    root = Path(path)
-    if root.is_file():
-        return HUGGINGFACE
-    _require_directory(root)
-    entries = _entries(root)
-    if choose(root, entries) is not None:
+    if is_remote(path):
+        storage, named, entries = _remote_names(str(path))
+        if named is not None:
+            return HUGGINGFACE
+        shown = storage.root
+    else:
+        root = Path(path)
+        if root.is_file():
+            return HUGGINGFACE
+        _require_directory(root)
+        entries = _entries(root)
+        storage, shown = LocalStorage(root), str(root)
+    if choose(shown, entries) is not None:
         return HUGGINGFACE
     names = _safetensors_names(entries)
     if not names:
-        raise _nothing_here(root, entries)
-    first = read_header(root / names[0], name=names[0])
+        raise _nothing_here(storage, entries)
+    first = read_header_in(storage, names[0], first=_first_read(storage))
     if first.metadata is not None and SHARDING_INFO_KEY in first.metadata:
         return TORCH_SHARDED
     if len(names) == 1:
         return HUGGINGFACE
     raise CheckpointError(
-        f"{root}: {len(names)} *.safetensors files ({preview(names, 3, quote=False)}) but no "
+        f"{shown}: {len(names)} *.safetensors files ({preview(names, 3, quote=False)}) but no "
         f"*{_INDEX_SUFFIX}, none named {_SINGLES}, and {names[0]} has no {SHARDING_INFO_KEY}, "
         f"so which files form the checkpoint is unknown; pass the path of a single file, or "
         f"add the index",
-        path=str(root),
+        path=shown,
         rule="dir.unknown_kind",
     )
 
@@ -161,13 +172,16 @@ def huggingface_layout(
         CheckpointError: Two candidate checkpoints, the index is malformed or disagrees
             with the headers, a tensor is in two files, or a header breaks a rule.
     """
-    root = Path(path)
     problems = Counted(report)
-    found = _huggingface_files(root, problems)
+    found = (
+        _remote_huggingface_files(str(path), problems)
+        if is_remote(path)
+        else _huggingface_files(Path(path), problems)
+    )
     if found is None:
-        return _nothing(HUGGINGFACE, root)
-    root, choice, weight_map, names = found
-    headers = _read_headers(root, names, problems)
+        return _nothing(HUGGINGFACE, str(path))
+    storage, choice, weight_map, names = found
+    headers = _read_headers(storage, names, problems)
     owner: dict[str, str] = {}
     for header in headers.values():
         for tensor in header.tensors:
@@ -189,17 +203,17 @@ def huggingface_layout(
         check_index_agreement(weight_map, owner, headers, problems, index=choice.index)
         if not problems.count and choice.single is not None:  # it compares every tensor
             check_single_file_beside_index(
-                root, headers, owner, problems, index=choice.index, single=choice.single
+                storage, headers, owner, problems, index=choice.index, single=choice.single
             )
     tensors = WholeTensors.of([(name, header.tensors) for name, header in headers.items()], owner)
     return CheckpointLayout(
-        HUGGINGFACE, str(root), MappingProxyType(headers), tensors, index=choice.index
+        HUGGINGFACE, storage.root, MappingProxyType(headers), tensors, index=choice.index
     )
 
 
 def _huggingface_files(
     path: Path, problems: Report
-) -> tuple[Path, Choice, dict[str, str | None] | None, list[str]] | None:
+) -> tuple[Storage, Choice, dict[str, str | None] | None, list[str]] | None:
     """The directory, what is read in it, the index's weight map and the files to read;
     ``None`` after a problem that leaves nothing to read."""
     if path.is_file():
@@ -209,7 +223,7 @@ def _huggingface_files(
             return None
         root = path.parent
         if not is_index_name(path.name):
-            return root, Choice(None, path.name), None, [path.name]
+            return LocalStorage(root), Choice(None, path.name), None, [path.name]
         choice = _choice(root, problems, given=path.name)  # the index to read, by its path
     elif not _require_directory(path, problems):
         return None
@@ -218,14 +232,15 @@ def _huggingface_files(
         choice = _choice(root, problems)
     if choice is None:
         return None
+    storage = LocalStorage(root)
     if choice.index is None:
         assert choice.single is not None, "a choice without an index names its file"
-        return root, choice, None, [choice.single]
-    index = read_index(root, problems, index=choice.index)
+        return storage, choice, None, [choice.single]
+    index = read_index(storage, problems, index=choice.index)
     if index is None:
         return None
     weight_map, names = index
-    return root, choice, weight_map, names
+    return storage, choice, weight_map, names
 
 
 def _choice(root: Path, problems: Report, *, given: str | None = None) -> Choice | None:
@@ -233,16 +248,16 @@ def _choice(root: Path, problems: Report, *, given: str | None = None) -> Choice
     ``None`` after a problem."""
     try:
         entries = _entries(root)
-        chosen = index_file_choice(given, entries) if given else choose(root, entries)
+        chosen = index_file_choice(given, entries) if given else choose(str(root), entries)
     except CheckpointError as err:
         problems(err)
         return None
     if chosen is not None:
         return chosen
-    lone = _lone_file(root, entries)
+    lone = _lone_file(LocalStorage(root), entries)
     if lone is not None:
         return Choice(None, lone)
-    problems(_no_huggingface_checkpoint(root, entries))
+    problems(_no_huggingface_checkpoint(LocalStorage(root), entries))
     return None
 
 
@@ -265,22 +280,32 @@ def torch_sharded_layout(
             misstates ``DCP_SHARDING_INFO``, or a tensor's pieces disagree in dtype or rank,
             repeat, overlap or leave a gap.
     """
-    root = Path(path)
     problems = Counted(report)
-    if not _require_directory(root, problems):
-        return _nothing(TORCH_SHARDED, root)
-    try:
-        entries = _entries(root)
-    except CheckpointError as err:
-        problems(err)
-        return _nothing(TORCH_SHARDED, root)
+    storage: Storage
+    if is_remote(path):
+        try:
+            storage, _, entries = _remote_names(str(path), folder=True)
+        except CheckpointError as err:
+            problems(err)
+            return _nothing(TORCH_SHARDED, str(path))
+        root = storage.root
+    else:
+        local = Path(path)
+        if not _require_directory(local, problems):
+            return _nothing(TORCH_SHARDED, str(local))
+        try:
+            entries = _entries(local)
+        except CheckpointError as err:
+            problems(err)
+            return _nothing(TORCH_SHARDED, str(local))
+        storage, root = LocalStorage(local), str(local)
     indexes = sorted(name for name in entries if name.endswith(_INDEX_SUFFIX))
     if indexes:
         problems(
             CheckpointError(
                 f"{root}: holds {indexes[0]}, so it is a Hugging Face checkpoint, not a torch "
                 f"sharded directory; use HuggingFaceStorageReader",
-                path=str(root),
+                path=root,
                 rule="sharded.index_present",
             )
         )
@@ -288,16 +313,16 @@ def torch_sharded_layout(
     names = _safetensors_names(entries)
     if not names:
         problems(
-            foreign_directory(root, entries)
+            _foreign(storage, entries)
             or CheckpointNotFoundError(
                 f"{root}: no *.safetensors files, so no torch sharded checkpoint is here"
-                f"{_sharded_hint(root)}",
-                path=str(root),
+                f"{_sharded_hint(storage, entries)}",
+                path=root,
                 rule="sharded.no_files",
             )
         )
         return _nothing(TORCH_SHARDED, root)
-    headers = _read_headers(root, names, problems)
+    headers = _read_headers(storage, names, problems)
     found: dict[str, list[tuple[str, Piece]]] = {}
     for header in headers.values():
         offsets = sharding_info(header, required=True, report=problems)
@@ -321,13 +346,13 @@ def torch_sharded_layout(
             if tiled is not None:
                 tensors[name] = tiled
     return CheckpointLayout(
-        TORCH_SHARDED, str(root), MappingProxyType(headers), MappingProxyType(tensors)
+        TORCH_SHARDED, root, MappingProxyType(headers), MappingProxyType(tensors)
     )
 
 
-def _nothing(kind: Kind, root: Path) -> CheckpointLayout:
+def _nothing(kind: Kind, root: str) -> CheckpointLayout:
     """The layout of a checkpoint nothing of which could be described (a problem was reported)."""
-    return CheckpointLayout(kind, str(root), MappingProxyType({}), MappingProxyType({}))
+    return CheckpointLayout(kind, root, MappingProxyType({}), MappingProxyType({}))
 
 
 def _require_directory(root: Path, report: Report = raise_problem) -> bool:
@@ -380,10 +405,10 @@ def _safetensors_names(entries: Iterable[str]) -> list[str]:
 _SHARD_NAME: Final = re.compile(r"-\d{5}-of-\d{5}\.safetensors$")
 
 
-def _lone_file(root: Path, entries: list[str]) -> str | None:
-    """The one ``*.safetensors`` file of ``root`` when there is exactly one, it is not named
-    as one shard of several (``model-00001-of-00003.safetensors``: the rest and the index
-    are missing, as after an interrupted save or download), and its header carries no
+def _lone_file(storage: Storage, entries: list[str]) -> str | None:
+    """The one ``*.safetensors`` file of ``storage`` when there is exactly one, it is not
+    named as one shard of several (``model-00001-of-00003.safetensors``: the rest and the
+    index are missing, as after an interrupted save or download), and its header carries no
     sharding information (a torch sharded directory of one file), else ``None``.
 
     Its header is read here, and again with the others: one small read.
@@ -392,7 +417,7 @@ def _lone_file(root: Path, entries: list[str]) -> str | None:
     if len(names) != 1 or _SHARD_NAME.search(names[0]):
         return None
     try:
-        header = read_header(root / names[0], name=names[0])
+        header = read_header_in(storage, names[0], first=_first_read(storage))
     except CheckpointError:
         return names[0]  # read again with the others, and reported there
     if header.metadata is not None and SHARDING_INFO_KEY in header.metadata:
@@ -400,15 +425,102 @@ def _lone_file(root: Path, entries: list[str]) -> str | None:
     return names[0]
 
 
-def _read_headers(root: Path, names: Iterable[str], report: Report) -> dict[str, FileHeader]:
-    """Each file's header, keyed by name; a file whose header breaks a rule is left out."""
-    headers = {}
-    for name in names:
+#: Bytes of a remote file's first read: its prefix and, mostly, its whole header in one GET.
+_REMOTE_FIRST_READ: Final = 256 * 2**10
+#: Header reads in flight at once for a checkpoint in object storage.
+_REMOTE_HEADER_READS: Final = 32
+
+
+def _first_read(storage: Storage) -> int:
+    return 8 if isinstance(storage, LocalStorage) else _REMOTE_FIRST_READ
+
+
+def _read_headers(storage: Storage, names: Iterable[str], report: Report) -> dict[str, FileHeader]:
+    """Each file's header, keyed by name; a file whose header breaks a rule is left out.
+
+    Local files are read one after the other (a page-cache hit each); objects in a store
+    are read concurrently (a round trip each), their problems reported in name order.
+    """
+    names = list(names)
+    first = _first_read(storage)
+
+    def read(name: str) -> FileHeader | CheckpointError:
         try:
-            headers[name] = read_header(root / name, name=name)
+            return read_header_in(storage, name, first=first)
         except CheckpointError as err:
-            report(err)
+            return err
+
+    if isinstance(storage, LocalStorage) or len(names) < 2:
+        results = [read(name) for name in names]
+    else:
+        with ThreadPoolExecutor(min(_REMOTE_HEADER_READS, len(names))) as pool:
+            results = list(pool.map(read, names))
+    headers = {}
+    for name, result in zip(names, results, strict=True):
+        if isinstance(result, CheckpointError):
+            report(result)
+        else:
+            headers[name] = result
     return headers
+
+
+def _remote_names(url: str, *, folder: bool = False) -> tuple[Storage, str | None, list[str]]:
+    """The storage of a checkpoint in object storage, the object ``url`` names (a
+    ``.safetensors`` file or an index: its folder is the storage) and the names beside it.
+
+    Args:
+        url: ``s3://bucket/prefix``, or the URL of one file or index.
+        folder: ``url`` must be a folder (a torch sharded checkpoint).
+
+    Raises:
+        CheckpointNotFoundError: Nothing is under the prefix (``dir.not_found``).
+    """
+    last = url.rstrip("/").rsplit("/", 1)[-1]
+    named = not folder and (last.endswith(_SUFFIX) or is_index_name(last))
+    storage = storage_at(url.rstrip("/").rsplit("/", 1)[0] if named else url)
+    entries = storage.names()
+    if named and last not in entries:
+        raise CheckpointNotFoundError(
+            f"{url}: no such object; check the bucket, the prefix and the file name",
+            path=url,
+            rule="dir.not_found",
+        )
+    if not entries:
+        raise CheckpointNotFoundError(
+            f"{storage.root}: nothing under this prefix; check the bucket and the prefix",
+            path=storage.root,
+            rule="dir.not_found",
+        )
+    return storage, last if named else None, entries
+
+
+def _remote_huggingface_files(
+    url: str, problems: Report
+) -> tuple[Storage, Choice, dict[str, str | None] | None, list[str]] | None:
+    """What :func:`_huggingface_files` finds, for a checkpoint in object storage: the index
+    (or the single file) named by the URL or chosen among the names under the prefix."""
+    try:
+        storage, named, entries = _remote_names(url)
+        if named is not None and not is_index_name(named):
+            return storage, Choice(None, named), None, [named]
+        choice = index_file_choice(named, entries) if named else choose(storage.root, entries)
+    except CheckpointError as err:
+        problems(err)
+        return None
+    if choice is None:
+        lone = _lone_file(storage, entries)
+        if lone is None:
+            problems(_no_huggingface_checkpoint(storage, entries))
+            return None
+        choice = Choice(None, lone)
+    if choice.index is None:
+        assert choice.single is not None, "a choice without an index names its file"
+        return storage, choice, None, [choice.single]
+    index = read_index(storage, problems, index=choice.index, present=entries)
+    if index is None:
+        return None
+    weight_map, names = index
+    return storage, choice, weight_map, names
 
 
 def _check_whole_tensors(header: FileHeader, report: Report) -> None:
@@ -429,34 +541,46 @@ def _check_whole_tensors(header: FileHeader, report: Report) -> None:
             return
 
 
-def _nothing_here(root: Path, entries: list[str]) -> CheckpointNotFoundError:
+def _foreign(storage: Storage, entries: list[str]) -> CheckpointNotFoundError | None:
+    """What a local directory holds instead of a checkpoint (a torch DCP checkpoint, a
+    diffusers pipeline, ...); not looked for in object storage."""
+    if isinstance(storage, LocalStorage):
+        return foreign_directory(Path(storage.root), entries)
+    return None
+
+
+def _nothing_here(storage: Storage, entries: list[str]) -> CheckpointNotFoundError:
     """The error for a directory with no ``*.safetensors`` file: what it holds instead."""
-    return foreign_directory(root, entries) or CheckpointNotFoundError(
-        f"{root}: no *.safetensors files (nor an index); this is not a checkpoint "
-        f"directory{_sharded_hint(root)}",
-        path=str(root),
+    return _foreign(storage, entries) or CheckpointNotFoundError(
+        f"{storage.root}: no *.safetensors files (nor an index); this is not a checkpoint "
+        f"directory{_sharded_hint(storage, entries)}",
+        path=storage.root,
         rule="dir.empty",
     )
 
 
-def _sharded_hint(root: Path) -> str:
-    if (root / _SHARDED_SUBDIR).is_dir():
+def _sharded_hint(storage: Storage, entries: list[str]) -> str:
+    sharded = os.path.join(storage.root, _SHARDED_SUBDIR)
+    there = (
+        os.path.isdir(sharded) if isinstance(storage, LocalStorage) else _SHARDED_SUBDIR in entries
+    )
+    if there:
         return (
             f"; it has a {_SHARDED_SUBDIR}/ folder: point TorchShardedSafetensorsReader at "
-            f"{root / _SHARDED_SUBDIR}"
+            f"{sharded}"
         )
     return ""
 
 
-def _no_huggingface_checkpoint(root: Path, entries: list[str]) -> CheckpointNotFoundError:
-    """Why no Hugging Face checkpoint was chosen in ``root``, and what is there instead."""
+def _no_huggingface_checkpoint(storage: Storage, entries: list[str]) -> CheckpointNotFoundError:
+    """Why no Hugging Face checkpoint was chosen in ``storage``, and what is there instead."""
     names = _safetensors_names(entries)
     if not names:
-        foreign = foreign_directory(root, entries)
+        foreign = _foreign(storage, entries)
         if foreign is not None:
             return foreign
-        hint = _sharded_hint(root) or "; this is not a checkpoint directory"
-    elif _has_sharding_info(root, names[0]):
+        hint = _sharded_hint(storage, entries) or "; this is not a checkpoint directory"
+    elif _has_sharding_info(storage, names[0]):
         hint = (
             f"; its *.safetensors files carry {SHARDING_INFO_KEY}: this is a torch sharded "
             f"directory: use TorchShardedSafetensorsReader"
@@ -467,15 +591,15 @@ def _no_huggingface_checkpoint(root: Path, entries: list[str]) -> CheckpointNotF
             f"is read, so pass a single file's path or add the index"
         )
     return CheckpointNotFoundError(
-        f"{root}: no *{_INDEX_SUFFIX} and no single {_SINGLES} is there{hint}",
-        path=str(root),
+        f"{storage.root}: no *{_INDEX_SUFFIX} and no single {_SINGLES} is there{hint}",
+        path=storage.root,
         rule="hf.no_checkpoint",
     )
 
 
-def _has_sharding_info(root: Path, name: str) -> bool:
+def _has_sharding_info(storage: Storage, name: str) -> bool:
     try:
-        header = read_header(root / name, name=name)
+        header = read_header_in(storage, name, first=_first_read(storage))
     except CheckpointError:  # no checkpoint is chosen: that is the problem reported
         return False
     return header.metadata is not None and SHARDING_INFO_KEY in header.metadata

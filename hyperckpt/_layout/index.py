@@ -1,4 +1,4 @@
-"""The Hugging Face index: read through the guarded opener, its weight map checked entry by
+"""The Hugging Face index: read through the storage seam, its weight map checked entry by
 entry, and compared with the files' headers.
 
 Each problem goes to the builder's ``report`` (see :mod:`hyperckpt._layout.model`).  No torch
@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Container, Mapping
-from pathlib import Path
+from collections.abc import Collection, Container, Mapping
 from typing import Final
 
-from hyperckpt._format.header import FileHeader, decode_strict_json, is_unicode, read_header
+from hyperckpt._format.header import FileHeader, decode_strict_json, is_unicode, read_header_in
 from hyperckpt._layout.model import INDEX_NAME, SINGLE_FILE_NAME, Report, raise_problem
-from hyperckpt._storage.opener import read_regular
+from hyperckpt._storage.protocol import Storage
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
 
 __all__ = [
@@ -32,20 +31,19 @@ logger = logging.getLogger(__name__)
 MAX_INDEX_BYTES: Final = 100_000_000
 
 
-def read_index_text(root: Path, index: str = INDEX_NAME) -> str:
-    """The index's text, read through the guarded opener and refused from its size first.
+def read_index_text(storage: Storage, index: str = INDEX_NAME) -> str:
+    """The index's text, read through the storage seam and refused from its size first.
 
     Args:
-        root: The checkpoint directory.
+        storage: The checkpoint directory (local, or a prefix in object storage).
         index: The index's name in it (diffusers': ``diffusion_pytorch_model.safetensors.index.json``).
 
     Raises:
         CheckpointNotFoundError: The index vanished (or is a broken symlink).
         CheckpointError: It is not a regular file, larger than any real index, or not UTF-8.
     """
-    raw, _ = read_regular(
-        str(root / index),
-        shown=index,
+    raw = storage.read_whole(
+        index,
         expected="the index (a JSON file)",
         limit=MAX_INDEX_BYTES,
         over_limit=f"more than any real index ({MAX_INDEX_BYTES} at most); the file is "
@@ -64,7 +62,11 @@ def read_index_text(root: Path, index: str = INDEX_NAME) -> str:
 
 
 def read_index(
-    root: Path, report: Report, *, index: str = INDEX_NAME
+    storage: Storage,
+    report: Report,
+    *,
+    index: str = INDEX_NAME,
+    present: Collection[str] | None = None,
 ) -> tuple[dict[str, str | None], list[str]] | None:
     """The index's weight map and the files it names that are there, in name order.
 
@@ -72,17 +74,23 @@ def read_index(
     or is missing is left out of the names.  Each is reported (non-strings first, then the
     files in name order); ``None`` when the index itself is unusable.  Every rule applies
     to an index of any name (``index``).
+
+    Args:
+        storage: The checkpoint directory.
+        report: Where each problem goes.
+        index: The index's name.
+        present: The names known to be there (an object store's listing, one request for
+            all), else each file is looked up (a ``stat``).
     """
     try:
-        document = decode_strict_json(read_index_text(root, index), index, "index")
+        document = decode_strict_json(read_index_text(storage, index), index, "index")
     except CheckpointError as err:
         report(err)
         return None
     if not isinstance(document, dict) or "weight_map" not in document:
         report(
             CheckpointError(
-                f'{index}: must be a JSON object with a "weight_map" of tensor name to '
-                f"file name",
+                f'{index}: must be a JSON object with a "weight_map" of tensor name to file name',
                 path=index,
                 rule="index.no_weight_map",
             )
@@ -92,8 +100,7 @@ def read_index(
     if not isinstance(entries, dict) or not entries:
         report(
             CheckpointError(
-                f'{index}: "weight_map" must be a non-empty object of tensor name to file '
-                f"name",
+                f'{index}: "weight_map" must be a non-empty object of tensor name to file name',
                 path=index,
                 rule="index.weight_map_not_object",
             )
@@ -110,8 +117,7 @@ def read_index(
         weight_map[tensor] = None
         report(
             CheckpointError(
-                f"{index}: weight_map[{tensor!r}] must be a file name string, not "
-                f"{file!r:.60}",
+                f"{index}: weight_map[{tensor!r}] must be a file name string, not {file!r:.60}",
                 path=index,
                 tensor=tensor,
                 rule="index.file_not_string",
@@ -124,7 +130,7 @@ def read_index(
             continue
         # Only existence here (a stat, nothing opened): what is there is checked by the
         # guarded opener when its header is read, so a FIFO or a directory is file.not_regular.
-        if not os.path.exists(root / file):
+        if not (file in present if present is not None else _exists(storage, file)):
             more = f" (and {count - 1} more)" if count > 1 else ""
             report(
                 CheckpointNotFoundError(
@@ -210,7 +216,7 @@ def check_index_agreement(
 
 
 def check_single_file_beside_index(
-    root: Path,
+    storage: Storage,
     headers: Mapping[str, FileHeader],
     owner: Mapping[str, str],
     report: Report,
@@ -225,17 +231,18 @@ def check_single_file_beside_index(
     hold the same tensors, refuse when they differ.
 
     Args:
-        root: The checkpoint directory.
+        storage: The checkpoint directory.
         headers: The index's files' headers, by name.
         owner: Each tensor's file.
         report: Where a disagreement goes.
         index: The index's name.
         single: The single file's name beside it (``<prefix>.safetensors``).
     """
-    if single in headers or not (root / single).exists():
+    if single in headers or not _exists(storage, single):
         return
+    root = storage.root
     try:
-        found = read_header(root / single, name=single)
+        found = read_header_in(storage, single)
     except CheckpointError as err:  # a stray broken file: never read, but named
         logger.warning(
             "%s: reading the files %s names; %s beside it, which it does not name, is not a "
@@ -281,6 +288,17 @@ def check_single_file_beside_index(
             rule="hf.single_beside_index",
         )
     )
+
+
+def _exists(storage: Storage, name: str) -> bool:
+    """Whether something is at ``name`` (a link followed; a broken one is nothing)."""
+    try:
+        storage.stamp(name)
+    except CheckpointNotFoundError:
+        return False
+    except CheckpointError:  # there, but not examinable: its read reports why
+        return True
+    return True
 
 
 def _index_file(owner: Mapping[str, str], name: str) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from hyperckpt._layout.directory import detect_kind, huggingface_layout, torch_sharded_layout
 from hyperckpt._layout.model import TORCH_SHARDED, CheckpointLayout, Kind
+from hyperckpt._storage.places import is_remote
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
 
 __all__ = ["Findings", "find_problems"]
@@ -40,8 +41,9 @@ def find_problems(path: str | os.PathLike[str]) -> Findings:
     Raises:
         CheckpointNotFoundError: ``path`` itself does not exist.
     """
-    root = Path(path)
-    if not root.exists():
+    # A URL stays a string: Path("s3://b/p") would be s3:/b/p (the store says what is missing).
+    root: str | Path = str(path) if is_remote(path) else Path(path)
+    if isinstance(root, Path) and not root.exists():
         raise CheckpointNotFoundError(
             f"{root}: no such file or directory", path=str(root), rule="dir.not_found"
         )

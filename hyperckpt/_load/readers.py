@@ -49,6 +49,7 @@ from hyperckpt._read.stats import LoadStats
 from hyperckpt._read.storage_info import StorageInfo
 from hyperckpt._read.threads import HostShare, local_ranks
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
+from hyperckpt._storage.places import is_remote
 from hyperckpt.errors import CheckpointError
 
 __all__ = [
@@ -140,6 +141,8 @@ class _SafetensorsReader(FileSystemReader):
         """
         check_path("path", path)
         super().__init__(path)
+        if is_remote(path):  # torch's init_path makes a Path of it: s3://b/p would be s3:/b/p
+            self.path = str(path)
         given = keyword_options(
             thread_count=thread_count,
             staging_bytes=staging_bytes,
@@ -208,6 +211,8 @@ class _SafetensorsReader(FileSystemReader):
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         """Forget the previous load; point at ``checkpoint_id`` when one is given."""
         super().reset(checkpoint_id)
+        if checkpoint_id and is_remote(checkpoint_id):
+            self.path = str(checkpoint_id)
         self.layout = None
         self.metadata = None
         self.mapped = None

@@ -17,6 +17,7 @@ def coalesce(
     scratch: int,
     chunk: int,
     aligned: bool = False,
+    over_read: float | None = None,
 ) -> list[tuple[int, list[tuple[int, int]]]]:
     """Group ``(file offset, length, address)`` extents into scatter reads.
 
@@ -33,10 +34,16 @@ def coalesce(
         aligned: Split long extents at multiples of ``chunk`` in the file rather than from
             each extent's start (large reads of a cold file then start on page and chunk
             boundaries).
+        over_read: The most bytes dropped per byte wanted in one read (0.1: a read fetches
+            at most 1.1 times what it delivers), besides ``gap``; given, every read is also
+            filled up to ``chunk`` bytes, an extent cut between two reads where one is full
+            (objects in a store); ``None``: ``gap`` alone, extents whole up to ``chunk``.
 
     Returns:
         ``(file offset, [(address, length), ...])`` per read, in offset order.
     """
+    if over_read is not None:
+        return _filled(sorted(extents), gap=gap, scratch=scratch, chunk=chunk, over_read=over_read)
     reads: list[tuple[int, list[tuple[int, int]]]] = []
     group: list[tuple[int, int]] = []
     start = end = 0
@@ -61,6 +68,49 @@ def coalesce(
         if group:
             reads.append((start, group))
         group, start, end = [(address, length)], offset, offset + length
+    if group:
+        reads.append((start, group))
+    return reads
+
+
+def _filled(
+    extents: list[tuple[int, int, int]], *, gap: int, scratch: int, chunk: int, over_read: float
+) -> list[tuple[int, list[tuple[int, int]]]]:
+    """Reads that each span ``chunk`` bytes where the extents allow: an extent is cut where a
+    read is full and goes on in the next (a read of an object in a store costs a round trip,
+    so each should be full).  Neighbours join while the gap is at most ``gap`` and the read's
+    dropped bytes stay within ``over_read`` of its wanted bytes."""
+    reads: list[tuple[int, list[tuple[int, int]]]] = []
+    if extents:  # reads of even size: 64.03 MiB is five reads of 12.8 MiB, not 16 and a tail
+        span = max(offset + length for offset, length, _ in extents) - extents[0][0]
+        chunk = -(-span // -(-span // chunk))
+    group: list[tuple[int, int]] = []
+    start = end = wanted = dropped = 0
+    for offset, length, address in extents:
+        while length > 0:
+            skip = offset - end
+            room = start + chunk - offset
+            joins = (
+                bool(group)
+                and 0 <= skip <= gap
+                and room > 0
+                and len(group) + 2 <= IOV_MAX
+                and dropped + skip <= over_read * (wanted + min(length, room))
+            )
+            if joins:
+                take = min(length, room)
+                if skip:
+                    group.append((scratch, skip))
+                group.append((address, take))
+                wanted += take
+                dropped += skip
+            else:
+                if group:
+                    reads.append((start, group))
+                take = min(length, chunk)
+                group, start, wanted, dropped = [(address, take)], offset, take, 0
+            end = offset + take
+            offset, address, length = offset + take, address + take, length - take
     if group:
         reads.append((start, group))
     return reads

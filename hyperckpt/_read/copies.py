@@ -10,11 +10,23 @@ from hyperckpt._read.boxes import Box, narrow
 from hyperckpt._read.requests import Request
 from hyperckpt.errors import CheckpointError
 
-__all__ = ["Buffer", "ReadInto", "check_fits", "copy", "fill", "gather", "through_host"]
+__all__ = [
+    "Buffer",
+    "ReadInto",
+    "RunsInto",
+    "check_fits",
+    "copy",
+    "fill",
+    "gather",
+    "through_host",
+]
 
 #: Reads consecutive bytes of a file (by name, from an absolute offset) into
 #: ``(address, length)`` buffers, in order.
 ReadInto = Callable[[str, int, list[tuple[int, int]]], None]
+#: Reads runs of a file (by name: their absolute offsets, int64, and their length) into
+#: consecutive memory from an address: a strided part compact, its gaps never fetched.
+RunsInto = Callable[[str, torch.Tensor, int, int], None]
 #: This thread's host buffer (allocated on first use, the same one every call).
 Buffer = Callable[[], torch.Tensor]
 
@@ -32,18 +44,29 @@ def check_fits(length: int, buffer: torch.Tensor) -> None:
 
 
 def fill(
-    read: ReadInto, request: Request, part: Box, buffer: torch.Tensor, host: Buffer
+    read: ReadInto,
+    request: Request,
+    part: Box,
+    buffer: torch.Tensor,
+    host: Buffer,
+    runs: RunsInto | None = None,
 ) -> torch.Tensor:
     """Bring ``part`` into the start of ``buffer``, compact; return it as a tensor.
 
-    A one-run part is read straight into ``buffer``; a strided one is gathered through
-    this thread's ``host`` buffer and copied into ``buffer`` compact.
+    A one-run part is read straight into ``buffer``; a strided one is read by its runs
+    straight into ``buffer`` when ``runs`` is given (objects in a store: the gaps are never
+    fetched), else gathered through this thread's ``host`` buffer and copied compact.
     """
     if part.is_one_run():
         offset, length = part.run()
         check_fits(length, buffer)
         read(request.name, offset, [(buffer.data_ptr(), length)])
         return buffer[:length].view(request.dtype).view(part.lengths)
+    if runs is not None:
+        check_fits(part.nbytes, buffer)
+        starts, run = part.run_starts()
+        runs(request.name, starts, run, buffer.data_ptr())
+        return buffer[: part.nbytes].view(request.dtype).view(part.lengths)
     compact = buffer[: part.nbytes].view(request.dtype).view(part.lengths)
     compact.copy_(gather(read, request, part, host()))
     return compact
@@ -67,6 +90,7 @@ def through_host(
     host: Buffer,
     *,
     one_run: bool,
+    runs: RunsInto | None = None,
 ) -> None:
     """Read ``part`` into this thread's ``host`` buffer and copy it once to ``destination``.
 
@@ -77,9 +101,11 @@ def through_host(
         destination: Where the part lands (any device, dtype and layout).
         host: This thread's host buffer.
         one_run: Whether the request's whole box is one byte run.
+        runs: Reads a strided part by its runs, compact (objects in a store); ``None``:
+            its span is read whole.
     """
-    if one_run:
-        source = fill(read, request, part, host(), host)
+    if one_run or runs is not None:
+        source = fill(read, request, part, host(), host, runs)
     else:
         source = gather(read, request, part, host())
     copy(request, destination, source, non_blocking=False)

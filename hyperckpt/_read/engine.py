@@ -49,7 +49,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
@@ -57,7 +57,7 @@ from torch.distributed.checkpoint.planner import LoadPlanner, ReadItem
 
 from hyperckpt._read.cold import COLD_THRESHOLD, COLD_WINDOW, ColdWindows, find_cold
 from hyperckpt._read.columns import Strategy
-from hyperckpt._read.copies import fill, through_host
+from hyperckpt._read.copies import RunsInto, fill, through_host
 from hyperckpt._read.device import DeviceRing
 from hyperckpt._read.jobs import (
     CHUNK_BYTES,
@@ -75,6 +75,13 @@ from hyperckpt._read.jobs import (
 from hyperckpt._read.mapped import MappedFiles
 from hyperckpt._read.pool import run_jobs
 from hyperckpt._read.reads import FileReads
+from hyperckpt._read.remote import (
+    MAX_RUN_GAP,
+    REMOTE_CHUNK_BYTES,
+    REMOTE_OVER_READ,
+    REMOTE_READS,
+    RemoteReads,
+)
 from hyperckpt._read.requests import resolve, spans
 from hyperckpt._read.routes import MAX_GAP, route, share
 from hyperckpt._read.staging import Staging
@@ -82,9 +89,10 @@ from hyperckpt._read.stats import LoadStats
 from hyperckpt._read.storage_info import StorageInfo
 from hyperckpt._read.threads import local_ranks, threads_per_rank, usable_cores
 from hyperckpt._read.tracker import ProgressTracker
-from hyperckpt._storage.files import LocalStorage
 from hyperckpt._storage.lease import ReadLease, take_read_lease
+from hyperckpt._storage.places import storage_at
 from hyperckpt._storage.protocol import StorageFile
+from hyperckpt._storage.remote import S3File, S3Storage
 from hyperckpt._storage.stamp import FileStamp
 
 #: The tuning constants live where they are read (``routes``, ``jobs``, ``cold``); they are named here
@@ -173,14 +181,21 @@ class ReadEngine:
         memory_map: bool = True,
     ) -> None:
         self.root = root
-        self.storage = LocalStorage(root)
+        self.storage = storage_at(root)
+        #: Whether the files are objects in a store (read by ranged GETs, no descriptors).
+        self.remote = isinstance(self.storage, S3Storage)
         self.stamps = stamps
         self.options = options
         self.local_ranks = max(1, local_ranks)
+        default = REMOTE_READS if self.remote else default_threads(self.local_ranks)
         #: Reads in flight at once, the thread pool's size.
-        self.threads = max(1, options.thread_count or default_threads(self.local_ranks))
+        self.threads = max(1, options.thread_count or default)
         self.progress = progress
-        self.column_strategy = column_strategy
+        # A column slice of an object is fetched by its runs (grouped per GET where the
+        # gaps are small): staging whole rows would fetch every rank's columns.
+        self.column_strategy = (
+            Strategy.RUNS if self.remote and column_strategy is None else column_strategy
+        )
         self.page_cache_aware = page_cache_aware
         self.memory_map = memory_map
 
@@ -234,22 +249,39 @@ class _Load:
         try:
             for name in sorted({request.name for request in requests}):
                 files[name] = engine.storage.open_unchanged(name, engine.stamps[name], again=_AGAIN)
-            fds = {name: file.fileno() for name, file in files.items()}
-            cold = find_cold(spans(requests), fds) if engine.page_cache_aware else None
+            reads: FileReads | RemoteReads
+            fds: dict[str, int] = {}
+            if engine.remote:
+                cold = None
+                reads = RemoteReads({n: f for n, f in files.items() if isinstance(f, S3File)})
+            else:
+                fds = {name: file.fileno() for name, file in files.items()}
+                cold = find_cold(spans(requests), fds) if engine.page_cache_aware else None
+                reads = FileReads(fds, cold if cold is not None and cold.cold_bytes else None)
             routes = route(requests, cuda=torch.cuda.is_available())
             budget = share(routes, limit=staging.limit, threads=engine.threads)
             # Held here until the jobs are done: they hold its address only.
             scratch = staging.allocate(max(1, budget.scratch_bytes)) if routes.in_place else None
+            address = scratch.data_ptr() if scratch is not None else 0
+            remote = isinstance(reads, RemoteReads)
+            if isinstance(reads, RemoteReads):
+                # A round trip costs more than a dropped MiB: neighbours share a GET across
+                # larger gaps, dropped per thread (never into the scratch buffer), while a
+                # GET fetches at most 1.1 times what it delivers.
+                reads.scratch = address
+                budget = replace(budget, scratch_bytes=MAX_RUN_GAP)
 
             def plan(mappable: Mappable) -> list[Job]:
                 return make_jobs(
                     routes,
                     budget,
-                    scratch=scratch.data_ptr() if scratch is not None else 0,
+                    scratch=address,
                     mostly_cold=cold.mostly_cold if cold is not None else frozenset(),
                     strategy=engine.column_strategy,
                     ranks=engine.local_ranks,
                     mappable=mappable,
+                    over_read=REMOTE_OVER_READ if remote else None,
+                    chunk=REMOTE_CHUNK_BYTES if remote else None,
                 )
 
             if engine.memory_map and cold is not None:
@@ -265,7 +297,6 @@ class _Load:
                 jobs = plan(lambda name, offset, length: False)
             if routes.device:
                 device = DeviceRing(budget.slot_bytes, budget.slots, staging)
-            reads = FileReads(fds, cold if cold is not None and cold.cold_bytes else None)
             delivery = _Delivery(reads, staging, budget.host_block, device, mapped, engine.progress)
             run_jobs(jobs, delivery.do, threads=budget.threads)
             if device is not None:
@@ -329,7 +360,7 @@ class _Delivery:
         progress: Told each job's bytes once they have arrived, when given.
     """
 
-    reads: FileReads
+    reads: FileReads | RemoteReads
     staging: Staging
     host_block: int
     device: DeviceRing | None
@@ -364,6 +395,7 @@ class _Delivery:
                 job.destination,
                 self.host,
                 one_run=job.one_run,
+                runs=self._runs,
             )
         else:
             assert self.device is not None
@@ -371,10 +403,20 @@ class _Delivery:
             self.device.deliver(
                 request,
                 job.destination,
-                lambda buffer: fill(reads.scatter, request, part, buffer, self.host),
+                lambda buffer: fill(reads.scatter, request, part, buffer, self.host, self._runs),
             )
         if self.progress is not None:
             self.progress.deliver(job.parts)
+
+    @property
+    def _runs(self) -> RunsInto | None:
+        """Strided parts of objects in a store are fetched by their runs, never their span."""
+        reads = self.reads
+        if not isinstance(reads, RemoteReads):
+            return None
+        return lambda name, starts, run, address: reads.runs(
+            name, starts, run, address, together=False, scratch=0
+        )
 
     def host(self) -> torch.Tensor:
         """This thread's host buffer (allocated on its first use)."""

@@ -197,6 +197,8 @@ def make_jobs(
     strategy: Strategy | None,
     ranks: int,
     mappable: Mappable = _never,
+    over_read: float | None = None,
+    chunk: int | None = None,
 ) -> list[Job]:
     """The jobs that read every routed request, ordered by file and offset.
 
@@ -212,6 +214,10 @@ def make_jobs(
             the cost rule).
         mappable: Which byte ranges may be copied from a memory map (the cost rule then
             weighs :attr:`~hyperckpt._read.columns.Strategy.MAP` against the others).
+        over_read: The most bytes dropped per byte delivered by one read of neighbouring
+            ranges (objects in a store: 0.1); ``None``: the gap rule alone.
+        chunk: Most bytes one read of a file that is not mostly cold spans (objects in a
+            store: larger, a request costs a round trip); ``None``: :data:`CHUNK_BYTES`.
     """
     jobs: list[Job] = []
     for name, extents in routes.direct.items():
@@ -235,7 +241,16 @@ def make_jobs(
                 kept_owners.append(owner)
         if kept:
             jobs.extend(
-                _direct_jobs(name, kept, scratch, budget.scratch_bytes, kept_owners, mostly_cold)
+                _direct_jobs(
+                    name,
+                    kept,
+                    scratch,
+                    budget.scratch_bytes,
+                    kept_owners,
+                    mostly_cold,
+                    over_read,
+                    chunk,
+                )
             )
     for request in routes.strided:
         offset, length = request.box.span()
@@ -262,10 +277,14 @@ def _direct_jobs(
     gap: int,
     owners: list[tuple[int, int, ReadItem]],
     mostly_cold: frozenset[str],
+    over_read: float | None,
+    chunk: int | None,
 ) -> list[Job]:
     cold = name in mostly_cold
-    chunk = COLD_CHUNK_BYTES if cold else CHUNK_BYTES
-    reads = coalesce(extents, gap=gap, scratch=scratch, chunk=chunk, aligned=cold)
+    chunk = COLD_CHUNK_BYTES if cold else chunk or CHUNK_BYTES
+    reads = coalesce(
+        extents, gap=gap, scratch=scratch, chunk=chunk, aligned=cold, over_read=over_read
+    )
     by_address = sorted(owners, key=lambda owner: owner[0])
     return [
         ScatterRead(name, offset, buffers, _owned(buffers, by_address)) for offset, buffers in reads

@@ -27,6 +27,9 @@ class FileStamp:
             mounting the same file system).
         ctime_ns: Status-change time in nanoseconds since the epoch (a writer cannot set
             it back the way it can set ``mtime``); 0 when unknown.
+        etag: An object's entity tag as its store gave it (quotes included), pinned by
+            every ranged read of the object (``If-Match``); ``""`` for a local file.
+        version: An object's version id where the bucket keeps versions, else ``""``.
     """
 
     size: int
@@ -34,6 +37,8 @@ class FileStamp:
     inode: int
     device: int
     ctime_ns: int = 0
+    etag: str = ""
+    version: str = ""
 
     @classmethod
     def of(cls, st: os.stat_result) -> FileStamp:
@@ -59,6 +64,8 @@ def stamp_changes(
         ("mtime_ns", then.mtime_ns, now.mtime_ns),
         ("ctime_ns", then.ctime_ns, now.ctime_ns),
         ("inode", then.inode, now.inode),
+        ("etag", then.etag, now.etag),
+        ("version", then.version, now.version),
     ]
     if device:
         fields.append(("device", then.device, now.device))

@@ -23,7 +23,7 @@ from hyperckpt._layout.directory import describe_directory as describe
 from hyperckpt._layout.model import CheckpointLayout
 from hyperckpt._read.engine import default_threads
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
-from hyperckpt._storage.files import LocalStorage
+from hyperckpt._storage.places import storage_at
 from hyperckpt._verify.checksums import Expected, read_checksums
 from hyperckpt._verify.filepass import FileResult, read_file
 from hyperckpt._verify.jobs import expect, expectations, plan_jobs
@@ -122,7 +122,7 @@ def verify_layout(
         progress: As :func:`verify`.
     """
     listed = {} if checksums is None else read_checksums(checksums)
-    storage = LocalStorage(layout.root)
+    storage = storage_at(layout.root)
     jobs, missing = plan_jobs(storage, layout, listed)
     expected = {name: expectations(job.path, listed.get(name)) for name, job in jobs.items()}
     for job in jobs.values():

@@ -44,11 +44,12 @@ def _originals() -> dict[str, torch.Tensor]:
 
 
 class _Counter:
-    """Header bytes this process read: ``read_exact`` of the files ``read_header`` opens."""
+    """Header bytes this process read: ``read_exact`` of the files whose header is read
+    (``_read_open``, where ``read_header`` and ``read_header_in`` both read one)."""
 
     def __init__(self) -> None:
         self.bytes = 0
-        original = header_format.open_regular
+        original = header_format._read_open
         counter = self
 
         class Counted:
@@ -69,10 +70,10 @@ class _Counter:
                 counter.bytes += len(data)
                 return data
 
-        def counting(path: str, **kwargs: Any) -> Counted:
-            return Counted(original(path, **kwargs))
+        def counting(file: Any, *args: Any, **kwargs: Any) -> Any:
+            return original(Counted(file), *args, **kwargs)
 
-        header_format.open_regular = counting  # type: ignore[assignment]
+        header_format._read_open = counting
 
 
 def _rchar() -> int:
