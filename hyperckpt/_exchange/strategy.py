@@ -17,7 +17,8 @@ from typing import Literal
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
 from hyperckpt._exchange.schedule import ExchangeReady, plan_replicated
-from hyperckpt._exchange.stripes import ChunkRows, plan_stripes
+from hyperckpt._exchange.stripe_plan import plan_stripes
+from hyperckpt._exchange.stripes import ChunkRows
 from hyperckpt._planner.gc_hold import without_gc
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.storage_info import StorageInfo
