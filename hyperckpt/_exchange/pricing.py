@@ -25,7 +25,7 @@ import numpy as np
 
 from hyperckpt._exchange.costs import CostModel, StrategyCost, timing
 from hyperckpt._exchange.requests import Requests
-from hyperckpt._exchange.schedule import choose_readers, rounds_of
+from hyperckpt._exchange.schedule import rounds_of, shared_slices
 from hyperckpt._exchange.strategy import Strategy
 from hyperckpt._exchange.stripe_plan import cut_stripes, ramps
 from hyperckpt._read.engine import CHUNK_BYTES
@@ -116,36 +116,29 @@ def _replicated(
     r: Requests, host_of: Ints, hosts: int, round_bytes: int, batch_bytes: int
 ) -> _Figures:
     """The replicated planner's choices, made on the shared slices only."""
-    world, keys = r.world, r.keys
-    size = np.zeros(keys, np.int64)
-    size[r.key] = r.nbytes
-    pair = np.unique(r.key * world + r.rank)  # distinct (key, rank), ranks ascending per key
-    pair_key, pair_rank = pair // world, pair % world
-    holders = np.bincount(pair_key, minlength=keys)
-    shared = (holders > 1) & (size > 0)
-    lone = ~shared[pair_key]
-    load = np.bincount(pair_rank[lone], weights=size[pair_key[lone]], minlength=world)
-    load = load.astype(np.int64)
-    starts = np.concatenate(([0], np.cumsum(holders)))
-    shared_keys = np.flatnonzero(shared).tolist()
-    large = sorted(
-        (k for k in shared_keys if size[k] >= batch_bytes),
-        key=lambda k: (-int(size[k]), r.item_key(k)),
-    )
-    chunk_of_key = np.zeros(keys, np.int64)
+    world = r.world
+    chunk_of_key = np.zeros(r.keys, np.int64)
     chunk_of_key[r.key] = r.chunk
-    small = sorted(
-        (k for k in shared_keys if size[k] < batch_bytes),
-        key=lambda k: (
+    found = shared_slices(
+        world,
+        r.rank,
+        r.key,
+        r.nbytes,
+        lambda k: (
             r.files[r.chunk_file[chunk_of_key[k]]],
             int(r.chunk_offset[chunk_of_key[k]]),
-            r.item_key(k),
         ),
+        r.item_key,
+        batch_bytes,
     )
-    ordered = [*large, *small]
-    holder_lists = [pair_rank[starts[k] : starts[k + 1]].tolist() for k in ordered]
-    ordered_sizes = [int(size[k]) for k in ordered]
-    readers = choose_readers(holder_lists, ordered_sizes, load.tolist(), batch_bytes)
+    ordered, holder_lists, ordered_sizes, readers = (
+        found.keys,
+        found.holders,
+        found.sizes,
+        found.readers,
+    )
+    shared = np.zeros(r.keys, dtype=bool)
+    shared[np.asarray(ordered, dtype=np.int64)] = True
     rounds = 1 + max(rounds_of(ordered_sizes, round_bytes), default=-1)
     read = np.zeros(world, np.int64)
     reads = np.zeros(world, np.int64)
