@@ -32,6 +32,7 @@ from hyperckpt._arguments import Limits, check_number
 from hyperckpt._exchange.requests import request_cost
 from hyperckpt._exchange.schedule import ReplicatedSchedule, item_key
 from hyperckpt._exchange.strategy import Strategy, plan_exchange
+from hyperckpt._exchange.stripe_plan import StripeShare
 from hyperckpt._exchange.stripes import StripeSchedule, StripesTooLarge
 from hyperckpt._planner.gc_hold import without_gc
 from hyperckpt._read.dtypes import to_torch_dtype
@@ -201,8 +202,9 @@ def choose_exchange(
     from hyperckpt._exchange.requests import requests_of
 
     with without_gc():
+        requests = requests_of(plans, storage)
         costs = price(
-            requests_of(plans, storage),
+            requests,
             hosts,
             model,
             round_bytes=round_bytes,
@@ -210,7 +212,12 @@ def choose_exchange(
         )
     best = pick(costs, hosts=len(set(hosts)))
     return best, plan_exchange(
-        plans, best, storage, round_bytes=round_bytes, batch_bytes=batch_bytes
+        plans,
+        best,
+        storage,
+        round_bytes=round_bytes,
+        batch_bytes=batch_bytes,
+        requests=requests,
     )
 
 
@@ -261,6 +268,8 @@ def estimate(
                 )
         for rank, plan in enumerate(plans):
             schedule = plan.storage_data
+            if isinstance(schedule, StripeShare):
+                schedule = schedule.schedule()
             if not isinstance(schedule, StripeSchedule):
                 continue
             rounds = schedule.rounds

@@ -27,6 +27,7 @@ from hyperckpt._exchange.costs import CostModel
 from hyperckpt._exchange.exchange import ExchangeStats, load_exchanged
 from hyperckpt._exchange.schedule import ReplicatedSchedule
 from hyperckpt._exchange.strategy import Exchange
+from hyperckpt._exchange.stripe_plan import StripeShare
 from hyperckpt._exchange.stripes import StripeSchedule
 from hyperckpt._layout.directory import huggingface_layout, torch_sharded_layout
 from hyperckpt._layout.mapping import MappedLayout, Mapping, MappingLike
@@ -281,6 +282,8 @@ class _SafetensorsReader(FileSystemReader):
             where=str(layout.root),
         )
         schedule = plan.storage_data
+        if isinstance(schedule, StripeShare):
+            schedule = schedule.schedule()  # this rank's part only, from arrays
         exchange = None
         # A schedule or a host share comes only from a coordinator that saw every rank of the
         # group mark its plan: then every rank is here to agree on re-planned reads.
