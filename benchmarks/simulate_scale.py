@@ -47,6 +47,7 @@ from hyperckpt._exchange.pricing import price
 from hyperckpt._exchange.requests import requests_of
 from hyperckpt._exchange.schedule import ReplicatedSchedule
 from hyperckpt._exchange.strategy import plan_exchange
+from hyperckpt._exchange.stripe_plan import StripeShare
 from hyperckpt._exchange.stripes import StripeSchedule
 from hyperckpt._format.header import DTYPES
 from hyperckpt._load.readers import BATCH_BYTES
@@ -122,7 +123,11 @@ def _schedule_entries(plans: list[object]) -> tuple[int, int]:
     messages = slots = 0
     for rank, plan in enumerate(plans):
         schedule = getattr(plan, "storage_data", None)
-        if isinstance(schedule, StripeSchedule):
+        if isinstance(schedule, StripeShare):
+            mine_s = schedule.messages[1] == rank
+            messages += int(mine_s.sum())
+            slots += int(schedule.messages[4][mine_s].sum())
+        elif isinstance(schedule, StripeSchedule):
             mine = [m for m in schedule.messages if m.source == rank]
             messages += len(mine)
             slots += sum(len(m.slots) for m in mine)

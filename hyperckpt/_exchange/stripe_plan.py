@@ -69,9 +69,11 @@ class StripeColumns:
         chunk_rows: Each chunk's rows (1 when 0-d).
         chunk_row_bytes: Bytes of one row of each chunk (the whole chunk when 0-d).
         chunks: Each chunk's ``(tensor name, offsets)``, by index.
-        item_key: A key index's ``item_key`` tuple (tensor, chunk offsets, sub-box offsets,
-            lengths); asked only for requests that tie on (chunk, rows, rank), and for the
-            keys a schedule names.
+        key_chunk: Each key's stored chunk.
+        key_offsets: Each key's sub-box offsets in its chunk, one row per key, padded with
+            zeros past the chunk's dimensions.
+        key_lengths: Each key's sub-box lengths, likewise.
+        chunk_ndim: Each chunk's dimensions.
     """
 
     world: int
@@ -87,7 +89,10 @@ class StripeColumns:
     chunk_rows: Ints
     chunk_row_bytes: Ints
     chunks: tuple[tuple[str, tuple[int, ...]], ...]
-    item_key: Callable[[int], ItemKey]
+    key_chunk: Ints
+    key_offsets: Ints
+    key_lengths: Ints
+    chunk_ndim: Ints
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,43 +196,57 @@ class StripePlan:
     def _share(self, rank: int, messages: Ints, parts: Ints, bounds: Ints) -> StripeShare:
         counts = bounds[messages + 1] - bounds[messages]
         slots = np.repeat(bounds[messages], counts) + ramps(counts)
+        c = self.columns
         keys, key_local = np.unique(self.slot_key[slots], return_inverse=True)
-        names = self.columns.chunks
-        key_tuples = tuple(self.columns.item_key(int(k)) for k in keys)
-        part_chunks, part_local = np.unique(self.part_chunk[parts], return_inverse=True)
+        chunks, chunk_local = np.unique(
+            np.concatenate((self.part_chunk[parts], c.key_chunk[keys])), return_inverse=True
+        )
+        chunk_local = chunk_local.reshape(-1)
+        part_local = chunk_local[: len(parts)]
+        ndim = c.chunk_ndim[chunks]
+        width = int(ndim.max(initial=0))
         return StripeShare(
             rank=rank,
             world_size=self.world,
             rounds=self.rounds,
-            chunks=tuple(names[int(c)] for c in part_chunks),
-            keys=key_tuples,
-            parts=np.stack(
-                (
-                    self.part_round[parts],
-                    part_local.reshape(-1),
-                    self.part_first[parts],
-                    self.part_stop[parts],
+            chunks=tuple(c.chunks[int(i)] for i in chunks),
+            chunk_ndim=_small(ndim),
+            key_chunk=_small(chunk_local[len(parts) :]),
+            key_offsets=_small(c.key_offsets[keys, :width]),
+            key_lengths=_small(c.key_lengths[keys, :width]),
+            parts=_small(
+                np.stack(
+                    (
+                        self.part_round[parts],
+                        part_local.reshape(-1),
+                        self.part_first[parts],
+                        self.part_stop[parts],
+                    )
                 )
-            ).astype(np.int64),
-            messages=np.stack(
-                (
-                    self.message_round[messages],
-                    self.message_source[messages],
-                    self.message_receiver[messages],
-                    self.message_nbytes[messages],
-                    counts,
+            ),
+            messages=_small(
+                np.stack(
+                    (
+                        self.message_round[messages],
+                        self.message_source[messages],
+                        self.message_receiver[messages],
+                        self.message_nbytes[messages],
+                        counts,
+                    )
                 )
-            ).astype(np.int64),
-            slots=np.stack(
-                (
-                    key_local.reshape(-1),
-                    self.slot_part[slots],
-                    self.slot_first[slots],
-                    self.slot_stop[slots],
-                    self.slot_offset[slots],
-                    self.slot_nbytes[slots],
+            ),
+            slots=_small(
+                np.stack(
+                    (
+                        key_local.reshape(-1),
+                        self.slot_part[slots],
+                        self.slot_first[slots],
+                        self.slot_stop[slots],
+                        self.slot_offset[slots],
+                        self.slot_nbytes[slots],
+                    )
                 )
-            ).astype(np.int64),
+            ),
         )
 
 
@@ -239,8 +258,13 @@ class StripeShare:
         rank: The rank it is for.
         world_size: The process group's size.
         rounds: Rounds in the whole load.
-        chunks: The stored chunks this rank's parts read, ``(tensor name, offsets)``.
-        keys: The requests this rank's slots serve, as ``item_key`` tuples.
+        chunks: The stored chunks this rank's parts read and its slots' requests ask from,
+            ``(tensor name, offsets)``.
+        chunk_ndim: Each chunk's dimensions.
+        key_chunk: The chunk (index into ``chunks``) of each request this rank's slots
+            serve.
+        key_offsets: Each such request's sub-box offsets, one row each (zero-padded).
+        key_lengths: Its lengths, likewise.
         parts: Rows (round, chunk index into ``chunks``, first row, stop row), one column
             per part, in the rank's reading order.
         messages: Rows (round, source, receiver, bytes, slots), one column per message
@@ -254,7 +278,10 @@ class StripeShare:
     world_size: int
     rounds: int
     chunks: tuple[tuple[str, tuple[int, ...]], ...]
-    keys: tuple[ItemKey, ...]
+    chunk_ndim: Ints
+    key_chunk: Ints
+    key_offsets: Ints
+    key_lengths: Ints
     parts: Ints
     messages: Ints
     slots: Ints
@@ -262,12 +289,23 @@ class StripeShare:
 
     def schedule(self) -> StripeSchedule:
         """This rank's schedule as the striped exchange runs it."""
+        ndims = self.chunk_ndim.tolist()
+        keys: list[ItemKey] = []
+        for chunk, offsets, lengths in zip(
+            self.key_chunk.tolist(),
+            self.key_offsets.tolist(),
+            self.key_lengths.tolist(),
+            strict=True,
+        ):
+            name, chunk_offsets = self.chunks[chunk]
+            ndim = ndims[chunk]
+            keys.append((name, chunk_offsets, tuple(offsets[:ndim]), tuple(lengths[:ndim])))
         parts = tuple(
             StripePart(round_, self.rank, self.chunks[chunk], (first, stop))
             for round_, chunk, first, stop in self.parts.T.tolist()
         )
         slots = [
-            StripeSlot(self.keys[key], part, (first, stop), offset, nbytes)
+            StripeSlot(keys[key], part, (first, stop), offset, nbytes)
             for key, part, first, stop, offset, nbytes in self.slots.T.tolist()
         ]
         messages = []
@@ -449,7 +487,14 @@ def _sorted_requests(
             run_start = np.flatnonzero(np.diff(np.concatenate(([0], tie.astype(np.int8)))) == 1)
             run_stop = np.flatnonzero(np.diff(np.concatenate((tie.astype(np.int8), [0]))) == -1)
             for a, b in zip(run_start.tolist(), (run_stop + 2).tolist(), strict=True):
-                within = sorted(range(a, b), key=lambda i: (c.item_key(int(key[i])), i))
+                within = sorted(
+                    range(a, b),
+                    key=lambda i: (
+                        c.key_offsets[key[i]].tolist(),
+                        c.key_lengths[key[i]].tolist(),
+                        i,
+                    ),
+                )
                 key[a:b] = key[within]
                 row[a:b] = row[within]
     return chunk, first, stop, rank, key, row
@@ -588,6 +633,18 @@ def _ints(values: list[int]) -> Ints:
     return np.asarray(values, dtype=np.int64).reshape(-1)
 
 
+def _small(values: Ints) -> Ints:
+    """``values`` in the narrowest signed integer type that holds them (smaller pickles)."""
+    if not values.size:
+        return values.astype(np.int8)
+    low, high = int(values.min()), int(values.max())
+    for kind in (np.int8, np.int16, np.int32):
+        info = np.iinfo(kind)
+        if info.min <= low and high <= info.max:
+            return values.astype(kind)
+    return values.astype(np.int64)
+
+
 def _int_tuple(values: Ints) -> tuple[int, ...]:
     return tuple(int(v) for v in values.tolist())
 
@@ -610,7 +667,7 @@ def columns_of_requests(requests: Requests) -> StripeColumns:
         chunk_rows=r.chunk_rows,
         chunk_row_bytes=r.chunk_row_bytes,
         chunks=r.chunks,
-        item_key=r.item_key,
+        **_key_table(r.raw_keys, len(r.chunks)),
     )
 
 
@@ -622,6 +679,7 @@ def columns_of_plans(
     chunk_ids: dict[ChunkKey, int] = {}
     infos: list[ChunkRows] = []
     key_ids: dict[ItemKey, int] = {}
+    raw_keys: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
     rank_col: list[int] = []
     chunk_col: list[int] = []
     key_col: list[int] = []
@@ -638,7 +696,11 @@ def columns_of_plans(
             info = infos[cid]
             rank_col.append(rank)
             chunk_col.append(cid)
-            key_col.append(key_ids.setdefault(key, len(key_ids)))
+            kid = key_ids.get(key)
+            if kid is None:
+                kid = key_ids[key] = len(raw_keys)
+                raw_keys.append((cid, key[2], key[3]))
+            key_col.append(kid)
             if item.lengths:
                 first_col.append(item.storage_offsets[0])
                 stop_col.append(item.storage_offsets[0] + item.lengths[0])
@@ -649,7 +711,6 @@ def columns_of_plans(
                 row_col.append(info.row_bytes)
     files = sorted({info.file for info in infos})
     file_ids = {name: number for number, name in enumerate(files)}
-    keys = tuple(key_ids)
     return StripeColumns(
         world=len(plans),
         items=len(rank_col),
@@ -664,8 +725,36 @@ def columns_of_plans(
         chunk_rows=_ints([info.rows for info in infos]),
         chunk_row_bytes=_ints([info.row_bytes for info in infos]),
         chunks=tuple(chunk_ids),
-        item_key=keys.__getitem__,
+        **_key_table(raw_keys, len(infos)),
     )
+
+
+def _key_table(
+    raw_keys: Sequence[tuple[int, Sequence[int], Sequence[int]]], chunks: int
+) -> dict[str, Ints]:
+    """Each key's chunk, offsets and lengths as arrays (rows zero-padded to the widest
+    chunk), and each chunk's dimensions: the ``key_*`` and ``chunk_ndim`` columns."""
+    count = len(raw_keys)
+    key_chunk = np.fromiter((k[0] for k in raw_keys), dtype=np.int64, count=count)
+    key_ndim = np.fromiter((len(k[2]) for k in raw_keys), dtype=np.int64, count=count)
+    chunk_ndim = np.zeros(chunks, np.int64)
+    chunk_ndim[key_chunk] = key_ndim
+    width = int(key_ndim.max(initial=0))
+    offsets = np.zeros((count, width), np.int64)
+    lengths = np.zeros((count, width), np.int64)
+    for ndim in np.unique(key_ndim).tolist():
+        if not ndim:
+            continue
+        rows = np.flatnonzero(key_ndim == ndim)
+        picked = [raw_keys[i] for i in rows.tolist()]
+        offsets[rows, :ndim] = np.asarray([k[1] for k in picked], dtype=np.int64)
+        lengths[rows, :ndim] = np.asarray([k[2] for k in picked], dtype=np.int64)
+    return {
+        "key_chunk": key_chunk,
+        "key_offsets": offsets,
+        "key_lengths": lengths,
+        "chunk_ndim": chunk_ndim,
+    }
 
 
 def plan_stripes(
