@@ -33,10 +33,11 @@ from placed_requests import placed_requests
 
 from hyperckpt import CheckpointLayout, CostModel
 from hyperckpt._cli.dryrun import _placed, _rank_items, hosts_of, mesh_shape
-from hyperckpt._exchange.costs import pick
+from hyperckpt._exchange.costs import STRATEGIES, pick
 from hyperckpt._exchange.pricing import price
 from hyperckpt._exchange.schedule import plan_replicated_columns
 from hyperckpt._exchange.stripe_plan import plan_stripe_arrays
+from hyperckpt._exchange.stripes import StripesTooLarge
 from hyperckpt._planner.gc_hold import without_gc
 from hyperckpt._read.engine import DEFAULT_STAGING_BYTES
 
@@ -71,19 +72,14 @@ def simulate_columns(
     )
     names = hosts_of(world, hosts)
 
-    def coordinator() -> tuple[str, list[object], object]:
-        priced = price(
-            requests, names, cost_model, round_bytes=DEFAULT_STAGING_BYTES, batch_bytes=BATCH_BYTES
-        )
-        best = pick(priced, hosts=hosts)
-        shares: list[object] = []
+    def _plan(best: str) -> list[object]:
         if best == "striped":
-            shares = list(plan_stripe_arrays(columns, round_bytes=DEFAULT_STAGING_BYTES).shares())
-        elif best == "replicated":
+            return list(plan_stripe_arrays(columns, round_bytes=DEFAULT_STAGING_BYTES).shares())
+        if best == "replicated":
             r = requests
             chunk_of_key = np.zeros(r.keys, np.int64)
             chunk_of_key[r.key] = r.chunk
-            shares = list(
+            return list(
                 plan_replicated_columns(
                     r.world,
                     r.rank,
@@ -98,6 +94,21 @@ def simulate_columns(
                     batch_bytes=BATCH_BYTES,
                 )
             )
+        return []
+
+    def coordinator() -> tuple[str, list[object], object]:
+        priced = price(
+            requests, names, cost_model, round_bytes=DEFAULT_STAGING_BYTES, batch_bytes=BATCH_BYTES
+        )
+        ranked = sorted(priced, key=lambda s: (priced[s].seconds, STRATEGIES.index(s)))
+        best = pick(priced, hosts=hosts)
+        shares: list[object] = []
+        for best in ranked if hosts > 1 else ["off"]:
+            try:
+                shares = _plan(best)
+            except StripesTooLarge:
+                continue  # as choose_exchange: the next fastest
+            break
         return best, shares, priced
 
     (best, shares, priced), coordinator_seconds = _cpu(coordinator)  # type: ignore[misc]
@@ -108,10 +119,11 @@ def simulate_columns(
     )
     # Every exchange planned on columns, for the "auto <= 2x cheapest planner" target.
     planners: dict[str, float] = {}
-    if world > 1:
-        _, planners["striped"] = _cpu(
-            lambda: plan_stripe_arrays(columns, round_bytes=DEFAULT_STAGING_BYTES).shares()
-        )
+    for strategy in ("replicated", "striped") if world > 1 else ():
+        try:
+            _, planners[strategy] = _cpu(lambda: _plan(strategy))  # noqa: B023
+        except StripesTooLarge:
+            planners[strategy] = float("nan")
     share_bytes = [len(pickle.dumps(share)) for share in shares]
     largest = int(np.argmax(share_bytes)) if share_bytes else 0
     per_rank_seconds = 0.0
@@ -137,6 +149,7 @@ def simulate_columns(
         "coordinator_seconds": coordinator_seconds,
         "pricing_seconds": price_seconds,
         "striped_planner_seconds": planners.get("striped", 0.0),
+        "replicated_planner_seconds": planners.get("replicated", 0.0),
         "coordinator_peak_bytes": peak,
         "shares_bytes": sum(share_bytes),
         "share_bytes_max": max(share_bytes, default=0),
@@ -181,15 +194,16 @@ def _torch_exchange(
 def table(rows: list[dict[str, object]]) -> str:
     lines = [
         "| model | layout | ranks | read items | auto | coordinator: price + plan + shares "
-        "| of which pricing | striped planner alone | coordinator peak | shares scattered, all "
+        "| of which pricing | replicated planner alone | striped planner alone | coordinator peak | shares scattered, all "
         "| largest share | share -> schedule (rank) | torch: gathered plans | torch: "
         "coordinator unpickles | torch: one rank's items |",
-        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['model']} | {r['layout']} | {r['world']:,} | {r['read_items']:,} "
             f"| {r['auto']} | {r['coordinator_seconds']:.2f} s | {r['pricing_seconds']:.2f} s "
+            f"| {r['replicated_planner_seconds']:.2f} s "
             f"| {r['striped_planner_seconds']:.2f} s "
             f"| {r['coordinator_peak_bytes'] / 2**20:.0f} MiB "
             f"| {r['shares_bytes'] / 2**20:.1f} MiB | {r['share_bytes_max'] / 2**10:.0f} KiB "
