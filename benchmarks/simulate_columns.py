@@ -36,7 +36,7 @@ from hyperckpt._cli.dryrun import _placed, _rank_items, hosts_of, mesh_shape
 from hyperckpt._exchange.costs import STRATEGIES, pick
 from hyperckpt._exchange.pricing import price
 from hyperckpt._exchange.schedule import plan_replicated_columns
-from hyperckpt._exchange.stripe_plan import plan_stripe_arrays
+from hyperckpt._exchange.stripe_plan import chunk_table, plan_stripe_arrays
 from hyperckpt._exchange.stripes import StripesTooLarge
 from hyperckpt._planner.gc_hold import without_gc
 from hyperckpt._read.engine import DEFAULT_STAGING_BYTES
@@ -71,10 +71,12 @@ def simulate_columns(
         lambda: placed_requests(checkpoint, layout, world, tp=tp, replicas=hosts)
     )
     names = hosts_of(world, hosts)
+    table = chunk_table(columns.chunks)  # what every rank computes from the metadata
 
     def _plan(best: str) -> list[object]:
         if best == "striped":
-            return list(plan_stripe_arrays(columns, round_bytes=DEFAULT_STAGING_BYTES).shares())
+            planned = plan_stripe_arrays(columns, round_bytes=DEFAULT_STAGING_BYTES)
+            return list(planned.shares(table))
         if best == "replicated":
             r = requests
             chunk_of_key = np.zeros(r.keys, np.int64)
@@ -128,7 +130,7 @@ def simulate_columns(
     largest = int(np.argmax(share_bytes)) if share_bytes else 0
     per_rank_seconds = 0.0
     if shares and hasattr(shares[largest], "schedule"):
-        _, per_rank_seconds = _cpu(shares[largest].schedule)  # type: ignore[attr-defined]
+        _, per_rank_seconds = _cpu(lambda: shares[largest].schedule(table))  # type: ignore[attr-defined]
     peak = 0
     if memory:
         gc.collect()

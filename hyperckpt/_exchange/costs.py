@@ -33,7 +33,7 @@ from hyperckpt._exchange.requests import request_cost
 from hyperckpt._exchange.schedule import ReplicatedSchedule, item_key
 from hyperckpt._exchange.strategy import Strategy, plan_exchange
 from hyperckpt._exchange.stripe_plan import StripeShare
-from hyperckpt._exchange.stripes import StripeSchedule, StripesTooLarge
+from hyperckpt._exchange.stripes import ChunkKey, StripeSchedule, StripesTooLarge
 from hyperckpt._planner.gc_hold import without_gc
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.engine import CHUNK_BYTES
@@ -183,12 +183,15 @@ def choose_exchange(
     *,
     round_bytes: int,
     batch_bytes: int,
+    table: Callable[[], Sequence[ChunkKey]] | None = None,
 ) -> tuple[Strategy, list[LoadPlan]]:
     """What ``exchange="auto"`` does: ``"off"`` on one host, else the fastest prediction.
 
     Across hosts every strategy is priced in closed form from the requests
     (:func:`hyperckpt._exchange.pricing.price`) and only the winner is planned.  Ties go to
     the simpler strategy (``off``, then ``replicated``, then ``striped``).
+
+    ``table``: as for :func:`~hyperckpt._exchange.strategy.plan_exchange`.
 
     Returns:
         The strategy and the plans carrying its schedules.
@@ -221,6 +224,7 @@ def choose_exchange(
                 round_bytes=round_bytes,
                 batch_bytes=batch_bytes,
                 requests=requests,
+                table=table,
             )
         except StripesTooLarge as err:
             logger.info("hyperckpt: exchange %s not considered: %s", best, err)

@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from hyperckpt._exchange.requests import Requests, requests_of
 from hyperckpt._exchange.schedule import ExchangeReady, plan_replicated_columns
 from hyperckpt._exchange.stripe_plan import columns_of_requests, plan_stripe_arrays
-from hyperckpt._exchange.stripes import ChunkRows
+from hyperckpt._exchange.stripes import ChunkKey, ChunkRows
 from hyperckpt._planner.gc_hold import without_gc
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.storage_info import StorageInfo
@@ -70,6 +70,7 @@ def plan_exchange(
     round_bytes: int,
     batch_bytes: int,
     requests: Requests | None = None,
+    table: Callable[[], Sequence[ChunkKey]] | None = None,
 ) -> list[LoadPlan]:
     """Every rank's plan with its part of ``strategy``'s schedule in ``storage_data``.
 
@@ -78,7 +79,9 @@ def plan_exchange(
     builds its schedule from it), a replicated one a
     :class:`~hyperckpt._exchange.schedule.ReplicatedSchedule`.  ``requests``, when given,
     are ``plans``' items as columns (``"auto"`` has them from pricing), so the items are
-    walked once.
+    walked once.  ``table``, when given, makes the stored chunks every rank holds in one
+    order (:func:`~hyperckpt._exchange.stripe_plan.chunk_table`): striped shares then name
+    chunks by index in it instead of by name.
     """
     if strategy == "off" or len(plans) < 2:
         return [
@@ -90,7 +93,14 @@ def plan_exchange(
     with without_gc():
         if requests is None:
             requests = requests_of(plans, storage)
-        return _plan(plans, strategy, requests, round_bytes=round_bytes, batch_bytes=batch_bytes)
+        return _plan(
+            plans,
+            strategy,
+            requests,
+            round_bytes=round_bytes,
+            batch_bytes=batch_bytes,
+            table=table,
+        )
 
 
 def _plan(
@@ -100,10 +110,12 @@ def _plan(
     *,
     round_bytes: int,
     batch_bytes: int,
+    table: Callable[[], Sequence[ChunkKey]] | None,
 ) -> list[LoadPlan]:
     schedules: Sequence[object]
     if strategy == "striped":
-        schedules = plan_stripe_arrays(columns_of_requests(r), round_bytes=round_bytes).shares()
+        planned = plan_stripe_arrays(columns_of_requests(r), round_bytes=round_bytes)
+        schedules = planned.shares(None if table is None else table())
     else:
         chunk_of_key = np.zeros(r.keys, np.int64)
         chunk_of_key[r.key] = r.chunk

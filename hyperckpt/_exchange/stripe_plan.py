@@ -14,7 +14,7 @@ the stripes, and over stripe parts to place them in rounds.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +40,7 @@ __all__ = [
     "StripeColumns",
     "StripePlan",
     "StripeShare",
+    "chunk_table",
     "columns_of_plans",
     "columns_of_requests",
     "cut_stripes",
@@ -169,8 +170,14 @@ class StripePlan:
     def _slot_bounds(self) -> Ints:
         return np.append(self.message_start, len(self.slot_key)).astype(np.int64)
 
-    def shares(self) -> list[StripeShare]:
-        """Every rank's :class:`StripeShare`, by rank."""
+    def shares(self, table: Sequence[ChunkKey] | None = None) -> list[StripeShare]:
+        """Every rank's :class:`StripeShare`, by rank.
+
+        Args:
+            table: A list of stored chunks every rank holds in the same order (see
+                :func:`chunk_table`): the shares then name chunks by their index there
+                instead of by name.  Every chunk of the plan must be in it.
+        """
         world = self.world
         bounds = self._slot_bounds()
         # Each message belongs to its source and, when another rank, its receiver.
@@ -183,17 +190,24 @@ class StripePlan:
         message_edges = np.searchsorted(owner, np.arange(world + 1))
         part_order = np.argsort(self.part_reader, kind="stable")
         part_edges = np.searchsorted(self.part_reader[part_order], np.arange(world + 1))
+        in_table = None
+        if table is not None:
+            where = {chunk: number for number, chunk in enumerate(table)}
+            in_table = _ints([where[chunk] for chunk in self.columns.chunks])
         return [
             self._share(
                 rank,
                 owned[message_edges[rank] : message_edges[rank + 1]],
                 part_order[part_edges[rank] : part_edges[rank + 1]],
                 bounds,
+                in_table,
             )
             for rank in range(world)
         ]
 
-    def _share(self, rank: int, messages: Ints, parts: Ints, bounds: Ints) -> StripeShare:
+    def _share(
+        self, rank: int, messages: Ints, parts: Ints, bounds: Ints, in_table: Ints | None
+    ) -> StripeShare:
         counts = bounds[messages + 1] - bounds[messages]
         slots = np.repeat(bounds[messages], counts) + ramps(counts)
         c = self.columns
@@ -202,93 +216,103 @@ class StripePlan:
             np.concatenate((self.part_chunk[parts], c.key_chunk[keys])), return_inverse=True
         )
         chunk_local = chunk_local.reshape(-1)
-        part_local = chunk_local[: len(parts)]
         ndim = c.chunk_ndim[chunks]
         width = int(ndim.max(initial=0))
+        named: tuple[ChunkKey, ...] | Ints = (
+            tuple(c.chunks[int(i)] for i in chunks)
+            if in_table is None
+            else _small(in_table[chunks])
+        )
         return StripeShare(
             rank=rank,
             world_size=self.world,
             rounds=self.rounds,
-            chunks=tuple(c.chunks[int(i)] for i in chunks),
+            chunks=named,
             chunk_ndim=_small(ndim),
             key_chunk=_small(chunk_local[len(parts) :]),
             key_offsets=_small(c.key_offsets[keys, :width]),
             key_lengths=_small(c.key_lengths[keys, :width]),
-            parts=_small(
-                np.stack(
-                    (
-                        self.part_round[parts],
-                        part_local.reshape(-1),
-                        self.part_first[parts],
-                        self.part_stop[parts],
-                    )
-                )
+            parts=_columns(
+                self.part_round[parts],
+                chunk_local[: len(parts)],
+                self.part_first[parts],
+                self.part_stop[parts],
             ),
-            messages=_small(
-                np.stack(
-                    (
-                        self.message_round[messages],
-                        self.message_source[messages],
-                        self.message_receiver[messages],
-                        self.message_nbytes[messages],
-                        counts,
-                    )
-                )
+            messages=_columns(
+                self.message_round[messages],
+                self.message_source[messages],
+                self.message_receiver[messages],
+                self.message_nbytes[messages],
+                counts,
             ),
-            slots=_small(
-                np.stack(
-                    (
-                        key_local.reshape(-1),
-                        self.slot_part[slots],
-                        self.slot_first[slots],
-                        self.slot_stop[slots],
-                        self.slot_offset[slots],
-                        self.slot_nbytes[slots],
-                    )
-                )
+            slots=_columns(
+                key_local.reshape(-1),
+                self.slot_part[slots],
+                self.slot_first[slots],
+                self.slot_stop[slots],
+                self.slot_offset[slots],
+                self.slot_nbytes[slots],
             ),
         )
+
+
+def chunk_table(chunks: Iterable[ChunkKey]) -> tuple[ChunkKey, ...]:
+    """The stored chunks in the order every rank can compute from the checkpoint's
+    metadata alone: sorted by (tensor name, offsets)."""
+    return tuple(sorted(chunks))
 
 
 @dataclass(frozen=True, slots=True)
 class StripeShare:
     """One rank's part of a striped plan, as arrays; the ``storage_data`` DCP scatters back.
 
+    Every array is stored in the narrowest integer type that holds it.
+
     Attributes:
         rank: The rank it is for.
         world_size: The process group's size.
         rounds: Rounds in the whole load.
-        chunks: The stored chunks this rank's parts read and its slots' requests ask from,
-            ``(tensor name, offsets)``.
+        chunks: The stored chunks this rank's parts read and its slots' requests ask from:
+            ``(tensor name, offsets)`` tuples, or their indices in a :func:`chunk_table`
+            (then :meth:`schedule` needs that table).
         chunk_ndim: Each chunk's dimensions.
         key_chunk: The chunk (index into ``chunks``) of each request this rank's slots
             serve.
         key_offsets: Each such request's sub-box offsets, one row each (zero-padded).
         key_lengths: Its lengths, likewise.
-        parts: Rows (round, chunk index into ``chunks``, first row, stop row), one column
+        parts: Columns (round, chunk index into ``chunks``, first row, stop row), one entry
             per part, in the rank's reading order.
-        messages: Rows (round, source, receiver, bytes, slots), one column per message
+        messages: Columns (round, source, receiver, bytes, slots), one entry per message
             this rank sends or receives, by (round, source, receiver).
-        slots: Rows (key index into ``keys``, source's part, first row, stop row, offset,
-            bytes), one column per slot, message after message.
+        slots: Columns (key index, source's part, first row, stop row, offset, bytes), one
+            entry per slot, message after message.
         local_ranks: Ranks of the group on this rank's host (they share its cores).
     """
 
     rank: int
     world_size: int
     rounds: int
-    chunks: tuple[tuple[str, tuple[int, ...]], ...]
+    chunks: tuple[ChunkKey, ...] | Ints
     chunk_ndim: Ints
     key_chunk: Ints
     key_offsets: Ints
     key_lengths: Ints
-    parts: Ints
-    messages: Ints
-    slots: Ints
+    parts: tuple[Ints, ...]
+    messages: tuple[Ints, ...]
+    slots: tuple[Ints, ...]
     local_ranks: int = 1
 
-    def schedule(self) -> StripeSchedule:
-        """This rank's schedule as the striped exchange runs it."""
+    def schedule(self, table: Sequence[ChunkKey] | None = None) -> StripeSchedule:
+        """This rank's schedule as the striped exchange runs it.
+
+        Args:
+            table: The :func:`chunk_table` the coordinator named chunks by, when it did.
+        """
+        if isinstance(self.chunks, tuple):
+            names = self.chunks
+        else:
+            assert table is not None, "a share that names chunks by index needs their table"
+            names = tuple(table[i] for i in self.chunks.tolist())
         ndims = self.chunk_ndim.tolist()
         keys: list[ItemKey] = []
         for chunk, offsets, lengths in zip(
@@ -297,20 +321,24 @@ class StripeShare:
             self.key_lengths.tolist(),
             strict=True,
         ):
-            name, chunk_offsets = self.chunks[chunk]
+            name, chunk_offsets = names[chunk]
             ndim = ndims[chunk]
             keys.append((name, chunk_offsets, tuple(offsets[:ndim]), tuple(lengths[:ndim])))
         parts = tuple(
-            StripePart(round_, self.rank, self.chunks[chunk], (first, stop))
-            for round_, chunk, first, stop in self.parts.T.tolist()
+            StripePart(round_, self.rank, names[chunk], (first, stop))
+            for round_, chunk, first, stop in zip(*(a.tolist() for a in self.parts), strict=True)
         )
         slots = [
             StripeSlot(keys[key], part, (first, stop), offset, nbytes)
-            for key, part, first, stop, offset, nbytes in self.slots.T.tolist()
+            for key, part, first, stop, offset, nbytes in zip(
+                *(a.tolist() for a in self.slots), strict=True
+            )
         ]
         messages = []
         start = 0
-        for round_, source, receiver, nbytes, count in self.messages.T.tolist():
+        for round_, source, receiver, nbytes, count in zip(
+            *(a.tolist() for a in self.messages), strict=True
+        ):
             messages.append(
                 StripeMessage(round_, source, receiver, tuple(slots[start : start + count]), nbytes)
             )
@@ -633,6 +661,10 @@ def _ints(values: list[int]) -> Ints:
     return np.asarray(values, dtype=np.int64).reshape(-1)
 
 
+def _columns(*values: Ints) -> tuple[Ints, ...]:
+    return tuple(_small(np.asarray(v, dtype=np.int64).reshape(-1)) for v in values)
+
+
 def _small(values: Ints) -> Ints:
     """``values`` in the narrowest signed integer type that holds them (smaller pickles)."""
     if not values.size:
@@ -788,4 +820,5 @@ def plan_stripes(
         round_bytes=round_bytes,
         readers=None if readers is None else list(readers),
     )
-    return [share.schedule() for share in plan.shares()], plan.totals()
+    table = chunk_table(plan.columns.chunks)
+    return [share.schedule(table) for share in plan.shares(table)], plan.totals()
