@@ -36,6 +36,7 @@ from hyperckpt._cli.dryrun import _placed, _rank_items, hosts_of, mesh_shape
 from hyperckpt._exchange.costs import STRATEGIES, pick
 from hyperckpt._exchange.pricing import price
 from hyperckpt._exchange.schedule import plan_replicated_columns
+from hyperckpt._exchange.strategy import _receivers_at_source
 from hyperckpt._exchange.stripe_plan import chunk_table, plan_stripe_arrays
 from hyperckpt._exchange.stripes import StripesTooLarge
 from hyperckpt._planner.gc_hold import without_gc
@@ -82,18 +83,20 @@ def simulate_columns(
             chunk_of_key = np.zeros(r.keys, np.int64)
             chunk_of_key[r.key] = r.chunk
             return list(
-                plan_replicated_columns(
-                    r.world,
-                    r.rank,
-                    r.key,
-                    r.nbytes,
-                    lambda k: (
-                        r.files[int(r.chunk_file[chunk_of_key[k]])],
-                        int(r.chunk_offset[chunk_of_key[k]]),
-                    ),
-                    r.item_key,
-                    round_bytes=DEFAULT_STAGING_BYTES,
-                    batch_bytes=BATCH_BYTES,
+                _receivers_at_source(
+                    plan_replicated_columns(
+                        r.world,
+                        r.rank,
+                        r.key,
+                        r.nbytes,
+                        lambda k: (
+                            r.files[int(r.chunk_file[chunk_of_key[k]])],
+                            int(r.chunk_offset[chunk_of_key[k]]),
+                        ),
+                        r.item_key,
+                        round_bytes=DEFAULT_STAGING_BYTES,
+                        batch_bytes=BATCH_BYTES,
+                    )
                 )
             )
         return []

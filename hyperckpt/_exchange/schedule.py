@@ -88,7 +88,8 @@ class Transfer:
     Attributes:
         round: The round it belongs to, from 0.
         source: The reading rank (a rank of the reader's process group).
-        receivers: The ranks that receive it, ascending.
+        receivers: The ranks that receive it, ascending (in the copies a load hands to
+            receiving ranks, empty: a receiver waits on the source alone).
         slots: The slices it carries, in buffer order.
         nbytes: The buffer's length in bytes, padding included.
     """

@@ -18,7 +18,12 @@ import numpy as np
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
 from hyperckpt._exchange.requests import Requests, requests_of
-from hyperckpt._exchange.schedule import ExchangeReady, plan_replicated_columns
+from hyperckpt._exchange.schedule import (
+    ExchangeReady,
+    ReplicatedSchedule,
+    Transfer,
+    plan_replicated_columns,
+)
 from hyperckpt._exchange.stripe_plan import columns_of_requests, plan_stripe_arrays
 from hyperckpt._exchange.stripes import ChunkKey, ChunkRows
 from hyperckpt._planner.gc_hold import without_gc
@@ -103,6 +108,26 @@ def plan_exchange(
         )
 
 
+def _receivers_at_source(schedules: list[ReplicatedSchedule]) -> list[ReplicatedSchedule]:
+    """Each schedule with its receivers listed only where the rank sends: a receiving
+    rank waits on the source alone, and under HSDP the receiver lists (every replica of
+    every shared slice) were most of the bytes DCP scatters back."""
+    bare: dict[int, Transfer] = {}
+
+    def trimmed(rank: int, transfer: Transfer) -> Transfer:
+        if transfer.source == rank or not transfer.receivers:
+            return transfer
+        found = bare.get(id(transfer))
+        if found is None:
+            found = bare[id(transfer)] = dataclasses.replace(transfer, receivers=())
+        return found
+
+    return [
+        dataclasses.replace(s, transfers=tuple(trimmed(s.rank, t) for t in s.transfers))
+        for s in schedules
+    ]
+
+
 def _plan(
     plans: list[LoadPlan],
     strategy: Strategy,
@@ -134,6 +159,7 @@ def _plan(
             round_bytes=round_bytes,
             batch_bytes=batch_bytes,
         )
+        schedules = _receivers_at_source(schedules)
     return [
         dataclasses.replace(plan, storage_data=schedule)
         for plan, schedule in zip(plans, schedules, strict=True)
