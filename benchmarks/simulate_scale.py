@@ -47,6 +47,7 @@ from hyperckpt._exchange.pricing import price
 from hyperckpt._exchange.requests import requests_of
 from hyperckpt._exchange.schedule import ReplicatedSchedule
 from hyperckpt._exchange.strategy import plan_exchange
+from hyperckpt._exchange.stripe_plan import StripeShare
 from hyperckpt._exchange.stripes import StripeSchedule
 from hyperckpt._format.header import DTYPES
 from hyperckpt._load.readers import BATCH_BYTES
@@ -122,7 +123,11 @@ def _schedule_entries(plans: list[object]) -> tuple[int, int]:
     messages = slots = 0
     for rank, plan in enumerate(plans):
         schedule = getattr(plan, "storage_data", None)
-        if isinstance(schedule, StripeSchedule):
+        if isinstance(schedule, StripeShare):
+            mine_s = schedule.messages[1] == rank
+            messages += int(mine_s.sum())
+            slots += int(schedule.messages[4][mine_s].sum())
+        elif isinstance(schedule, StripeSchedule):
             mine = [m for m in schedule.messages if m.source == rank]
             messages += len(mine)
             slots += sum(len(m.slots) for m in mine)
@@ -336,6 +341,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks-per-host", type=int, default=RANKS_PER_HOST)
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
     parser.add_argument(
+        "--columns",
+        action="store_true",
+        help="the coordinator's planning from request columns (reaches 8,192 ranks); "
+        "writes simulate_columns.json/.md",
+    )
+    parser.add_argument("--no-memory", action="store_true", help="with --columns: skip tracing")
+    parser.add_argument(
         "--render",
         type=Path,
         nargs="+",
@@ -351,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
         interconnect_gbps=args.interconnect_gbps,
         read_latency_ms=args.read_latency_ms,
     )
+    if args.columns:
+        return _columns(args, cost_model)
     rows = []
     skipped = []
     for model in args.models:
@@ -414,6 +428,42 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         logger.warning("matplotlib is not installed: no plot")
     sys.stdout.write(table)
+    return 0
+
+
+def _columns(args: argparse.Namespace, cost_model: CostModel) -> int:
+    """The ``--columns`` sweep (see ``simulate_columns.py``)."""
+    from simulate_columns import simulate_columns, table
+
+    rows = []
+    for model in args.models:
+        shapes, files = MODELS[model]
+        checkpoint = synthetic_layout(shapes(), files)
+        for layout in args.layouts:
+            for world in args.worlds:
+                row = simulate_columns(
+                    model,
+                    layout,
+                    world,
+                    cost_model,
+                    checkpoint,
+                    args.ranks_per_host,
+                    memory=not args.no_memory,
+                )
+                logger.info("%s", json.dumps(row))
+                rows.append(row)
+                args.out.mkdir(parents=True, exist_ok=True)
+                (args.out / "simulate_columns.partial.json").write_text(json.dumps(rows, indent=1))
+    command = "python " + " ".join(
+        shlex.quote(a) for a in ["benchmarks/simulate_scale.py", *sys.argv[1:]]
+    )
+    text = table(rows)
+    (args.out / "simulate_columns.json").write_text(
+        json.dumps({"command": command, "rows": rows}, indent=1)
+    )
+    (args.out / "simulate_columns.md").write_text(f"`{command}`\n\n{text}")
+    (args.out / "simulate_columns.partial.json").unlink(missing_ok=True)
+    sys.stdout.write(text)
     return 0
 
 

@@ -26,7 +26,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from hyperckpt._exchange.costs import CostModel, StrategyCost, compare
 from hyperckpt._exchange.schedule import item_key, plan_replicated
 from hyperckpt._exchange.strategy import Strategy, chunk_rows
-from hyperckpt._exchange.stripes import plan_stripes
+from hyperckpt._exchange.stripe_plan import plan_stripes
 from hyperckpt._format.header import DTYPES
 from hyperckpt._layout.model import CheckpointLayout, Piece, TensorLayout
 from hyperckpt._load.readers import BATCH_BYTES

@@ -32,7 +32,8 @@ from hyperckpt._arguments import Limits, check_number
 from hyperckpt._exchange.requests import request_cost
 from hyperckpt._exchange.schedule import ReplicatedSchedule, item_key
 from hyperckpt._exchange.strategy import Strategy, plan_exchange
-from hyperckpt._exchange.stripes import StripeSchedule, StripesTooLarge
+from hyperckpt._exchange.stripe_plan import StripeShare
+from hyperckpt._exchange.stripes import ChunkKey, StripeSchedule, StripesTooLarge
 from hyperckpt._planner.gc_hold import without_gc
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.engine import CHUNK_BYTES
@@ -182,12 +183,15 @@ def choose_exchange(
     *,
     round_bytes: int,
     batch_bytes: int,
+    table: Callable[[], Sequence[ChunkKey]] | None = None,
 ) -> tuple[Strategy, list[LoadPlan]]:
     """What ``exchange="auto"`` does: ``"off"`` on one host, else the fastest prediction.
 
     Across hosts every strategy is priced in closed form from the requests
     (:func:`hyperckpt._exchange.pricing.price`) and only the winner is planned.  Ties go to
     the simpler strategy (``off``, then ``replicated``, then ``striped``).
+
+    ``table``: as for :func:`~hyperckpt._exchange.strategy.plan_exchange`.
 
     Returns:
         The strategy and the plans carrying its schedules.
@@ -201,17 +205,30 @@ def choose_exchange(
     from hyperckpt._exchange.requests import requests_of
 
     with without_gc():
+        requests = requests_of(plans, storage)
         costs = price(
-            requests_of(plans, storage),
+            requests,
             hosts,
             model,
             round_bytes=round_bytes,
             batch_bytes=batch_bytes,
         )
-    best = pick(costs, hosts=len(set(hosts)))
-    return best, plan_exchange(
-        plans, best, storage, round_bytes=round_bytes, batch_bytes=batch_bytes
-    )
+    # The fastest first; a striped plan past its routing limit gives way to the next.
+    ranked = sorted(costs, key=lambda s: (costs[s].seconds, STRATEGIES.index(s)))
+    for best in ranked:
+        try:
+            return best, plan_exchange(
+                plans,
+                best,
+                storage,
+                round_bytes=round_bytes,
+                batch_bytes=batch_bytes,
+                requests=requests,
+                table=table,
+            )
+        except StripesTooLarge as err:
+            logger.info("hyperckpt: exchange %s not considered: %s", best, err)
+    raise AssertionError("'off' always plans")  # pragma: no cover
 
 
 def pick(costs: Mapping[Strategy, StrategyCost], *, hosts: int) -> Strategy:
@@ -261,6 +278,8 @@ def estimate(
                 )
         for rank, plan in enumerate(plans):
             schedule = plan.storage_data
+            if isinstance(schedule, StripeShare):
+                schedule = schedule.schedule()
             if not isinstance(schedule, StripeSchedule):
                 continue
             rounds = schedule.rounds

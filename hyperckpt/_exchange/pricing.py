@@ -25,9 +25,9 @@ import numpy as np
 
 from hyperckpt._exchange.costs import CostModel, StrategyCost, timing
 from hyperckpt._exchange.requests import Requests
-from hyperckpt._exchange.schedule import choose_readers, rounds_of
+from hyperckpt._exchange.schedule import rounds_of, shared_slices
 from hyperckpt._exchange.strategy import Strategy
-from hyperckpt._exchange.stripes import ChunkKey, ChunkRows, _cut
+from hyperckpt._exchange.stripe_plan import cut_stripes, ramps
 from hyperckpt._read.engine import CHUNK_BYTES
 
 __all__ = ["price"]
@@ -116,36 +116,29 @@ def _replicated(
     r: Requests, host_of: Ints, hosts: int, round_bytes: int, batch_bytes: int
 ) -> _Figures:
     """The replicated planner's choices, made on the shared slices only."""
-    world, keys = r.world, r.keys
-    size = np.zeros(keys, np.int64)
-    size[r.key] = r.nbytes
-    pair = np.unique(r.key * world + r.rank)  # distinct (key, rank), ranks ascending per key
-    pair_key, pair_rank = pair // world, pair % world
-    holders = np.bincount(pair_key, minlength=keys)
-    shared = (holders > 1) & (size > 0)
-    lone = ~shared[pair_key]
-    load = np.bincount(pair_rank[lone], weights=size[pair_key[lone]], minlength=world)
-    load = load.astype(np.int64)
-    starts = np.concatenate(([0], np.cumsum(holders)))
-    shared_keys = np.flatnonzero(shared).tolist()
-    large = sorted(
-        (k for k in shared_keys if size[k] >= batch_bytes),
-        key=lambda k: (-int(size[k]), r.item_key(k)),
-    )
-    chunk_of_key = np.zeros(keys, np.int64)
+    world = r.world
+    chunk_of_key = np.zeros(r.keys, np.int64)
     chunk_of_key[r.key] = r.chunk
-    small = sorted(
-        (k for k in shared_keys if size[k] < batch_bytes),
-        key=lambda k: (
+    found = shared_slices(
+        world,
+        r.rank,
+        r.key,
+        r.nbytes,
+        lambda k: (
             r.files[r.chunk_file[chunk_of_key[k]]],
             int(r.chunk_offset[chunk_of_key[k]]),
-            r.item_key(k),
         ),
+        r.item_key,
+        batch_bytes,
     )
-    ordered = [*large, *small]
-    holder_lists = [pair_rank[starts[k] : starts[k + 1]].tolist() for k in ordered]
-    ordered_sizes = [int(size[k]) for k in ordered]
-    readers = choose_readers(holder_lists, ordered_sizes, load.tolist(), batch_bytes)
+    ordered, holder_lists, ordered_sizes, readers = (
+        found.keys,
+        found.holders,
+        found.sizes,
+        found.readers,
+    )
+    shared = np.zeros(r.keys, dtype=bool)
+    shared[np.asarray(ordered, dtype=np.int64)] = True
     rounds = 1 + max(rounds_of(ordered_sizes, round_bytes), default=-1)
     read = np.zeros(world, np.int64)
     reads = np.zeros(world, np.int64)
@@ -203,21 +196,15 @@ def _striped(r: Requests, host_of: Ints, hosts: int, round_bytes: int) -> _Figur
     np.maximum.at(ext_stop, group, s)
     offsets = r.chunk_offset[ext_chunk] + ext_first * row_bytes[ext_chunk]
     file_order = np.lexsort((ext_first, ext_chunk, offsets, r.chunk_file[ext_chunk]))
-    keys: list[ChunkKey] = list(r.chunks)
-    infos: dict[ChunkKey, ChunkRows] = {
-        key: ChunkRows("", 0, int(r.chunk_rows[i]), int(row_bytes[i]), 1)
-        for i, key in enumerate(keys)
-    }
-    extents = [
-        ("", 0, keys[int(ext_chunk[i])], int(ext_first[i]), int(ext_stop[i]))
-        for i in file_order.tolist()
-    ]
-    ids = {key: i for i, key in enumerate(keys)}
-    stripes = _cut(extents, infos, list(range(world)))
-    st_reader = np.asarray([s_[0] for s_ in stripes], dtype=np.int64).reshape(-1)
-    st_chunk = np.asarray([ids[s_[1]] for s_ in stripes], dtype=np.int64).reshape(-1)
-    st_first = np.asarray([s_[2] for s_ in stripes], dtype=np.int64).reshape(-1)
-    st_stop = np.asarray([s_[3] for s_ in stripes], dtype=np.int64).reshape(-1)
+    ext_chunk, ext_first, ext_stop = (
+        ext_chunk[file_order],
+        ext_first[file_order],
+        ext_stop[file_order],
+    )
+    st_reader, st_ext, st_first, st_stop = cut_stripes(
+        row_bytes[ext_chunk], ext_first, ext_stop, list(range(world))
+    )
+    st_chunk = ext_chunk[st_ext]
     st_bytes = (st_stop - st_first) * row_bytes[st_chunk]
     read = np.bincount(st_reader, weights=st_bytes, minlength=world).astype(np.int64)
     reads = _stripe_calls(r, st_reader, st_chunk, st_first, st_bytes, world)
@@ -232,7 +219,7 @@ def _striped(r: Requests, host_of: Ints, hosts: int, round_bytes: int) -> _Figur
     high = np.searchsorted(g_start, b, side="left")
     count = np.maximum(0, high - low)
     which = np.repeat(np.arange(len(a)), count)
-    stripe = np.repeat(low, count) + _ramps(count)
+    stripe = np.repeat(low, count) + ramps(count)
     rows = np.minimum(g_stop[stripe], b[which]) - np.maximum(g_start[stripe], a[which])
     nbytes = np.maximum(rows, 0) * rows_bytes[which]
     source, receiver = g_reader[stripe], rank[which]
@@ -246,7 +233,7 @@ def _striped(r: Requests, host_of: Ints, hosts: int, round_bytes: int) -> _Figur
     # The fewest rounds the budget allows: a round holds at most ``round_bytes`` of a rank's
     # reads (or receipts), or else one part, no larger than its stripe.
     rounds = 0
-    if len(stripes):
+    if len(st_reader):
         widest = np.zeros(world, np.int64)
         np.maximum.at(widest, st_reader, row_bytes[st_chunk])
         rounds = int(np.max(-(-read // np.maximum(round_bytes, widest))))
@@ -288,13 +275,3 @@ def _stripe_calls(
     run_reader = reader[~joins]
     calls = -(-run_bytes // CHUNK_BYTES)
     return np.bincount(run_reader, weights=calls, minlength=world).astype(np.int64)
-
-
-def _ramps(count: Ints) -> Ints:
-    """``0 .. n - 1`` for each ``n`` of ``count``, concatenated."""
-    total = int(count.sum())
-    if not total:
-        return np.zeros(0, np.int64)
-    ends = np.cumsum(count)
-    ramps: Ints = np.arange(total) - np.repeat(ends - count, count)
-    return ramps

@@ -15,6 +15,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+from numpy.typing import NDArray
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
 __all__ = [
@@ -22,10 +24,13 @@ __all__ = [
     "ExchangeReady",
     "ItemKey",
     "ReplicatedSchedule",
+    "SharedSlices",
     "Slot",
     "Transfer",
     "item_key",
     "plan_replicated",
+    "plan_replicated_columns",
+    "shared_slices",
 ]
 
 #: Byte alignment of each slice inside a batched message (any dtype can view it in place).
@@ -83,7 +88,8 @@ class Transfer:
     Attributes:
         round: The round it belongs to, from 0.
         source: The reading rank (a rank of the reader's process group).
-        receivers: The ranks that receive it, ascending.
+        receivers: The ranks that receive it, ascending (in the copies a load hands to
+            receiving ranks, empty: a receiver waits on the source alone).
         slots: The slices it carries, in buffer order.
         nbytes: The buffer's length in bytes, padding included.
     """
@@ -120,6 +126,80 @@ class ReplicatedSchedule:
     local_ranks: int = 1
 
 
+@dataclass(frozen=True, slots=True)
+class SharedSlices:
+    """The slices several ranks ask for, in the order readers are chosen, with their readers.
+
+    Attributes:
+        keys: Each shared slice's request (key index), largest first (at least
+            ``batch_bytes``), then the smaller ones in file order.
+        holders: Each slice's asking ranks, ascending.
+        sizes: Each slice's bytes.
+        readers: Each slice's reader.
+        load: Bytes each rank reads in all (its own requests and the slices it reads).
+    """
+
+    keys: list[int]
+    holders: list[list[int]]
+    sizes: list[int]
+    readers: list[int]
+    load: list[int]
+
+
+def shared_slices(
+    world: int,
+    rank: NDArray[np.int64],
+    key: NDArray[np.int64],
+    nbytes: NDArray[np.int64],
+    place: Callable[[int], tuple[str, int]],
+    item_key_of: Callable[[int], ItemKey],
+    batch_bytes: int,
+) -> SharedSlices:
+    """Every shared slice and its reader, from columns (one entry per read item).
+
+    Args:
+        world: Ranks.
+        rank: Each item's asking rank.
+        key: Each item's bytes as a key index (equal across ranks for equal bytes).
+        nbytes: Each item's bytes.
+        place: A key's file and its stored chunk's offset there (small slices go in that
+            order).
+        item_key_of: A key's :data:`ItemKey` (ties are broken by it).
+        batch_bytes: Slices under this travel batched.
+    """
+    keys = int(key.max(initial=-1)) + 1
+    size = np.zeros(keys, np.int64)
+    size[key] = nbytes
+    # Distinct (key, rank), ranks ascending per key.  Sorted by hand: numpy 2's np.unique
+    # hashes first, several times slower than a sort on a few million int64s.
+    pair = np.sort(key * world + rank)
+    if len(pair):
+        pair = pair[np.concatenate(([True], pair[1:] != pair[:-1]))]
+    pair_key, pair_rank = pair // world, pair % world
+    count = np.bincount(pair_key, minlength=keys)
+    shared = (count > 1) & (size > 0)
+    lone = ~shared[pair_key]
+    load = np.zeros(world, np.int64)
+    np.add.at(load, pair_rank[lone], size[pair_key[lone]])
+    starts = np.concatenate(([0], np.cumsum(count)))
+    shared_keys = np.flatnonzero(shared).tolist()
+    sizes_of = size.tolist()
+    large = sorted(
+        (k for k in shared_keys if sizes_of[k] >= batch_bytes),
+        key=lambda k: (-sizes_of[k], item_key_of(k)),
+    )
+    small = sorted(
+        (k for k in shared_keys if sizes_of[k] < batch_bytes),
+        key=lambda k: (place(k), item_key_of(k)),
+    )
+    ordered = [*large, *small]
+    holders = [pair_rank[starts[k] : starts[k + 1]].tolist() for k in ordered]
+    ordered_sizes = [sizes_of[k] for k in ordered]
+    loads = load.tolist()
+    readers = choose_readers(holders, ordered_sizes, loads, batch_bytes)
+    return SharedSlices(ordered, holders, ordered_sizes, readers, loads)
+
+
 def plan_replicated(
     plans: Sequence[LoadPlan],
     locate: Callable[[ReadItem], tuple[int, str, int]],
@@ -129,11 +209,7 @@ def plan_replicated(
 ) -> list[ReplicatedSchedule]:
     """Decide, for every slice several ranks ask for, who reads it and who receives it.
 
-    Slices of at least ``batch_bytes`` are placed largest first, each on the holder with
-    the fewest bytes to read so far (ties to the lowest rank).  Smaller ones follow in file
-    order and stay with the previous slice's reader while that reader is a holder and reads
-    at most ``batch_bytes`` more than the least-loaded holder, so each reader gets runs of
-    neighbouring slices (fewer, longer reads) instead of every fourth one.
+    One walk over the items into columns, then :func:`plan_replicated_columns`.
 
     Args:
         plans: Every rank's plan, by rank.
@@ -146,42 +222,77 @@ def plan_replicated(
     Returns:
         Each rank's schedule, by rank.
     """
-    holders: dict[ItemKey, list[int]] = {}
-    sizes: dict[ItemKey, int] = {}
-    places: dict[ItemKey, tuple[str, int]] = {}
+    key_ids: dict[ItemKey, int] = {}
+    places: list[tuple[str, int]] = []
+    ranks: list[int] = []
+    keys: list[int] = []
+    sizes: list[int] = []
     for rank, plan in enumerate(plans):
         for item in plan.items:
             key = item_key(item)
-            ranks = holders.setdefault(key, [])
-            if not ranks or ranks[-1] != rank:
-                ranks.append(rank)
+            kid = key_ids.get(key)
             size, file, offset = locate(item)
-            sizes[key], places[key] = size, (file, offset)
-    load = [0] * len(plans)
-    shared: list[ItemKey] = []
-    for key, ranks in holders.items():
-        if len(ranks) > 1 and sizes[key] > 0:
-            shared.append(key)
-        else:
-            for rank in ranks:
-                load[rank] += sizes[key]
-    large = sorted((k for k in shared if sizes[k] >= batch_bytes), key=lambda k: (-sizes[k], k))
-    small = sorted((k for k in shared if sizes[k] < batch_bytes), key=lambda k: (places[k], k))
-    shared = [*large, *small]
-    readers = choose_readers(
-        [holders[key] for key in shared], [sizes[key] for key in shared], load, batch_bytes
+            if kid is None:
+                kid = key_ids[key] = len(places)
+                places.append((file, offset))
+            ranks.append(rank)
+            keys.append(kid)
+            sizes.append(size)
+    names = tuple(key_ids)
+    return plan_replicated_columns(
+        len(plans),
+        np.asarray(ranks, dtype=np.int64).reshape(-1),
+        np.asarray(keys, dtype=np.int64).reshape(-1),
+        np.asarray(sizes, dtype=np.int64).reshape(-1),
+        places.__getitem__,
+        names.__getitem__,
+        round_bytes=round_bytes,
+        batch_bytes=batch_bytes,
     )
-    source = dict(zip(shared, readers, strict=True))
-    transfers = _pack(shared, source, holders, sizes, round_bytes, batch_bytes)
+
+
+def plan_replicated_columns(
+    world: int,
+    rank: NDArray[np.int64],
+    key: NDArray[np.int64],
+    nbytes: NDArray[np.int64],
+    place: Callable[[int], tuple[str, int]],
+    item_key_of: Callable[[int], ItemKey],
+    *,
+    round_bytes: int,
+    batch_bytes: int,
+) -> list[ReplicatedSchedule]:
+    """The replicated plan from columns (see :func:`shared_slices` for the arguments).
+
+    Slices of at least ``batch_bytes`` are placed largest first, each on the holder with
+    the fewest bytes to read so far (ties to the lowest rank).  Smaller ones follow in file
+    order and stay with the previous slice's reader while that reader is a holder and reads
+    at most ``batch_bytes`` more than the least-loaded holder, so each reader gets runs of
+    neighbouring slices (fewer, longer reads) instead of every fourth one.  Only the shared
+    slices are visited one by one; a layout without replicas costs a few array operations.
+
+    Returns:
+        Each rank's schedule, by rank.
+    """
+    found = shared_slices(world, rank, key, nbytes, place, item_key_of, batch_bytes)
+    shared = [item_key_of(k) for k in found.keys]
+    transfers = _pack(
+        shared,
+        dict(zip(shared, found.readers, strict=True)),
+        dict(zip(shared, found.holders, strict=True)),
+        dict(zip(shared, found.sizes, strict=True)),
+        round_bytes,
+        batch_bytes,
+    )
     rounds = 1 + max((t.round for t in transfers), default=-1)
+    mine: list[list[Transfer]] = [[] for _ in range(world)]
+    for transfer in transfers:
+        mine[transfer.source].append(transfer)
+        for receiver in transfer.receivers:
+            mine[receiver].append(transfer)
     return [
-        ReplicatedSchedule(
-            rank=rank,
-            world_size=len(plans),
-            rounds=rounds,
-            transfers=tuple(t for t in transfers if t.source == rank or rank in t.receivers),
-        )
-        for rank in range(len(plans))
+        ReplicatedSchedule(rank=r, world_size=world, rounds=rounds, transfers=tuple(mine[r]))
+        for r in range(world)
     ]
 
 

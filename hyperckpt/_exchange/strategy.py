@@ -14,10 +14,18 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Literal
 
+import numpy as np
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
-from hyperckpt._exchange.schedule import ExchangeReady, plan_replicated
-from hyperckpt._exchange.stripes import ChunkRows, plan_stripes
+from hyperckpt._exchange.requests import Requests, requests_of
+from hyperckpt._exchange.schedule import (
+    ExchangeReady,
+    ReplicatedSchedule,
+    Transfer,
+    plan_replicated_columns,
+)
+from hyperckpt._exchange.stripe_plan import columns_of_requests, plan_stripe_arrays
+from hyperckpt._exchange.stripes import ChunkKey, ChunkRows
 from hyperckpt._planner.gc_hold import without_gc
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.storage_info import StorageInfo
@@ -66,10 +74,19 @@ def plan_exchange(
     *,
     round_bytes: int,
     batch_bytes: int,
+    requests: Requests | None = None,
+    table: Callable[[], Sequence[ChunkKey]] | None = None,
 ) -> list[LoadPlan]:
     """Every rank's plan with its part of ``strategy``'s schedule in ``storage_data``.
 
-    ``"off"`` clears the readiness marks ``prepare_local_plan`` left.
+    ``"off"`` clears the readiness marks ``prepare_local_plan`` left.  A striped plan gives
+    each rank a :class:`~hyperckpt._exchange.stripe_plan.StripeShare` (arrays; the rank
+    builds its schedule from it), a replicated one a
+    :class:`~hyperckpt._exchange.schedule.ReplicatedSchedule`.  ``requests``, when given,
+    are ``plans``' items as columns (``"auto"`` has them from pricing), so the items are
+    walked once.  ``table``, when given, makes the stored chunks every rank holds in one
+    order (:func:`~hyperckpt._exchange.stripe_plan.chunk_table`): striped shares then name
+    chunks by index in it instead of by name.
     """
     if strategy == "off" or len(plans) < 2:
         return [
@@ -79,30 +96,70 @@ def plan_exchange(
             for plan in plans
         ]
     with without_gc():
-        return _plan(plans, strategy, storage, round_bytes=round_bytes, batch_bytes=batch_bytes)
+        if requests is None:
+            requests = requests_of(plans, storage)
+        return _plan(
+            plans,
+            strategy,
+            requests,
+            round_bytes=round_bytes,
+            batch_bytes=batch_bytes,
+            table=table,
+        )
+
+
+def _receivers_at_source(schedules: list[ReplicatedSchedule]) -> list[ReplicatedSchedule]:
+    """Each schedule with its receivers listed only where the rank sends: a receiving
+    rank waits on the source alone, and under HSDP the receiver lists (every replica of
+    every shared slice) were most of the bytes DCP scatters back."""
+    bare: dict[int, Transfer] = {}
+
+    def trimmed(rank: int, transfer: Transfer) -> Transfer:
+        if transfer.source == rank or not transfer.receivers:
+            return transfer
+        found = bare.get(id(transfer))
+        if found is None:
+            found = bare[id(transfer)] = dataclasses.replace(transfer, receivers=())
+        return found
+
+    return [
+        dataclasses.replace(s, transfers=tuple(trimmed(s.rank, t) for t in s.transfers))
+        for s in schedules
+    ]
 
 
 def _plan(
     plans: list[LoadPlan],
     strategy: Strategy,
-    storage: Callable[[ReadItem], StorageInfo],
+    r: Requests,
     *,
     round_bytes: int,
     batch_bytes: int,
+    table: Callable[[], Sequence[ChunkKey]] | None,
 ) -> list[LoadPlan]:
     schedules: Sequence[object]
     if strategy == "striped":
-        schedules, _ = plan_stripes(
-            plans, lambda item: chunk_rows(storage(item)), round_bytes=round_bytes
-        )
+        planned = plan_stripe_arrays(columns_of_requests(r), round_bytes=round_bytes)
+        schedules = planned.shares(None if table is None else table())
     else:
+        chunk_of_key = np.zeros(r.keys, np.int64)
+        chunk_of_key[r.key] = r.chunk
 
-        def locate(item: ReadItem) -> tuple[int, str, int]:
-            info = storage(item)
-            size = math.prod(item.lengths) * to_torch_dtype(info.dtype).itemsize
-            return size, info.file, info.offset
+        def place(key: int) -> tuple[str, int]:
+            chunk = int(chunk_of_key[key])
+            return r.files[int(r.chunk_file[chunk])], int(r.chunk_offset[chunk])
 
-        schedules = plan_replicated(plans, locate, round_bytes=round_bytes, batch_bytes=batch_bytes)
+        schedules = plan_replicated_columns(
+            r.world,
+            r.rank,
+            r.key,
+            r.nbytes,
+            place,
+            r.item_key,
+            round_bytes=round_bytes,
+            batch_bytes=batch_bytes,
+        )
+        schedules = _receivers_at_source(schedules)
     return [
         dataclasses.replace(plan, storage_data=schedule)
         for plan, schedule in zip(plans, schedules, strict=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import cast
 
 import torch.distributed as dist
@@ -14,6 +14,7 @@ from hyperckpt._dist.headers import host_name
 from hyperckpt._exchange.costs import CostModel, choose_exchange
 from hyperckpt._exchange.schedule import ExchangeReady
 from hyperckpt._exchange.strategy import plan_exchange
+from hyperckpt._exchange.stripes import ChunkKey
 from hyperckpt._load.options import ReadOptions
 from hyperckpt._read.storage_info import StorageInfo
 from hyperckpt._read.threads import HostShare, ranks_per_host
@@ -39,13 +40,19 @@ def mark_plan(plan: LoadPlan, group: dist.ProcessGroup, dcp_rank: object) -> Loa
 
 
 def share_plans(
-    plans: list[LoadPlan], options: ReadOptions, info: Callable[[ReadItem], StorageInfo]
+    plans: list[LoadPlan],
+    options: ReadOptions,
+    info: Callable[[ReadItem], StorageInfo],
+    table: Callable[[], Sequence[ChunkKey]] | None = None,
 ) -> list[LoadPlan]:
     """On the coordinator: choose the exchange and give each rank its part of it.
 
     An exchange happens only when every rank marked its plan, in rank order, for a
     group of ``len(plans)`` ranks; otherwise every rank reads all its requests itself.
-    Either way a marked plan comes back with the number of ranks on its host.
+    Either way a marked plan comes back with the number of ranks on its host.  ``table``
+    gives the checkpoint's stored chunks in the order every rank computes
+    (:func:`~hyperckpt._exchange.stripe_plan.chunk_table`), so striped shares name chunks
+    by index.
     """
     marked = all(
         isinstance(plan.storage_data, ExchangeReady)
@@ -64,6 +71,7 @@ def share_plans(
             options.cost_model or CostModel(),
             round_bytes=options.staging_bytes,
             batch_bytes=BATCH_BYTES,
+            table=table,
         )
         logger.info("hyperckpt: exchange='auto' chose %r for %d ranks", strategy, len(plans))
     else:
@@ -73,6 +81,7 @@ def share_plans(
             info,
             round_bytes=options.staging_bytes,
             batch_bytes=BATCH_BYTES,
+            table=table,
         )
     return [
         dataclasses.replace(

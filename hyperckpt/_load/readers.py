@@ -27,7 +27,8 @@ from hyperckpt._exchange.costs import CostModel
 from hyperckpt._exchange.exchange import ExchangeStats, load_exchanged
 from hyperckpt._exchange.schedule import ReplicatedSchedule
 from hyperckpt._exchange.strategy import Exchange
-from hyperckpt._exchange.stripes import StripeSchedule
+from hyperckpt._exchange.stripe_plan import StripeShare, chunk_table
+from hyperckpt._exchange.stripes import ChunkKey, StripeSchedule
 from hyperckpt._layout.directory import huggingface_layout, torch_sharded_layout
 from hyperckpt._layout.mapping import MappedLayout, Mapping, MappingLike
 from hyperckpt._layout.model import TORCH_SHARDED, CheckpointLayout, Kind
@@ -286,6 +287,8 @@ class _SafetensorsReader(FileSystemReader):
             where=str(layout.root),
         )
         schedule = plan.storage_data
+        if isinstance(schedule, StripeShare):
+            schedule = schedule.schedule(self._chunk_table())  # this rank's part, from arrays
         exchange = None
         # A schedule or a host share comes only from a coordinator that saw every rank of the
         # group mark its plan: then every rank is here to agree on re-planned reads.
@@ -347,7 +350,11 @@ class _SafetensorsReader(FileSystemReader):
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
         """On the coordinator: choose the exchange and give each rank its part of it
         (see :func:`~hyperckpt._load.exchange_plan.share_plans`)."""
-        return share_plans(plans, self.options, self._info)
+        return share_plans(plans, self.options, self._info, self._chunk_table)
+
+    def _chunk_table(self) -> tuple[ChunkKey, ...]:
+        """The checkpoint's stored chunks in the order every rank computes alike."""
+        return chunk_table((i.fqn, tuple(i.offset or ())) for i in self.storage_data)
 
     def _info(self, item: ReadItem) -> StorageInfo:
         info: StorageInfo = self.storage_data[item.storage_index]

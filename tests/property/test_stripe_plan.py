@@ -15,11 +15,13 @@ import math
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from reference_stripes import reference_plan_stripes
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
 from hyperckpt._exchange.schedule import item_key
-from hyperckpt._exchange.stripes import ChunkRows, plan_stripes
+from hyperckpt._exchange.stripe_plan import plan_stripes
+from hyperckpt._exchange.stripes import ChunkRows, StripesTooLarge
 
 # chunk name -> (file, offset, rows, columns); 2-byte elements
 CHUNKS = {
@@ -149,3 +151,36 @@ def test_fsdp_stripes_are_one_run_per_rank_and_balanced() -> None:
     for schedule in schedules:
         files = [CHUNKS[p.chunk[0]][0] for p in schedule.parts]
         assert files == sorted(files)
+
+
+@st.composite
+def _tied_plans(draw: st.DrawFn) -> list[LoadPlan]:
+    """Plans where a rank may ask for the same rows of a chunk twice, other columns."""
+    plans = draw(_plans())
+    for plan in plans:
+        for item in list(plan.items):
+            if draw(st.booleans()):
+                columns = CHUNKS[item.storage_index.fqn][3]
+                left = draw(st.integers(0, columns - 1))
+                right = draw(st.integers(left + 1, columns))
+                rows = (item.storage_offsets[0], item.storage_offsets[0] + item.lengths[0])
+                plan.items.append(_item(item.storage_index.fqn, rows, (left, right)))
+    return plans
+
+
+@given(st.one_of(_plans(), _tied_plans()), st.integers(1, 400), st.booleans())
+def test_the_column_planner_gives_exactly_the_reference_planners_schedules(
+    plans: list[LoadPlan], round_bytes: int, some_readers: bool
+) -> None:
+    readers = list(range(len(plans)))[::2] if some_readers else None
+    try:
+        expected: object = reference_plan_stripes(
+            plans, _chunk_of, round_bytes=round_bytes, readers=readers
+        )
+    except StripesTooLarge as err:
+        expected = (err.boxes, err.limit)
+    try:
+        got: object = plan_stripes(plans, _chunk_of, round_bytes=round_bytes, readers=readers)
+    except StripesTooLarge as err:
+        got = (err.boxes, err.limit)
+    assert got == expected

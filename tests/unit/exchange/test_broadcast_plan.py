@@ -7,6 +7,7 @@ from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
 from hyperckpt._exchange.schedule import ALIGN, item_key, plan_replicated
+from hyperckpt._exchange.strategy import _receivers_at_source
 
 MiB = 2**20
 
@@ -81,3 +82,21 @@ def test_slices_one_rank_asks_for_are_not_exchanged() -> None:
     schedules = plan_replicated(plans, _locate, round_bytes=MiB, batch_bytes=MiB)
     assert [s.rounds for s in schedules] == [0, 0]
     assert [s.transfers for s in schedules] == [(), ()]
+
+
+def test_a_receiving_rank_gets_its_transfers_without_the_receiver_lists() -> None:
+    # What the load scatters: the source keeps its receivers, a receiver waits on the
+    # source alone (under HSDP the lists were most of the scattered bytes).
+    items = [_item(f"t{i}", 8 * 1024) for i in range(4)]  # 8 MiB each
+    plans = [LoadPlan(items) for _ in range(4)]
+    full = plan_replicated(plans, _locate, round_bytes=256 * MiB, batch_bytes=4 * MiB)
+    trimmed = _receivers_at_source(full)
+    for schedule, whole in zip(trimmed, full, strict=True):
+        assert len(schedule.transfers) == len(whole.transfers) == 4
+        for transfer, original in zip(schedule.transfers, whole.transfers, strict=True):
+            assert transfer.slots == original.slots
+            assert transfer.source == original.source
+            if transfer.source == schedule.rank:
+                assert transfer.receivers == original.receivers
+            else:
+                assert transfer.receivers == ()

@@ -16,6 +16,8 @@ import hyperckpt
 from hyperckpt import CostModel, HuggingFaceStorageReader, TorchShardedSafetensorsReader
 from hyperckpt._dist.headers import dcp_group, decode_layout, encode_layout
 from hyperckpt._exchange.costs import choose_exchange, compare, pick
+from hyperckpt._exchange.pricing import price
+from hyperckpt._exchange.requests import requests_of
 from hyperckpt._read.storage_info import StorageInfo
 from hyperckpt.testing import shard_file
 
@@ -136,3 +138,32 @@ def test_costs_count_each_strategys_bytes() -> None:
     assert pick({"off": off, "striped": striped}, hosts=1) == "off"
     tie = dataclasses.replace(striped, seconds=off.seconds)
     assert pick({"off": off, "striped": tie}, hosts=2) == "off"
+
+
+def test_auto_plans_the_next_fastest_exchange_when_the_striped_winner_is_past_its_limit() -> None:
+    # 96 ranks on 2 hosts all read every row of one chunk: striped is priced fastest on
+    # slow storage, but routing every stripe to every rank passes ROUTED_PER_ITEM.
+    world, rows, columns = 96, 96, 4096
+    info = StorageInfo("model.safetensors", 8, rows * columns, "U8", (rows, columns))
+    item = ReadItem(
+        type=LoadItemType.TENSOR,
+        dest_index=MetadataIndex("w", torch.Size([0, 0])),
+        dest_offsets=torch.Size([0, 0]),
+        storage_index=MetadataIndex("w", torch.Size([0, 0])),
+        storage_offsets=torch.Size([0, 0]),
+        lengths=torch.Size([rows, columns]),
+    )
+    plans = [LoadPlan([item]) for _ in range(world)]
+    hosts = ["a"] * (world // 2) + ["b"] * (world // 2)
+    model = CostModel(storage_gbps=1e-3, interconnect_gbps=1e3, intra_host_gbps=1e3)
+    priced = compare(plans, hosts, lambda _: info, model, round_bytes=2**30, batch_bytes=1)
+    assert "striped" not in priced  # refused when planned
+    closed = price(
+        requests_of(plans, lambda _: info), hosts, model, round_bytes=2**30, batch_bytes=1
+    )
+    assert pick(closed, hosts=2) == "striped"
+    strategy, planned = choose_exchange(
+        plans, hosts, lambda _: info, model, round_bytes=2**30, batch_bytes=1
+    )
+    assert strategy == min(("off", "replicated"), key=lambda s: (closed[s].seconds, s != "off"))
+    assert len(planned) == world

@@ -34,7 +34,7 @@ import hyperckpt
 from hyperckpt import CheckpointError, CheckpointNotFoundError, Fuse, Mapping, Rename, describe
 from hyperckpt._cli import dryrun
 from hyperckpt._cli.main import main
-from hyperckpt._exchange import stripes
+from hyperckpt._exchange import stripe_plan
 from hyperckpt._layout.templates import Template
 from hyperckpt._verify.checksums import read_checksums, write_checksums
 from hyperckpt.testing import encode_file, write_files
@@ -337,8 +337,8 @@ def test_a_plan_for_a_huge_world_skips_a_striped_schedule_past_its_limit(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     sample = hyperckpt.write_sample(tmp_path / "tiny", "tiny")
-    monkeypatch.setattr(stripes, "ROUTED_BASE", 1000)
-    monkeypatch.setattr(stripes, "ROUTED_PER_ITEM", 0)
+    monkeypatch.setattr(stripe_plan, "ROUTED_BASE", 1000)
+    monkeypatch.setattr(stripe_plan, "ROUTED_PER_ITEM", 0)
     status, stdout, _ = _cli("plan", str(sample), "--world", "64", "--layout", "replicate")
     assert status == 0
     assert "striped" not in stdout.split("per exchange")[1]

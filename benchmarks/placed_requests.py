@@ -1,0 +1,185 @@
+"""Every rank's read requests as columns, computed from the placements, without read items.
+
+``simulate_scale.py --columns`` needs every rank's requests at 8,192 ranks (5.9 million
+read items for Llama-3-70B under FSDP), more than one Python process can build as
+``ReadItem``s in a run.  The requests follow from (tensor shape, mesh, placements) alone:
+tensors of one shape and placements have the same regions on every coordinate, so the
+regions are computed once per (class of tensors, coordinate) with the planner's own
+``RegionMaker`` and repeated over the tensors of the class with numpy.  The result is the
+same :class:`~hyperckpt._exchange.requests.Requests` that ``requests_of`` makes from
+``rank_plans``'s items (``check_against_items`` compares them on a small world), plus the
+stripe planner's columns with their key table.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from hyperckpt import CheckpointLayout
+from hyperckpt._cli.dryrun import _placed, mesh_shape, placements_for
+from hyperckpt._exchange.requests import Requests, request_cost
+from hyperckpt._exchange.stripe_plan import StripeColumns
+from hyperckpt._read.storage_info import StorageInfo
+
+Ints = np.ndarray
+
+
+@dataclass(frozen=True)
+class _KeyTable(Sequence[tuple[int, tuple[int, ...], tuple[int, ...]]]):
+    """``Requests.raw_keys`` built on demand from the key arrays (millions of keys)."""
+
+    key_chunk: Ints
+    key_offsets: Ints
+    key_lengths: Ints
+    chunk_ndim: Ints
+
+    def __len__(self) -> int:
+        return len(self.key_chunk)
+
+    def __getitem__(self, index):  # type: ignore[no-untyped-def, override]
+        chunk = int(self.key_chunk[index])
+        ndim = int(self.chunk_ndim[chunk])
+        return (
+            chunk,
+            tuple(self.key_offsets[index, :ndim].tolist()),
+            tuple(self.key_lengths[index, :ndim].tolist()),
+        )
+
+    def __iter__(self) -> Iterator[tuple[int, tuple[int, ...], tuple[int, ...]]]:
+        for index in range(len(self)):
+            yield self[index]
+
+
+def placed_requests(
+    checkpoint: CheckpointLayout, layout: str, world: int, *, tp: int, replicas: int
+) -> tuple[Requests, StripeColumns]:
+    """Every rank's requests for ``checkpoint`` in ``layout`` (as ``rank_plans`` places
+    it), as pricing's and the stripe planner's columns."""
+    mesh = mesh_shape(layout, world, tp=tp, replicas=replicas)
+    placed = _placed(checkpoint, layout, mesh)
+    coordinates = list(itertools.product(*(range(size) for size in mesh)))
+    files = sorted({t.pieces[0].file for t in (e.tensor for e in placed)})
+    file_ids = {name: number for number, name in enumerate(files)}
+    classes: dict[object, list[int]] = {}
+    for index, entry in enumerate(placed):
+        t = entry.tensor
+        assert len(t.pieces) == 1, "a Hugging Face layout: one piece a tensor"
+        specs = repr(placements_for(layout, t.name, len(t.shape)))
+        classes.setdefault((t.shape, t.dtype, specs, entry.regions._order), []).append(index)
+    width = max(len(e.tensor.shape) for e in placed)
+    columns: dict[str, list[Ints]] = {
+        name: [] for name in ("rank", "chunk", "key", "first", "stop", "nbytes", "calls", "row")
+    }
+    key_chunk: list[Ints] = []
+    key_offsets: list[Ints] = []
+    key_lengths: list[Ints] = []
+    keys = 0
+    for tensors in classes.values():
+        entry = placed[tensors[0]]
+        shape = entry.tensor.shape
+        ndim = len(shape)
+        region_ids: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+        pair_rank: list[int] = []
+        pair_region: list[int] = []
+        for rank, coordinate in enumerate(coordinates):
+            for region in entry.regions(coordinate):
+                if not math.prod(region.sizes):
+                    continue
+                box = (tuple(region.offsets), tuple(region.sizes))
+                pair_rank.append(rank)
+                pair_region.append(region_ids.setdefault(box, len(region_ids)))
+        boxes = list(region_ids)
+        offsets = np.zeros((len(boxes), width), np.int64)
+        lengths = np.zeros((len(boxes), width), np.int64)
+        if boxes and ndim:
+            offsets[:, :ndim] = [b[0] for b in boxes]
+            lengths[:, :ndim] = [b[1] for b in boxes]
+        piece = entry.tensor.pieces[0]
+        info = StorageInfo(piece.file, piece.start, piece.nbytes, entry.tensor.dtype, shape)
+        costs = np.asarray([request_cost(info, b[1]) for b in boxes], dtype=np.int64).reshape(-1, 2)
+        itemsize = entry.bits // 8
+        row = np.prod(lengths[:, 1:ndim], axis=1) * itemsize if ndim else costs[:, 0]
+        ranks = np.asarray(pair_rank, dtype=np.int64)
+        regions = np.asarray(pair_region, dtype=np.int64)
+        n, p, b = len(tensors), len(ranks), len(boxes)
+        chunk_ids = np.asarray(tensors, dtype=np.int64)
+        which = np.repeat(np.arange(n), p)
+        region = np.tile(regions, n)
+        columns["rank"].append(np.tile(ranks, n))
+        columns["chunk"].append(chunk_ids[which])
+        columns["key"].append(keys + which * b + region)
+        columns["first"].append(offsets[region, 0] if ndim else np.zeros(n * p, np.int64))
+        columns["stop"].append(
+            (offsets[region, 0] + lengths[region, 0]) if ndim else np.ones(n * p, np.int64)
+        )
+        columns["nbytes"].append(costs[region, 0])
+        columns["calls"].append(costs[region, 1])
+        columns["row"].append(row[region])
+        key_chunk.append(np.repeat(chunk_ids, b))
+        key_offsets.append(np.tile(offsets, (n, 1)))
+        key_lengths.append(np.tile(lengths, (n, 1)))
+        keys += n * b
+    col = {name: np.concatenate(parts) for name, parts in columns.items()}
+    order = np.argsort(col["rank"], kind="stable")  # rank after rank, as the plans come
+    col = {name: values[order] for name, values in col.items()}
+    tensors_ = [e.tensor for e in placed]
+    chunk_rows = np.asarray([t.shape[0] if t.shape else 1 for t in tensors_], dtype=np.int64)
+    chunk_row_bytes = np.asarray(
+        [
+            math.prod(t.shape[1:]) * e.bits // 8 if t.shape else t.pieces[0].nbytes
+            for e, t in zip(placed, tensors_, strict=True)
+        ],
+        dtype=np.int64,
+    )
+    chunk_ndim = np.asarray([len(t.shape) for t in tensors_], dtype=np.int64)
+    chunk_file = np.asarray([file_ids[t.pieces[0].file] for t in tensors_], dtype=np.int64)
+    chunk_offset = np.asarray([t.pieces[0].start for t in tensors_], dtype=np.int64)
+    chunks = tuple((t.name, (0,) * len(t.shape)) for t in tensors_)
+    table = _KeyTable(
+        np.concatenate(key_chunk),
+        np.concatenate(key_offsets),
+        np.concatenate(key_lengths),
+        chunk_ndim,
+    )
+    requests = Requests(
+        world=len(coordinates),
+        rank=col["rank"],
+        chunk=col["chunk"],
+        key=col["key"],
+        first=col["first"],
+        stop=col["stop"],
+        nbytes=col["nbytes"],
+        calls=col["calls"],
+        chunks=chunks,
+        chunk_file=chunk_file,
+        chunk_offset=chunk_offset,
+        chunk_rows=chunk_rows,
+        chunk_row_bytes=chunk_row_bytes,
+        files=tuple(files),
+        raw_keys=table,  # type: ignore[arg-type]
+    )
+    stripe_columns = StripeColumns(
+        world=len(coordinates),
+        items=len(col["rank"]),
+        rank=col["rank"],
+        chunk=col["chunk"],
+        key=col["key"],
+        first=col["first"],
+        stop=col["stop"],
+        box_row=col["row"],
+        chunk_file=chunk_file,
+        chunk_offset=chunk_offset,
+        chunk_rows=chunk_rows,
+        chunk_row_bytes=chunk_row_bytes,
+        chunks=chunks,
+        key_chunk=table.key_chunk,
+        key_offsets=table.key_offsets,
+        key_lengths=table.key_lengths,
+        chunk_ndim=chunk_ndim,
+    )
+    return requests, stripe_columns

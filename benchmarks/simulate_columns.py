@@ -1,0 +1,220 @@
+"""The coordinator's planning at up to 8,192 ranks, from request columns: time, memory, bytes.
+
+``simulate_scale.py --columns`` runs this.  Every rank's requests are computed from the
+placements (:mod:`placed_requests`), not built as ``ReadItem``s, so the sweep reaches
+8,192 ranks.  For each model x layout x world it measures, in this one process:
+
+* **coordinator** (CPU seconds, peak traced memory): pricing every exchange in closed form
+  (``price``), planning the winner on columns (``plan_stripe_arrays`` or
+  ``plan_replicated_columns``) and cutting it into per-rank shares;
+* **per rank**: the largest share's pickled bytes and the CPU time to turn it into the
+  rank's schedule (``StripeShare.schedule``), and every share's bytes together (what DCP
+  scatters on top of the plans);
+* **torch's plan exchange** (``dcp.load``'s gather of pickled local plans and scatter of
+  the global ones), simulated on a sample of ranks whose read items are made as DCP's
+  planner makes them (``rank_plans``' arithmetic) and scaled to the world: the bytes, and
+  the coordinator's CPU time to unpickle every local plan and pickle every global one.
+
+Not measured here: the coordinator's walk of the gathered items into columns
+(``requests_of``, ~3 us an item; measured up to 1,024 ranks by the default mode), the
+transport itself, and the per-rank item building (``benchmarks/plan_rank.py``).
+"""
+
+from __future__ import annotations
+
+import gc
+import pickle
+import time
+import tracemalloc
+from collections.abc import Callable
+
+import numpy as np
+from placed_requests import placed_requests
+
+from hyperckpt import CheckpointLayout, CostModel
+from hyperckpt._cli.dryrun import _placed, _rank_items, hosts_of, mesh_shape
+from hyperckpt._exchange.costs import STRATEGIES, pick
+from hyperckpt._exchange.pricing import price
+from hyperckpt._exchange.schedule import plan_replicated_columns
+from hyperckpt._exchange.strategy import _receivers_at_source
+from hyperckpt._exchange.stripe_plan import chunk_table, plan_stripe_arrays
+from hyperckpt._exchange.stripes import StripesTooLarge
+from hyperckpt._planner.gc_hold import without_gc
+from hyperckpt._read.engine import DEFAULT_STAGING_BYTES
+
+BATCH_BYTES = 4 * 2**20
+#: Ranks whose DCP read items are built to simulate torch's plan exchange.
+SAMPLED_RANKS = 8
+
+
+def _cpu(work: Callable[[], object]) -> tuple[object, float]:
+    gc.collect()
+    begin = time.process_time()
+    with without_gc():
+        result = work()
+    return result, time.process_time() - begin
+
+
+def simulate_columns(
+    model: str,
+    layout: str,
+    world: int,
+    cost_model: CostModel,
+    checkpoint: CheckpointLayout,
+    ranks_per_host: int,
+    *,
+    memory: bool = True,
+) -> dict[str, object]:
+    """One model x layout x world (see the module docstring)."""
+    hosts = max(1, world // ranks_per_host)
+    tp = min(ranks_per_host, world)
+    (requests, columns), build = _cpu(
+        lambda: placed_requests(checkpoint, layout, world, tp=tp, replicas=hosts)
+    )
+    names = hosts_of(world, hosts)
+    table = chunk_table(columns.chunks)  # what every rank computes from the metadata
+
+    def _plan(best: str) -> list[object]:
+        if best == "striped":
+            planned = plan_stripe_arrays(columns, round_bytes=DEFAULT_STAGING_BYTES)
+            return list(planned.shares(table))
+        if best == "replicated":
+            r = requests
+            chunk_of_key = np.zeros(r.keys, np.int64)
+            chunk_of_key[r.key] = r.chunk
+            return list(
+                _receivers_at_source(
+                    plan_replicated_columns(
+                        r.world,
+                        r.rank,
+                        r.key,
+                        r.nbytes,
+                        lambda k: (
+                            r.files[int(r.chunk_file[chunk_of_key[k]])],
+                            int(r.chunk_offset[chunk_of_key[k]]),
+                        ),
+                        r.item_key,
+                        round_bytes=DEFAULT_STAGING_BYTES,
+                        batch_bytes=BATCH_BYTES,
+                    )
+                )
+            )
+        return []
+
+    def coordinator() -> tuple[str, list[object], object]:
+        priced = price(
+            requests, names, cost_model, round_bytes=DEFAULT_STAGING_BYTES, batch_bytes=BATCH_BYTES
+        )
+        ranked = sorted(priced, key=lambda s: (priced[s].seconds, STRATEGIES.index(s)))
+        best = pick(priced, hosts=hosts)
+        shares: list[object] = []
+        for best in ranked if hosts > 1 else ["off"]:
+            try:
+                shares = _plan(best)
+            except StripesTooLarge:
+                continue  # as choose_exchange: the next fastest
+            break
+        return best, shares, priced
+
+    (best, shares, priced), coordinator_seconds = _cpu(coordinator)  # type: ignore[misc]
+    _, price_seconds = _cpu(
+        lambda: price(
+            requests, names, cost_model, round_bytes=DEFAULT_STAGING_BYTES, batch_bytes=BATCH_BYTES
+        )
+    )
+    # Every exchange planned on columns, for the "auto <= 2x cheapest planner" target.
+    planners: dict[str, float] = {}
+    for strategy in ("replicated", "striped") if world > 1 else ():
+        try:
+            _, planners[strategy] = _cpu(lambda: _plan(strategy))  # noqa: B023
+        except StripesTooLarge:
+            planners[strategy] = float("nan")
+    share_bytes = [len(pickle.dumps(share)) for share in shares]
+    largest = int(np.argmax(share_bytes)) if share_bytes else 0
+    per_rank_seconds = 0.0
+    if shares and hasattr(shares[largest], "schedule"):
+        _, per_rank_seconds = _cpu(lambda: shares[largest].schedule(table))  # type: ignore[attr-defined]
+    peak = 0
+    if memory:
+        gc.collect()
+        tracemalloc.start()
+        coordinator()
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    torch_exchange = _torch_exchange(checkpoint, layout, world, tp=tp, replicas=hosts)
+    row: dict[str, object] = {
+        "model": model,
+        "layout": layout,
+        "world": world,
+        "hosts": hosts,
+        "read_items": len(requests.rank),
+        "columns_seconds": build,
+        "auto": best,
+        "predicted_seconds": {s: c.seconds for s, c in priced.items()},  # type: ignore[attr-defined]
+        "coordinator_seconds": coordinator_seconds,
+        "pricing_seconds": price_seconds,
+        "striped_planner_seconds": planners.get("striped", 0.0),
+        "replicated_planner_seconds": planners.get("replicated", 0.0),
+        "coordinator_peak_bytes": peak,
+        "shares_bytes": sum(share_bytes),
+        "share_bytes_max": max(share_bytes, default=0),
+        "share_to_schedule_seconds": per_rank_seconds,
+        **torch_exchange,
+    }
+    return row
+
+
+def _torch_exchange(
+    checkpoint: CheckpointLayout, layout: str, world: int, *, tp: int, replicas: int
+) -> dict[str, float]:
+    """DCP's gather and scatter of plans, from ``SAMPLED_RANKS`` ranks scaled to ``world``."""
+    mesh = mesh_shape(layout, world, tp=tp, replicas=replicas)
+    placed = _placed(checkpoint, layout, mesh)
+    step = max(1, world // SAMPLED_RANKS)
+    ranks = list(range(0, world, step))[:SAMPLED_RANKS]
+    from torch.distributed.checkpoint.planner import LoadPlan
+
+    sizes: dict[tuple[object, ...], tuple[int, str, int]] = {}
+    items_seconds = 0.0
+    blobs = []
+    for rank in ranks:
+        coordinate = np.unravel_index(rank, mesh)
+        begin = time.process_time()
+        plan = LoadPlan(_rank_items(placed, tuple(int(c) for c in coordinate), sizes))
+        items_seconds += time.process_time() - begin
+        blobs.append(pickle.dumps(plan))
+    begin = time.process_time()
+    for blob in blobs:
+        pickle.loads(blob)
+    unpickle = time.process_time() - begin
+    scale = world / len(ranks)
+    return {
+        "torch_rank_items_seconds": items_seconds / len(ranks),
+        "torch_gather_bytes": sum(len(b) for b in blobs) * scale,
+        "torch_coordinator_unpickle_seconds": unpickle * scale,
+        "torch_sampled_ranks": len(ranks),
+    }
+
+
+def table(rows: list[dict[str, object]]) -> str:
+    lines = [
+        "| model | layout | ranks | read items | auto | coordinator: price + plan + shares "
+        "| of which pricing | replicated planner alone | striped planner alone | coordinator peak | shares scattered, all "
+        "| largest share | share -> schedule (rank) | torch: gathered plans | torch: "
+        "coordinator unpickles | torch: one rank's items |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['layout']} | {r['world']:,} | {r['read_items']:,} "
+            f"| {r['auto']} | {r['coordinator_seconds']:.2f} s | {r['pricing_seconds']:.2f} s "
+            f"| {r['replicated_planner_seconds']:.2f} s "
+            f"| {r['striped_planner_seconds']:.2f} s "
+            f"| {r['coordinator_peak_bytes'] / 2**20:.0f} MiB "
+            f"| {r['shares_bytes'] / 2**20:.1f} MiB | {r['share_bytes_max'] / 2**10:.0f} KiB "
+            f"| {r['share_to_schedule_seconds'] * 1e3:.0f} ms "
+            f"| {r['torch_gather_bytes'] / 2**20:.0f} MiB "
+            f"| {r['torch_coordinator_unpickle_seconds']:.2f} s "
+            f"| {r['torch_rank_items_seconds'] * 1e3:.0f} ms |"
+        )
+    return "\n".join(lines) + "\n"

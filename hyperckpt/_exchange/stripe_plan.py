@@ -1,0 +1,824 @@
+"""The striped plan computed on columns: numpy over (rank, chunk, rows) arrays, arrays out.
+
+:func:`plan_stripe_arrays` is the stripe planner of :mod:`hyperckpt._exchange.stripes`
+(the same stripes, parts, rounds, messages and buffer offsets) run on the columns of
+:class:`~hyperckpt._exchange.requests.Requests` instead of per-item objects.  Its result, a
+:class:`StripePlan`, holds the whole schedule as arrays; :meth:`StripePlan.share` cuts out
+one rank's part as a small :class:`StripeShare` (arrays again, what DCP scatters back to
+that rank), and :meth:`StripeShare.schedule` builds that rank's
+:class:`~hyperckpt._exchange.stripes.StripeSchedule` on the rank itself.  The only loops
+left in Python are over extents (merged row ranges, one per stored chunk under FSDP) to cut
+the stripes, and over stripe parts to place them in rounds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
+
+from hyperckpt._exchange.requests import Requests
+from hyperckpt._exchange.schedule import ALIGN, ItemKey, item_key
+from hyperckpt._exchange.stripes import (
+    ROUTED_BASE,
+    ROUTED_PER_ITEM,
+    ChunkKey,
+    ChunkRows,
+    StripeMessage,
+    StripePart,
+    StripeSchedule,
+    StripeSlot,
+    StripesTooLarge,
+    StripeTotals,
+)
+
+__all__ = [
+    "StripeColumns",
+    "StripePlan",
+    "StripeShare",
+    "chunk_table",
+    "columns_of_plans",
+    "columns_of_requests",
+    "cut_stripes",
+    "plan_stripe_arrays",
+    "plan_stripes",
+    "ramps",
+]
+
+Ints = NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class StripeColumns:
+    """What the stripe planner needs of every rank's requests, as columns.
+
+    Attributes:
+        world: Ranks the requests come from.
+        items: Read items of all ranks (the routing limit grows with it).
+        rank: The asking rank of each request.
+        chunk: Index of each request's stored chunk.
+        key: Index of each request's bytes (equal for equal requests of different ranks).
+        first: First row (first dimension) of each request in its chunk; 0 when 0-d.
+        stop: One past its last row; 1 when 0-d.
+        box_row: Bytes of one row of the request's box (the whole request when 0-d).
+        chunk_file: Each chunk's file, as an index that orders as the file names do.
+        chunk_offset: Each chunk's first byte, absolute in its file.
+        chunk_rows: Each chunk's rows (1 when 0-d).
+        chunk_row_bytes: Bytes of one row of each chunk (the whole chunk when 0-d).
+        chunks: Each chunk's ``(tensor name, offsets)``, by index.
+        key_chunk: Each key's stored chunk.
+        key_offsets: Each key's sub-box offsets in its chunk, one row per key, padded with
+            zeros past the chunk's dimensions.
+        key_lengths: Each key's sub-box lengths, likewise.
+        chunk_ndim: Each chunk's dimensions.
+    """
+
+    world: int
+    items: int
+    rank: Ints
+    chunk: Ints
+    key: Ints
+    first: Ints
+    stop: Ints
+    box_row: Ints
+    chunk_file: Ints
+    chunk_offset: Ints
+    chunk_rows: Ints
+    chunk_row_bytes: Ints
+    chunks: tuple[tuple[str, tuple[int, ...]], ...]
+    key_chunk: Ints
+    key_offsets: Ints
+    key_lengths: Ints
+    chunk_ndim: Ints
+
+
+@dataclass(frozen=True, slots=True)
+class StripePlan:
+    """The whole striped plan as arrays.
+
+    Parts are in placement order (round by round, readers ascending); slots in message
+    order; messages by (round, source, receiver).
+
+    Attributes:
+        world: Ranks in the load.
+        rounds: Rounds in the load.
+        part_round: Each part's round.
+        part_reader: Each part's reading rank.
+        part_chunk: Each part's stored chunk (index into ``columns.chunks``).
+        part_first: First row of each part, in its chunk.
+        part_stop: One past its last row.
+        part_ordinal: Each part's index among its reader's parts.
+        slot_key: Each slot's request (key index).
+        slot_part: The ordinal, among the source's parts, of the part each slot is cut from.
+        slot_first: First row of each slot, in its chunk.
+        slot_stop: One past its last row.
+        slot_offset: First byte of each slot in its message (a multiple of ``ALIGN``).
+        slot_nbytes: Each slot's bytes.
+        message_round: Each message's round.
+        message_source: Its reading rank.
+        message_receiver: Its receiving rank (the source for a local copy).
+        message_start: Index of its first slot.
+        message_nbytes: Its buffer's bytes, padding included.
+        columns: The requests it was planned from.
+    """
+
+    world: int
+    rounds: int
+    part_round: Ints
+    part_reader: Ints
+    part_chunk: Ints
+    part_first: Ints
+    part_stop: Ints
+    part_ordinal: Ints
+    slot_key: Ints
+    slot_part: Ints
+    slot_first: Ints
+    slot_stop: Ints
+    slot_offset: Ints
+    slot_nbytes: Ints
+    message_round: Ints
+    message_source: Ints
+    message_receiver: Ints
+    message_start: Ints
+    message_nbytes: Ints
+    columns: StripeColumns
+
+    def totals(self) -> StripeTotals:
+        """Bytes and parts each rank reads, payload it sends and receives, the rounds."""
+        world = self.world
+        rows = self.part_stop - self.part_first
+        part_bytes = rows * self.columns.chunk_row_bytes[self.part_chunk]
+        read = np.zeros(world, np.int64)
+        np.add.at(read, self.part_reader, part_bytes)
+        reads = np.bincount(self.part_reader, minlength=world)
+        slot_message = np.repeat(np.arange(len(self.message_start)), np.diff(self._slot_bounds()))
+        source = self.message_source[slot_message]
+        receiver = self.message_receiver[slot_message]
+        moved = source != receiver
+        sent = np.zeros(world, np.int64)
+        got = np.zeros(world, np.int64)
+        np.add.at(sent, source[moved], self.slot_nbytes[moved])
+        np.add.at(got, receiver[moved], self.slot_nbytes[moved])
+        return StripeTotals(
+            _int_tuple(read), _int_tuple(reads), _int_tuple(sent), _int_tuple(got), self.rounds
+        )
+
+    def _slot_bounds(self) -> Ints:
+        return np.append(self.message_start, len(self.slot_key)).astype(np.int64)
+
+    def shares(self, table: Sequence[ChunkKey] | None = None) -> list[StripeShare]:
+        """Every rank's :class:`StripeShare`, by rank.
+
+        Args:
+            table: A list of stored chunks every rank holds in the same order (see
+                :func:`chunk_table`): the shares then name chunks by their index there
+                instead of by name.  Every chunk of the plan must be in it.
+        """
+        world = self.world
+        bounds = self._slot_bounds()
+        # Each message belongs to its source and, when another rank, its receiver.
+        index = np.arange(len(self.message_start))
+        other = self.message_receiver != self.message_source
+        owner = np.concatenate((self.message_source, self.message_receiver[other]))
+        owned = np.concatenate((index, index[other]))
+        order = np.lexsort((owned, owner))
+        owner, owned = owner[order], owned[order]
+        message_edges = np.searchsorted(owner, np.arange(world + 1))
+        part_order = np.argsort(self.part_reader, kind="stable")
+        part_edges = np.searchsorted(self.part_reader[part_order], np.arange(world + 1))
+        in_table = None
+        if table is not None:
+            where = {chunk: number for number, chunk in enumerate(table)}
+            in_table = _ints([where[chunk] for chunk in self.columns.chunks])
+        return [
+            self._share(
+                rank,
+                owned[message_edges[rank] : message_edges[rank + 1]],
+                part_order[part_edges[rank] : part_edges[rank + 1]],
+                bounds,
+                in_table,
+            )
+            for rank in range(world)
+        ]
+
+    def _share(
+        self, rank: int, messages: Ints, parts: Ints, bounds: Ints, in_table: Ints | None
+    ) -> StripeShare:
+        counts = bounds[messages + 1] - bounds[messages]
+        slots = np.repeat(bounds[messages], counts) + ramps(counts)
+        c = self.columns
+        keys, key_local = np.unique(self.slot_key[slots], return_inverse=True)
+        chunks, chunk_local = np.unique(
+            np.concatenate((self.part_chunk[parts], c.key_chunk[keys])), return_inverse=True
+        )
+        chunk_local = chunk_local.reshape(-1)
+        ndim = c.chunk_ndim[chunks]
+        width = int(ndim.max(initial=0))
+        named: tuple[ChunkKey, ...] | Ints = (
+            tuple(c.chunks[int(i)] for i in chunks)
+            if in_table is None
+            else _small(in_table[chunks])
+        )
+        return StripeShare(
+            rank=rank,
+            world_size=self.world,
+            rounds=self.rounds,
+            chunks=named,
+            chunk_ndim=_small(ndim),
+            key_chunk=_small(chunk_local[len(parts) :]),
+            key_offsets=_small(c.key_offsets[keys, :width]),
+            key_lengths=_small(c.key_lengths[keys, :width]),
+            parts=_columns(
+                self.part_round[parts],
+                chunk_local[: len(parts)],
+                self.part_first[parts],
+                self.part_stop[parts],
+            ),
+            messages=_columns(
+                self.message_round[messages],
+                self.message_source[messages],
+                self.message_receiver[messages],
+                self.message_nbytes[messages],
+                counts,
+            ),
+            slots=_columns(
+                key_local.reshape(-1),
+                self.slot_part[slots],
+                self.slot_first[slots],
+                self.slot_stop[slots],
+                self.slot_offset[slots],
+                self.slot_nbytes[slots],
+            ),
+        )
+
+
+def chunk_table(chunks: Iterable[ChunkKey]) -> tuple[ChunkKey, ...]:
+    """The stored chunks in the order every rank can compute from the checkpoint's
+    metadata alone: sorted by (tensor name, offsets)."""
+    return tuple(sorted(chunks))
+
+
+@dataclass(frozen=True, slots=True)
+class StripeShare:
+    """One rank's part of a striped plan, as arrays; the ``storage_data`` DCP scatters back.
+
+    Every array is stored in the narrowest integer type that holds it.
+
+    Attributes:
+        rank: The rank it is for.
+        world_size: The process group's size.
+        rounds: Rounds in the whole load.
+        chunks: The stored chunks this rank's parts read and its slots' requests ask from:
+            ``(tensor name, offsets)`` tuples, or their indices in a :func:`chunk_table`
+            (then :meth:`schedule` needs that table).
+        chunk_ndim: Each chunk's dimensions.
+        key_chunk: The chunk (index into ``chunks``) of each request this rank's slots
+            serve.
+        key_offsets: Each such request's sub-box offsets, one row each (zero-padded).
+        key_lengths: Its lengths, likewise.
+        parts: Columns (round, chunk index into ``chunks``, first row, stop row), one entry
+            per part, in the rank's reading order.
+        messages: Columns (round, source, receiver, bytes, slots), one entry per message
+            this rank sends or receives, by (round, source, receiver).
+        slots: Columns (key index, source's part, first row, stop row, offset, bytes), one
+            entry per slot, message after message.
+        local_ranks: Ranks of the group on this rank's host (they share its cores).
+    """
+
+    rank: int
+    world_size: int
+    rounds: int
+    chunks: tuple[ChunkKey, ...] | Ints
+    chunk_ndim: Ints
+    key_chunk: Ints
+    key_offsets: Ints
+    key_lengths: Ints
+    parts: tuple[Ints, ...]
+    messages: tuple[Ints, ...]
+    slots: tuple[Ints, ...]
+    local_ranks: int = 1
+
+    def schedule(self, table: Sequence[ChunkKey] | None = None) -> StripeSchedule:
+        """This rank's schedule as the striped exchange runs it.
+
+        Args:
+            table: The :func:`chunk_table` the coordinator named chunks by, when it did.
+        """
+        if isinstance(self.chunks, tuple):
+            names = self.chunks
+        else:
+            assert table is not None, "a share that names chunks by index needs their table"
+            names = tuple(table[i] for i in self.chunks.tolist())
+        ndims = self.chunk_ndim.tolist()
+        keys: list[ItemKey] = []
+        for chunk, offsets, lengths in zip(
+            self.key_chunk.tolist(),
+            self.key_offsets.tolist(),
+            self.key_lengths.tolist(),
+            strict=True,
+        ):
+            name, chunk_offsets = names[chunk]
+            ndim = ndims[chunk]
+            keys.append((name, chunk_offsets, tuple(offsets[:ndim]), tuple(lengths[:ndim])))
+        parts = tuple(
+            StripePart(round_, self.rank, names[chunk], (first, stop))
+            for round_, chunk, first, stop in zip(*(a.tolist() for a in self.parts), strict=True)
+        )
+        slots = [
+            StripeSlot(keys[key], part, (first, stop), offset, nbytes)
+            for key, part, first, stop, offset, nbytes in zip(
+                *(a.tolist() for a in self.slots), strict=True
+            )
+        ]
+        messages = []
+        start = 0
+        for round_, source, receiver, nbytes, count in zip(
+            *(a.tolist() for a in self.messages), strict=True
+        ):
+            messages.append(
+                StripeMessage(round_, source, receiver, tuple(slots[start : start + count]), nbytes)
+            )
+            start += count
+        return StripeSchedule(
+            self.rank, self.world_size, self.rounds, parts, tuple(messages), self.local_ranks
+        )
+
+
+def plan_stripe_arrays(
+    columns: StripeColumns, *, round_bytes: int, readers: list[int] | None = None
+) -> StripePlan:
+    """Cut the needed rows into stripes, one run per reader, and route every box.
+
+    Exactly :func:`hyperckpt._exchange.stripes.plan_stripes`'s plan (see there), on columns.
+
+    Args:
+        columns: Every rank's requests.
+        round_bytes: Most bytes a rank reads, and most it receives, in one round (one row
+            more when a single row is larger).
+        readers: The ranks that read stripes, in stripe order (all ranks by default).
+
+    Raises:
+        StripesTooLarge: The plan would route more boxes than :data:`ROUTED_BASE` +
+            :data:`ROUTED_PER_ITEM` x the read items.
+    """
+    c = columns
+    world = c.world
+    readers = list(range(world)) if readers is None else readers
+    wanted = (c.stop > c.first) & (c.box_row > 0)
+    req = _sorted_requests(c, wanted)
+    r_chunk, r_first, r_stop, r_rank, r_key, r_row = req
+    # The union of the requested rows per chunk (touching ranges merge), in file order.
+    span = int(c.chunk_rows.max(initial=0)) + 2
+    reach = np.maximum.accumulate(r_chunk * span + r_stop) - r_chunk * span
+    begins = np.ones(len(r_chunk), dtype=bool)
+    if len(r_chunk):
+        begins[1:] = (r_chunk[1:] != r_chunk[:-1]) | (r_first[1:] > reach[:-1])
+    group = np.cumsum(begins) - 1
+    ext_chunk, ext_first = r_chunk[begins], r_first[begins]
+    ext_stop = np.zeros(len(ext_chunk), np.int64)
+    np.maximum.at(ext_stop, group, r_stop)
+    row_bytes = c.chunk_row_bytes
+    offsets = c.chunk_offset[ext_chunk] + ext_first * row_bytes[ext_chunk]
+    in_file = np.lexsort((ext_first, ext_chunk, offsets, c.chunk_file[ext_chunk]))
+    ext_chunk, ext_first, ext_stop = ext_chunk[in_file], ext_first[in_file], ext_stop[in_file]
+    ext_row = row_bytes[ext_chunk]
+    st_reader, st_ext, st_first, st_stop = cut_stripes(ext_row, ext_first, ext_stop, readers)
+    st_chunk = ext_chunk[st_ext]
+    # How many times, on average, each needed byte is delivered (1 for FSDP, W replicated).
+    delivered = int(((r_stop - r_first) * r_row).sum())
+    needed = int(((ext_stop - ext_first) * ext_row).sum())
+    fanout = delivered / needed if needed else 1.0
+    part_bytes = max(1, round_bytes // max(1, round(fanout)))
+    # Each stripe split into parts of at most part_bytes (one row at least).
+    step = np.maximum(1, part_bytes // row_bytes[st_chunk])
+    count = -(-(st_stop - st_first) // step)
+    stripe = np.repeat(np.arange(len(st_first)), count)
+    p_first = st_first[stripe] + ramps(count) * step[stripe]
+    p_stop = np.minimum(st_stop[stripe], p_first + step[stripe])
+    p_chunk, p_reader = st_chunk[stripe], st_reader[stripe]
+    # Requests and parts in one row space: chunk after chunk.
+    base = np.concatenate(([0], np.cumsum(c.chunk_rows)))[:-1].astype(np.int64)
+    g_begin, g_end = base[r_chunk] + r_first, base[r_chunk] + r_stop
+    g_first, g_stop = base[p_chunk] + p_first, base[p_chunk] + p_stop
+    # Counted before any box is built, so an absurd plan is refused in linear time.
+    routed = int(
+        (
+            np.searchsorted(g_begin, g_stop, side="left")
+            - np.searchsorted(np.sort(g_end), g_first, side="right")
+        ).sum()
+    )
+    limit = ROUTED_BASE + ROUTED_PER_ITEM * c.items
+    if routed > limit:
+        raise StripesTooLarge(routed, limit, world)
+    # Every request's rows within every part: boxes by part, then request order.
+    g_reach = np.maximum.accumulate(g_end) if len(g_end) else g_end
+    low = np.searchsorted(g_reach, g_first, side="right")
+    high = np.searchsorted(g_begin, g_stop, side="left")
+    width = np.maximum(0, high - low)
+    b_part = np.repeat(np.arange(len(p_first)), width)
+    b_req = np.repeat(low, width) + ramps(width)
+    b_a = np.maximum(g_begin[b_req], g_first[b_part])
+    b_b = np.minimum(g_end[b_req], g_stop[b_part])
+    inside = b_a < b_b
+    b_part, b_req, b_a, b_b = b_part[inside], b_req[inside], b_a[inside], b_b[inside]
+    b_bytes = (b_b - b_a) * r_row[b_req]
+    b_receiver = r_rank[b_req]
+    p_bytes = (p_stop - p_first) * row_bytes[p_chunk]
+    p_round, placed = _place(p_reader, p_bytes, b_part, b_receiver, b_bytes, world, round_bytes)
+    # Parts in placement order, and each part's ordinal among its reader's parts.
+    where = np.empty(len(placed), np.int64)
+    where[placed] = np.arange(len(placed))
+    ordinal = np.empty(len(placed), np.int64)
+    by_reader = np.lexsort((where, p_reader))
+    ordinal[by_reader] = ramps(np.bincount(p_reader, minlength=world))
+    # Slots: boxes by (round, source, receiver), then placement and request order.
+    b_round, b_source = p_round[b_part], p_reader[b_part]
+    order = np.lexsort((np.arange(len(b_part)), where[b_part], b_receiver, b_source, b_round))
+    b_round, b_source, b_receiver = b_round[order], b_source[order], b_receiver[order]
+    b_part, b_req, b_a, b_b, b_bytes = (
+        b_part[order],
+        b_req[order],
+        b_a[order],
+        b_b[order],
+        b_bytes[order],
+    )
+    starts = np.ones(len(order), dtype=bool)
+    if len(order):
+        starts[1:] = (
+            (b_round[1:] != b_round[:-1])
+            | (b_source[1:] != b_source[:-1])
+            | (b_receiver[1:] != b_receiver[:-1])
+        )
+    message = np.cumsum(starts) - 1
+    aligned = -(-b_bytes // ALIGN) * ALIGN
+    total = np.cumsum(aligned)
+    first_of = np.flatnonzero(starts)
+    before = (total - aligned)[first_of]
+    slot_offset = total - aligned - before[message]
+    last = np.append(first_of[1:], len(order)) - 1
+    message_nbytes = slot_offset[last] + b_bytes[last] if len(order) else np.zeros(0, np.int64)
+    chunk_base = base[r_chunk[b_req]]
+    return StripePlan(
+        world=world,
+        rounds=int(p_round.max(initial=-1)) + 1,
+        part_round=p_round[placed],
+        part_reader=p_reader[placed],
+        part_chunk=p_chunk[placed],
+        part_first=p_first[placed],
+        part_stop=p_stop[placed],
+        part_ordinal=ordinal[placed],
+        slot_key=r_key[b_req],
+        slot_part=ordinal[b_part],
+        slot_first=b_a - chunk_base,
+        slot_stop=b_b - chunk_base,
+        slot_offset=slot_offset,
+        slot_nbytes=b_bytes,
+        message_round=b_round[first_of],
+        message_source=b_source[first_of],
+        message_receiver=b_receiver[first_of],
+        message_start=first_of.astype(np.int64),
+        message_nbytes=message_nbytes.astype(np.int64),
+        columns=columns,
+    )
+
+
+def _sorted_requests(
+    c: StripeColumns, wanted: NDArray[np.bool_]
+) -> tuple[Ints, Ints, Ints, Ints, Ints, Ints]:
+    """The wanted requests sorted by (chunk, first, stop, rank, request): the old planner's
+    order of each chunk's requests (its tuples compared the ``item_key`` last)."""
+    chunk, first, stop = c.chunk[wanted], c.first[wanted], c.stop[wanted]
+    rank, key, row = c.rank[wanted], c.key[wanted], c.box_row[wanted]
+    order = np.lexsort((key, rank, stop, first, chunk))
+    chunk, first, stop, rank, key, row = (
+        chunk[order],
+        first[order],
+        stop[order],
+        rank[order],
+        key[order],
+        row[order],
+    )
+    if len(chunk) > 1:
+        # Requests of one rank for the same rows of a chunk but other columns: order them
+        # by their item_key tuples (rare: a loop over those runs only).
+        tie = (
+            (chunk[1:] == chunk[:-1])
+            & (first[1:] == first[:-1])
+            & (stop[1:] == stop[:-1])
+            & (rank[1:] == rank[:-1])
+        )
+        if (tie & (key[1:] != key[:-1])).any():
+            run_start = np.flatnonzero(np.diff(np.concatenate(([0], tie.astype(np.int8)))) == 1)
+            run_stop = np.flatnonzero(np.diff(np.concatenate((tie.astype(np.int8), [0]))) == -1)
+            for a, b in zip(run_start.tolist(), (run_stop + 2).tolist(), strict=True):
+                within = sorted(
+                    range(a, b),
+                    key=lambda i: (
+                        c.key_offsets[key[i]].tolist(),
+                        c.key_lengths[key[i]].tolist(),
+                        i,
+                    ),
+                )
+                key[a:b] = key[within]
+                row[a:b] = row[within]
+    return chunk, first, stop, rank, key, row
+
+
+def cut_stripes(
+    ext_row: Ints, ext_first: Ints, ext_stop: Ints, readers: list[int]
+) -> tuple[Ints, Ints, Ints, Ints]:
+    """Deal the extents, in file order, to the readers in runs of about equal bytes.
+
+    Cuts fall on row boundaries; a reader takes at least one row, and a row goes to the
+    next reader when less than half of it fits the current one's share.
+
+    Args:
+        ext_row: Bytes of one row of each extent's chunk.
+        ext_first: Each extent's first row.
+        ext_stop: One past each extent's last row.
+        readers: The reading ranks, in stripe order.
+
+    Returns:
+        Each stripe's reader, extent index, first row and stop row, in stripe order.
+    """
+    rows_of = ext_row.tolist()
+    firsts, stops = ext_first.tolist(), ext_stop.tolist()
+    total = sum(
+        (stop - first) * row for first, stop, row in zip(firsts, stops, rows_of, strict=True)
+    )
+    share = total / len(readers) if readers else 0.0
+    out_reader: list[int] = []
+    out_ext: list[int] = []
+    out_first: list[int] = []
+    out_stop: list[int] = []
+    reader, load, taken = 0, 0, 0
+    last_reader = len(readers) - 1
+    for ext, (first, stop, row) in enumerate(zip(firsts, stops, rows_of, strict=True)):
+        while first < stop:
+            last = reader == last_reader
+            room = share * (reader + 1) - taken  # cumulative target keeps rounding fair
+            rows = stop - first if last else min(stop - first, max(0, math.floor(room / row + 0.5)))
+            if rows == 0 and load == 0:
+                rows = 1
+            if rows == 0:
+                reader, load = reader + 1, 0
+                continue
+            out_reader.append(readers[reader])
+            out_ext.append(ext)
+            out_first.append(first)
+            out_stop.append(first + rows)
+            first += rows
+            load += rows * row
+            taken += rows * row
+            if not last and taken >= share * (reader + 1):
+                reader, load = reader + 1, 0
+    return _ints(out_reader), _ints(out_ext), _ints(out_first), _ints(out_stop)
+
+
+def _place(
+    reader: Ints,
+    nbytes: Ints,
+    box_part: Ints,
+    box_receiver: Ints,
+    box_bytes: Ints,
+    world: int,
+    round_bytes: int,
+) -> tuple[Ints, Ints]:
+    """Place the parts in rounds: each reader, ascending, takes its next parts while its
+    reads and every receiver's receipts stay within ``round_bytes`` (a part alone always
+    fits an empty round).
+
+    Returns:
+        Each part's round, and the parts in placement order.
+    """
+    parts = len(reader)
+    # Bytes each part sends each other rank: (part, receiver) pairs, sorted by part.
+    moved = box_receiver != reader[box_part]
+    pair = box_part[moved] * world + box_receiver[moved]
+    unique, inverse = np.unique(pair, return_inverse=True)
+    sizes = np.bincount(inverse.reshape(-1), weights=box_bytes[moved]).astype(np.int64)
+    receivers = unique % world
+    edges = np.searchsorted(unique // world, np.arange(parts + 1))
+    queues: dict[int, list[int]] = {}
+    for part, who in enumerate(reader.tolist()):
+        queues.setdefault(who, []).append(part)
+    for queue in queues.values():
+        queue.reverse()
+    part_bytes = nbytes.tolist()
+    edge = edges.tolist()
+    rounds = np.zeros(parts, np.int64)
+    placed: list[int] = []
+    received = np.zeros(world, np.int64)
+    number = 0
+    order = sorted(queues)
+    while order:
+        received[:] = 0
+        for who in order:
+            queue = queues[who]
+            read = 0
+            while queue:
+                part = queue[-1]
+                size = part_bytes[part]
+                a, b = edge[part], edge[part + 1]
+                if a < b:
+                    into = receivers[a:b]
+                    held = received[into]
+                    fits = read + size <= round_bytes and bool(
+                        (held + sizes[a:b] <= round_bytes).all()
+                    )
+                    busy = read > 0 or bool(held.any())
+                else:
+                    fits = read + size <= round_bytes
+                    busy = read > 0
+                if not fits and busy:
+                    break
+                queue.pop()
+                rounds[part] = number
+                placed.append(part)
+                read += size
+                if a < b:
+                    received[into] += sizes[a:b]
+        order = [who for who in order if queues[who]]
+        number += 1
+    return rounds, _ints(placed)
+
+
+def ramps(count: Ints) -> Ints:
+    """``0 .. n - 1`` for each ``n`` of ``count``, concatenated."""
+    total = int(count.sum())
+    if not total:
+        return np.zeros(0, np.int64)
+    ends = np.cumsum(count)
+    out: Ints = np.arange(total, dtype=np.int64) - np.repeat(ends - count, count)
+    return out
+
+
+def _ints(values: list[int]) -> Ints:
+    return np.asarray(values, dtype=np.int64).reshape(-1)
+
+
+def _columns(*values: Ints) -> tuple[Ints, ...]:
+    return tuple(_small(np.asarray(v, dtype=np.int64).reshape(-1)) for v in values)
+
+
+def _small(values: Ints) -> Ints:
+    """``values`` in the narrowest signed integer type that holds them (smaller pickles)."""
+    if not values.size:
+        return values.astype(np.int8)
+    low, high = int(values.min()), int(values.max())
+    for kind in (np.int8, np.int16, np.int32):
+        info = np.iinfo(kind)
+        if info.min <= low and high <= info.max:
+            return values.astype(kind)
+    return values.astype(np.int64)
+
+
+def _int_tuple(values: Ints) -> tuple[int, ...]:
+    return tuple(int(v) for v in values.tolist())
+
+
+def columns_of_requests(requests: Requests) -> StripeColumns:
+    """The stripe planner's columns from the requests the cost model prices."""
+    r = requests
+    rows = r.stop - r.first
+    return StripeColumns(
+        world=r.world,
+        items=len(r.rank),
+        rank=r.rank,
+        chunk=r.chunk,
+        key=r.key,
+        first=r.first,
+        stop=r.stop,
+        box_row=np.where(rows > 0, r.nbytes // np.maximum(1, rows), 0),
+        chunk_file=r.chunk_file,
+        chunk_offset=r.chunk_offset,
+        chunk_rows=r.chunk_rows,
+        chunk_row_bytes=r.chunk_row_bytes,
+        chunks=r.chunks,
+        **_key_table(r.raw_keys, len(r.chunks)),
+    )
+
+
+def columns_of_plans(
+    plans: Sequence[LoadPlan], chunk_of: Callable[[ReadItem], ChunkRows]
+) -> StripeColumns:
+    """The stripe planner's columns from every rank's plan (one walk over the items);
+    ``chunk_of`` is asked once per stored chunk."""
+    chunk_ids: dict[ChunkKey, int] = {}
+    infos: list[ChunkRows] = []
+    key_ids: dict[ItemKey, int] = {}
+    raw_keys: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
+    rank_col: list[int] = []
+    chunk_col: list[int] = []
+    key_col: list[int] = []
+    first_col: list[int] = []
+    stop_col: list[int] = []
+    row_col: list[int] = []
+    for rank, plan in enumerate(plans):
+        for item in plan.items:
+            key = item_key(item)
+            cid = chunk_ids.get((key[0], key[1]))
+            if cid is None:
+                cid = chunk_ids[(key[0], key[1])] = len(infos)
+                infos.append(chunk_of(item))
+            info = infos[cid]
+            rank_col.append(rank)
+            chunk_col.append(cid)
+            kid = key_ids.get(key)
+            if kid is None:
+                kid = key_ids[key] = len(raw_keys)
+                raw_keys.append((cid, key[2], key[3]))
+            key_col.append(kid)
+            if item.lengths:
+                first_col.append(item.storage_offsets[0])
+                stop_col.append(item.storage_offsets[0] + item.lengths[0])
+                row_col.append(math.prod(item.lengths[1:]) * info.itemsize)
+            else:
+                first_col.append(0)
+                stop_col.append(1)
+                row_col.append(info.row_bytes)
+    files = sorted({info.file for info in infos})
+    file_ids = {name: number for number, name in enumerate(files)}
+    return StripeColumns(
+        world=len(plans),
+        items=len(rank_col),
+        rank=_ints(rank_col),
+        chunk=_ints(chunk_col),
+        key=_ints(key_col),
+        first=_ints(first_col),
+        stop=_ints(stop_col),
+        box_row=_ints(row_col),
+        chunk_file=_ints([file_ids[info.file] for info in infos]),
+        chunk_offset=_ints([info.offset for info in infos]),
+        chunk_rows=_ints([info.rows for info in infos]),
+        chunk_row_bytes=_ints([info.row_bytes for info in infos]),
+        chunks=tuple(chunk_ids),
+        **_key_table(raw_keys, len(infos)),
+    )
+
+
+def _key_table(
+    raw_keys: Sequence[tuple[int, Sequence[int], Sequence[int]]], chunks: int
+) -> dict[str, Ints]:
+    """Each key's chunk, offsets and lengths as arrays (rows zero-padded to the widest
+    chunk), and each chunk's dimensions: the ``key_*`` and ``chunk_ndim`` columns."""
+    count = len(raw_keys)
+    key_chunk = np.fromiter((k[0] for k in raw_keys), dtype=np.int64, count=count)
+    key_ndim = np.fromiter((len(k[2]) for k in raw_keys), dtype=np.int64, count=count)
+    chunk_ndim = np.zeros(chunks, np.int64)
+    chunk_ndim[key_chunk] = key_ndim
+    width = int(key_ndim.max(initial=0))
+    offsets = np.zeros((count, width), np.int64)
+    lengths = np.zeros((count, width), np.int64)
+    for ndim in np.unique(key_ndim).tolist():
+        if not ndim:
+            continue
+        rows = np.flatnonzero(key_ndim == ndim)
+        picked = [raw_keys[i] for i in rows.tolist()]
+        offsets[rows, :ndim] = np.asarray([k[1] for k in picked], dtype=np.int64)
+        lengths[rows, :ndim] = np.asarray([k[2] for k in picked], dtype=np.int64)
+    return {
+        "key_chunk": key_chunk,
+        "key_offsets": offsets,
+        "key_lengths": lengths,
+        "chunk_ndim": chunk_ndim,
+    }
+
+
+def plan_stripes(
+    plans: Sequence[LoadPlan],
+    chunk_of: Callable[[ReadItem], ChunkRows],
+    *,
+    round_bytes: int,
+    readers: Sequence[int] | None = None,
+) -> tuple[list[StripeSchedule], StripeTotals]:
+    """Every rank's :class:`~hyperckpt._exchange.stripes.StripeSchedule` and the totals.
+
+    The needed rows (the union, per stored chunk, of every rank's first-dimension ranges)
+    are dealt in file order to the readers in runs of about equal bytes; each run is split
+    into parts of at most ``round_bytes`` over the average fan-out; parts are placed in
+    rounds so that no rank reads, nor receives, more than ``round_bytes`` in one (a part
+    alone always fits); in each round every reader sends each receiver one message with
+    every box (a request's rows within a part) it needs.
+
+    Args:
+        plans: Every rank's plan, by rank.
+        chunk_of: The stored chunk a read item asks from.
+        round_bytes: The round budget, bytes.
+        readers: The ranks that read stripes, in stripe order (all ranks by default).
+
+    Raises:
+        StripesTooLarge: The plan would route more boxes than :data:`ROUTED_BASE` +
+            :data:`ROUTED_PER_ITEM` x the plans' read items.
+    """
+    plan = plan_stripe_arrays(
+        columns_of_plans(plans, chunk_of),
+        round_bytes=round_bytes,
+        readers=None if readers is None else list(readers),
+    )
+    table = chunk_table(plan.columns.chunks)
+    return [share.schedule(table) for share in plan.shares(table)], plan.totals()
