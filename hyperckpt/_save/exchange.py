@@ -47,6 +47,8 @@ def exchange_bands(
         world: Ranks in ``group``.
         group: The process group (``None``: the default one).
     """
+    if not rounds:
+        return
     device = transfer_device(group if group is not None else dist.group.WORLD)  # type: ignore[arg-type]
     for bands in rounds:
         send_sizes = [0] * world

@@ -33,7 +33,8 @@ from hyperckpt.errors import CheckpointError
 
 __all__ = ["BLOCK_BYTES", "audit_boxes", "write_boxes"]
 
-#: Largest block of converted (or device-to-host copied) rows held at once per thread.
+#: Largest block of converted (or device-to-host copied) rows, or of bytes re-read by the
+#: audit, held at once per thread.
 BLOCK_BYTES: Final = 8 * 2**20
 
 #: Bytes written before progress is told (a column slice writes a run per row).
@@ -149,7 +150,10 @@ def audit_boxes(
             box = boxes[n]
             crc = 0
             for offset, _, length in _file_runs(box):
-                crc = zlib.crc32(files.pread_exact(fds[box.file], length, offset), crc)
+                # In blocks: a box (a band, an FSDP shard) may be far larger than a block.
+                for at in range(offset, offset + length, BLOCK_BYTES):
+                    size = min(BLOCK_BYTES, offset + length - at)
+                    crc = zlib.crc32(files.pread_exact(fds[box.file], size, at), crc)
             if crc != digests[n]:
                 raise CheckpointError(
                     f"{path}: {box.file}: tensor {box.tensor!r}, box at {list(box.box[0])} of "
