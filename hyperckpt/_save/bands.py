@@ -34,26 +34,39 @@ __all__ = ["Band", "ColumnCosts", "Piece", "plan_bands", "runs_of"]
 
 #: Alignment of each piece inside a message, in bytes (any dtype may be viewed in place).
 PIECE_ALIGN: Final = 16
+#: Seconds per run beyond its bytes, written row by row (and again re-read by the audit).
+CPU_RUN_SECONDS: Final = 8e-6
+#: Bytes per second the exchange moves end to end over gloo between local CPU ranks.
+GLOO_EXCHANGE_BYTES_PER_SECOND: Final = 0.6e9
+#: Bytes per second assumed for NCCL between GPUs of one host (not measured here).
+NCCL_EXCHANGE_BYTES_PER_SECOND: Final = 20e9
 
 
 @dataclass(frozen=True, slots=True)
 class ColumnCosts:
     """The cost rule choosing between per-row writes and an exchange, per tensor.
 
-    Per-row writing costs ``run_seconds`` per run (one ``pwrite`` and, with the audit, one
-    re-read from Python, measured at about 8 us each for 2-6 KiB runs on the 2-core dev VM,
-    ``benchmarks/bench_save.py --columns``); the exchange costs the bytes that change rank
-    at ``exchange_bytes_per_second`` (gloo ``all_to_all_single`` between 2 local ranks
-    measured 0.6 GB/s there; NCCL is far faster).  Writing the bytes themselves costs the
-    same either way and is left out.
+    Per-row writing costs ``run_seconds`` per run beyond its bytes (one ``pwrite`` and,
+    with the audit, one re-read, from Python); the exchange costs the bytes that change rank
+    at ``exchange_bytes_per_second``, end to end (packing, the collective, assembling).
+    Writing the bytes themselves costs the same either way and is left out.  The defaults
+    are :meth:`for_device`'s CPU (gloo) figures.
 
     Attributes:
-        run_seconds: Seconds per run written (and re-read by the audit) row by row.
+        run_seconds: Seconds per run written (and again per run re-read by the audit).
         exchange_bytes_per_second: Bytes per second moved between ranks by the exchange.
     """
 
-    run_seconds: float = 8e-6
-    exchange_bytes_per_second: float = 0.6e9
+    run_seconds: float = CPU_RUN_SECONDS
+    exchange_bytes_per_second: float = GLOO_EXCHANGE_BYTES_PER_SECOND
+
+    @classmethod
+    def for_device(cls, device_type: str) -> ColumnCosts:
+        """The rule for an exchange whose buffers live on ``device_type`` (the process
+        group's transfer device): ``"cuda"`` (NCCL) moves bytes far faster than gloo."""
+        if device_type == "cuda":
+            return cls(exchange_bytes_per_second=NCCL_EXCHANGE_BYTES_PER_SECOND)
+        return cls()
 
     def exchange_pays(self, runs: int, moved_bytes: int, *, audit: bool) -> bool:
         """Whether exchanging ``moved_bytes`` beats writing ``runs`` runs one by one."""

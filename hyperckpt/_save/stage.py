@@ -30,8 +30,9 @@ from typing import cast
 
 import torch.distributed as dist
 
+from hyperckpt._exchange.rounds import transfer_device
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
-from hyperckpt._save.bands import Band, plan_bands
+from hyperckpt._save.bands import Band, ColumnCosts, plan_bands
 from hyperckpt._save.boxes import LocalTensor, TensorSummary
 from hyperckpt._save.exchange import exchange_bands
 from hyperckpt._save.merge import merge
@@ -195,8 +196,13 @@ def stage(
     rounds: tuple[tuple[Band, ...], ...] = ()
     try:
         if plan is not None and not built.per_rank and not ranks.alone:
+            device = transfer_device(group if group is not None else dist.group.WORLD)  # type: ignore[arg-type]
             plan, rounds = plan_bands(
-                plan, world, staging_bytes=built.staging_bytes, audit=built.audit
+                plan,
+                world,
+                staging_bytes=built.staging_bytes,
+                audit=built.audit,
+                costs=ColumnCosts.for_device(device.type),
             )
     except FAILURES as err:
         failure = err

@@ -132,3 +132,12 @@ def test_bands_tile_the_tensor_pieces_come_once_from_the_plan_s_writer_and_round
         for rank in range(world):
             received = sum(b.nbytes for b in r if b.write.writer == rank)
             assert 2 * received + sum(b.sent_by(rank) for b in r) <= budget
+
+
+def test_an_nccl_group_exchanges_runs_that_a_gloo_group_writes_in_place() -> None:
+    # 10,000 runs of 2 KiB on each of 2 ranks: 10 MB move between ranks.
+    runs, moved = 10_000, 10 * 2**20
+    cpu, cuda = ColumnCosts.for_device("cpu"), ColumnCosts.for_device("cuda")
+    assert cuda.exchange_bytes_per_second > cpu.exchange_bytes_per_second
+    assert cuda.exchange_pays(runs, moved, audit=True)
+    assert not cpu.exchange_pays(runs, moved * 100, audit=True)
