@@ -15,8 +15,9 @@ ranks from each rank's own values (no whole tensor is made) in one of these layo
 
 Each is saved into a Hugging Face checkpoint by every row:
 
-* ``hyperckpt``: ``hyperckpt.save`` (fsyncs, audits, renames); ``hyperckpt per-row``: the
-  same with the column exchange off (each column slice written row by row);
+* ``hyperckpt``: ``hyperckpt.save`` (fsyncs, audits, renames; its cost rule picks per
+  tensor between writing column slices row by row and exchanging them into row bands);
+  ``hyperckpt per-row`` and ``hyperckpt exchange``: the same with the rule forced one way;
 * ``torch+consolidate``: torch's ``HuggingFaceStorageWriter(save_distributed=True)``, then
   ``consolidate_safetensors_files`` on rank 0;
 * ``torch consolidation``: torch's writer with ``enable_consolidation=True``;
@@ -69,6 +70,7 @@ from hyperckpt._dist.spawn import RankFailure, spawn_ranks
 CASES = (
     "hyperckpt",
     "hyperckpt per-row",
+    "hyperckpt exchange",
     "torch+consolidate",
     "torch consolidation",
     "torch-checkpointing",
@@ -239,6 +241,9 @@ def _case(rank: int, world: int, case: str, layout: str, size: float, out: str) 
 
         if case == "hyperckpt per-row":
             stage.plan_bands = lambda plan, *a, **k: (plan, ())  # type: ignore[assignment]
+        elif case == "hyperckpt exchange":  # every column slice, whatever the cost rule says
+            always = stage.ColumnCosts(run_seconds=1.0)
+            stage.ColumnCosts.for_device = lambda device: always  # type: ignore[method-assign,assignment]
         hyperckpt.save(state, target)
     elif case == "torch+consolidate":
         import torch.distributed.checkpoint as dcp
@@ -371,7 +376,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.quick:
         args.ranks, args.layouts = [2], ["fsdp", "cols"]
-        args.cases = ["hyperckpt", "hyperckpt per-row", "torch+consolidate"]
+        args.cases = ["hyperckpt", "hyperckpt exchange", "torch+consolidate"]
     specs = llama_specs(args.size)
     nbytes = sum(s.nbytes for s in specs)
     rows: list[dict[str, Any]] = []
@@ -384,7 +389,8 @@ def main() -> int:
         for world in args.ranks:
             for layout in args.layouts:
                 for case in args.cases:
-                    if case == "hyperckpt per-row" and layout not in ("tp", "cols", "fsdp_tp"):
+                    columns = layout in ("tp", "cols", "fsdp_tp")
+                    if case in ("hyperckpt per-row", "hyperckpt exchange") and not columns:
                         continue  # no column slices: the same path as "hyperckpt"
                     times, extra, failure = [], [], ""
                     for repeat in range(args.repeats):

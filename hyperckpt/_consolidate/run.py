@@ -275,7 +275,10 @@ def _check_options(
     check_path("output", output)
     check_path("like", like, optional=True)
     check_type(
-        "dtype", dtype, (str, torch.dtype, type(None)), "a dtype name such as 'bf16', a torch.dtype or None"
+        "dtype",
+        dtype,
+        (str, torch.dtype, type(None)),
+        "a dtype name such as 'bf16', a torch.dtype or None",
     )
     check_flag("overwrite", overwrite)
     check_number("staging_bytes", staging_bytes, STAGING_BYTES)

@@ -81,8 +81,7 @@ def read_index(
     if not isinstance(document, dict) or "weight_map" not in document:
         report(
             CheckpointError(
-                f'{index}: must be a JSON object with a "weight_map" of tensor name to '
-                f"file name",
+                f'{index}: must be a JSON object with a "weight_map" of tensor name to file name',
                 path=index,
                 rule="index.no_weight_map",
             )
@@ -92,8 +91,7 @@ def read_index(
     if not isinstance(entries, dict) or not entries:
         report(
             CheckpointError(
-                f'{index}: "weight_map" must be a non-empty object of tensor name to file '
-                f"name",
+                f'{index}: "weight_map" must be a non-empty object of tensor name to file name',
                 path=index,
                 rule="index.weight_map_not_object",
             )
@@ -110,8 +108,7 @@ def read_index(
         weight_map[tensor] = None
         report(
             CheckpointError(
-                f"{index}: weight_map[{tensor!r}] must be a file name string, not "
-                f"{file!r:.60}",
+                f"{index}: weight_map[{tensor!r}] must be a file name string, not {file!r:.60}",
                 path=index,
                 tensor=tensor,
                 rule="index.file_not_string",

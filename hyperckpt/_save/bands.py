@@ -9,9 +9,9 @@ by :class:`ColumnCosts` (the runs' calls against the bytes moved) and returns th
 the rounds in which they are exchanged.  Nothing here touches a tensor or a process group:
 every rank computes the same result from the same :class:`~hyperckpt._save.plan.WritePlan`.
 
-Memory: a band holds at most a third of ``staging_bytes``, and a round holds, on every rank,
-its received bands twice (the message and the assembled band) plus what it sends, within
-``staging_bytes``.  No rank ever holds a whole tensor it does not own unless that tensor
+Memory: a band holds at most a third of ``staging_bytes``, and on every rank a round's
+bands, the message it receives and the message it sends each stay within a third, so the
+three buffers the exchange keeps for all rounds stay within ``staging_bytes``.  No rank ever holds a whole tensor it does not own unless that tensor
 fits one band.  Replicated boxes are sent by the one rank the plan chose to write them, so
 their bytes still travel and land once.
 """
@@ -34,10 +34,15 @@ __all__ = ["Band", "ColumnCosts", "Piece", "plan_bands", "runs_of"]
 
 #: Alignment of each piece inside a message, in bytes (any dtype may be viewed in place).
 PIECE_ALIGN: Final = 16
-#: Seconds per run beyond its bytes, written row by row (and again re-read by the audit).
-CPU_RUN_SECONDS: Final = 8e-6
-#: Bytes per second the exchange moves end to end over gloo between local CPU ranks.
-GLOO_EXCHANGE_BYTES_PER_SECOND: Final = 0.6e9
+#: Seconds per run beyond its bytes, written row by row (and again re-read by the audit):
+#: 2-6 us per call on the 2-core dev VM (a TP ``Shard(1)`` save row by row took 0.3-0.5 s
+#: more than the same bytes in row shards, for 85k runs of 2 KiB per rank).
+CPU_RUN_SECONDS: Final = 3e-6
+#: Bytes per second the exchange moves end to end over gloo between local CPU ranks
+#: (packing, ``all_to_all_single``, assembling): about 0.1 GB/s per rank on the busy 2-core
+#: dev VM, where the bare collective reaches 0.6; so there only runs under ~600 bytes are
+#: exchanged (``benchmarks/bench_save.py``, rows ``hyperckpt`` and ``hyperckpt per-row``).
+GLOO_EXCHANGE_BYTES_PER_SECOND: Final = 0.1e9
 #: Bytes per second assumed for NCCL between GPUs of one host (not measured here).
 NCCL_EXCHANGE_BYTES_PER_SECOND: Final = 20e9
 
@@ -250,21 +255,27 @@ def _find(chosen: dict[str, list[Band]], write: BoxWrite) -> list[Band]:
 
 
 def _rounds(bands: Sequence[Band], world: int, budget: int) -> tuple[tuple[Band, ...], ...]:
-    """Bands grouped so that on every rank, twice the bytes received (the message and the
-    assembled band) plus the bytes sent stay within ``budget``; a band never waits for a
-    later one (plan order kept)."""
+    """Bands grouped so that on every rank the bands it assembles, and the bytes it sends,
+    each stay within a third of ``budget`` per round (the exchange keeps one buffer of each
+    kind, the message received included, sized for the largest round); a band never waits
+    for a later one (plan order kept)."""
+    third = max(1, budget // 3)
     rounds: list[tuple[Band, ...]] = []
     current: list[Band] = []
     held = [0] * world
+    sent = [0] * world
     for band in bands:
-        need = [
-            2 * band.nbytes if r == band.write.writer else band.sent_by(r) for r in range(world)
-        ]
-        if current and any(h + n > budget for h, n in zip(held, need, strict=True)):
+        writer = band.write.writer
+        grows = [band.sent_by(r) for r in range(world)]
+        over = held[writer] + band.nbytes > third or any(
+            s + g > third for s, g in zip(sent, grows, strict=True)
+        )
+        if current and over:
             rounds.append(tuple(current))
-            current, held = [], [0] * world
+            current, held, sent = [], [0] * world, [0] * world
         current.append(band)
-        held = [h + n for h, n in zip(held, need, strict=True)]
+        held[writer] += band.nbytes
+        sent = [s + g for s, g in zip(sent, grows, strict=True)]
     if current:
         rounds.append(tuple(current))
     return tuple(rounds)

@@ -64,7 +64,7 @@ class SaveOptions:
             accepted and stored as its :class:`~hyperckpt.Mapping`.
         staging_bytes: Most bytes of buffers per rank for column slices exchanged between
             ranks so that each writes whole row bands (4096 to 1 TiB, default 256 MiB):
-            received bands twice plus what it sends, per round.
+            its bands, the message it receives and the one it sends, a third each.
     """
 
     max_shard_size: int = parse_size(DEFAULT_MAX_SHARD_SIZE)

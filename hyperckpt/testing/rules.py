@@ -294,6 +294,8 @@ def _long_names(root: Path, count: int, length: int, like: bool) -> object:
     }
     assignment = (dict.fromkeys(names, "model.safetensors"), False) if like else None
     return plan_output(tensors, like=assignment)
+
+
 def _missing_key(root: Path) -> object:
     import torch
 

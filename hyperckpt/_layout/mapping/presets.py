@@ -43,7 +43,14 @@ PRESETS: Final[abc.Mapping[str, Mapping]] = MappingProxyType(
             "mixtral",
         ),
         "gate-up-proj": Mapping(
-            (Fuse("{m}.gate_up_proj.{p}", ("{m}.gate_proj.{p}", "{m}.up_proj.{p}"), dim=0, equal=True),),
+            (
+                Fuse(
+                    "{m}.gate_up_proj.{p}",
+                    ("{m}.gate_proj.{p}", "{m}.up_proj.{p}"),
+                    dim=0,
+                    equal=True,
+                ),
+            ),
             "gate-up-proj",
         ),
         "qkv-proj": Mapping(

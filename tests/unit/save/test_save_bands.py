@@ -127,11 +127,13 @@ def test_bands_tile_the_tensor_pieces_come_once_from_the_plan_s_writer_and_round
         (bo, bs) = band.write.box
         assert len(seen) == math.prod(bs)
         assert min(seen)[0] == bo[0]
-    # Each round holds, per rank, twice what it receives plus what it sends within the budget.
-    for r in rounds:
-        for rank in range(world):
-            received = sum(b.nbytes for b in r if b.write.writer == rank)
-            assert 2 * received + sum(b.sent_by(rank) for b in r) <= budget
+    # Per rank, the largest round's bands and its largest message sent fit the budget
+    # together (the received message is at most the bands).
+    held = max(
+        sum(b.nbytes for b in r if b.write.writer == k) for r in rounds for k in range(world)
+    )
+    sent = max(sum(b.sent_by(k) for b in r) for r in rounds for k in range(world))
+    assert 2 * held + sent <= budget
 
 
 def test_an_nccl_group_exchanges_runs_that_a_gloo_group_writes_in_place() -> None:

@@ -25,7 +25,9 @@ def _fused(dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
     }
 
 
-def _expected(state: dict[str, torch.Tensor], gate: str, up: str, down: str) -> dict[str, torch.Tensor]:
+def _expected(
+    state: dict[str, torch.Tensor], gate: str, up: str, down: str
+) -> dict[str, torch.Tensor]:
     out = {f"{M}.gate.weight": state[f"{M}.gate.weight"]}
     for e in range(E):
         gate_up = state[f"{M}.experts.gate_up_proj"][e]
@@ -36,7 +38,9 @@ def _expected(state: dict[str, torch.Tensor], gate: str, up: str, down: str) -> 
 
 
 @pytest.mark.parametrize("preset", ["qwen3-moe", "qwen2-moe"])
-def test_fused_experts_are_saved_per_expert_and_load_back_fused(tmp_path: Path, preset: str) -> None:
+def test_fused_experts_are_saved_per_expert_and_load_back_fused(
+    tmp_path: Path, preset: str
+) -> None:
     state = _fused()
     hyperckpt.save(state, tmp_path / "ckpt", mapping=preset)
     expected = _expected(state, "gate_proj", "up_proj", "down_proj")
@@ -93,7 +97,9 @@ def test_gate_up_proj_and_a_prefix_are_undone_on_save(tmp_path: Path) -> None:
 
 
 def test_a_rename_function_is_refused_on_save_naming_the_tensor(tmp_path: Path) -> None:
-    with pytest.raises(CheckpointError, match=r"is a function, which cannot be run backwards") as info:
+    with pytest.raises(
+        CheckpointError, match=r"is a function, which cannot be run backwards"
+    ) as info:
         hyperckpt.save({"w": torch.ones(2)}, tmp_path / "ckpt", mapping=str.upper)
     assert info.value.rule == "mapping.not_invertible"
     assert info.value.tensor == "w"
@@ -101,9 +107,13 @@ def test_a_rename_function_is_refused_on_save_naming_the_tensor(tmp_path: Path) 
     assert not (tmp_path / "ckpt").exists()
 
 
-def test_qkv_proj_is_refused_on_save_since_its_split_is_not_in_the_state_dict(tmp_path: Path) -> None:
+def test_qkv_proj_is_refused_on_save_since_its_split_is_not_in_the_state_dict(
+    tmp_path: Path,
+) -> None:
     with pytest.raises(CheckpointError, match=r"sizes along that dimension are not in") as info:
-        hyperckpt.save({"attn.qkv_proj.weight": torch.ones(6, 2)}, tmp_path / "c", mapping="qkv-proj")
+        hyperckpt.save(
+            {"attn.qkv_proj.weight": torch.ones(6, 2)}, tmp_path / "c", mapping="qkv-proj"
+        )
     assert info.value.rule == "mapping.not_invertible"
     assert info.value.tensor == "attn.qkv_proj.weight"
 
