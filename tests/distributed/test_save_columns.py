@@ -4,8 +4,8 @@ rank whose write fails mid-exchange makes every rank raise instead of leaving th
 Four spawned gloo ranks save TP ``Shard(1)`` (even and uneven), FSDPxTP grids with a column
 dimension (``Shard(0)`` x ``Shard(1)``, ``_StridedShard`` on the columns), HSDP replicas of
 a column slice and a 3-D ``Shard(2)``, under a tiny staging budget (many rounds, bands of
-a few rows) and the default one; ``safe_open`` reads every tensor back bit for bit, and
-the report names every column-split tensor as exchanged.
+a few rows) and the default one, and converted to bf16 on the way out; ``safe_open`` reads
+every tensor back bit for bit, and the report names every column-split tensor as exchanged.
 """
 
 from __future__ import annotations
@@ -42,6 +42,9 @@ DTYPES = [
     "float8_e5m2",
 ]
 
+#: What ``dtype="bf16"`` converts on the way out (bands are converted block by block).
+CONVERTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
 # name, mesh ("4" or "2x2"), placements, shape
 LAYOUTS: list[tuple[str, str, tuple[Placement, ...], tuple[int, ...]]] = [
     ("tp", "4", (Shard(1),), (24, 16)),
@@ -73,11 +76,14 @@ def _state(world: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]
 def _save_and_check(rank: int, world: int, root: str) -> list[str]:
     originals, state = _state(world)
     problems: list[str] = []
-    for budget in (4096, 256 * 2**20):
-        target = Path(root) / f"ckpt-{budget}"
-        report = hyperckpt.save(
-            state, target, max_shard_size=2000, options=SaveOptions(staging_bytes=budget)
-        )
+    converted = {
+        key: t.to(torch.bfloat16) if t.dtype in CONVERTED else t for key, t in originals.items()
+    }
+    for budget, dtype in ((4096, None), (256 * 2**20, None), (4096, "bf16")):
+        target = Path(root) / f"ckpt-{budget}-{dtype}"
+        options = SaveOptions(staging_bytes=budget, dtype=dtype)
+        report = hyperckpt.save(state, target, max_shard_size=2000, options=options)
+        expected = converted if dtype else originals
         if set(report.exchanged) != set(originals):
             problems.append(f"exchanged {sorted(set(originals) - set(report.exchanged))} not")
         dist.barrier()
@@ -90,7 +96,7 @@ def _save_and_check(rank: int, world: int, root: str) -> list[str]:
                     seen[key] = handle.get_tensor(key)
         if set(seen) != set(originals):
             problems.append(f"{target.name}: names differ: {sorted(set(seen) ^ set(originals))}")
-        for key, tensor in originals.items():
+        for key, tensor in expected.items():
             problem = mismatch(seen[key], tensor) if key in seen else "missing"
             if problem:
                 problems.append(f"{target.name}: {key}: {problem}")
