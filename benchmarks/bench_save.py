@@ -1,36 +1,63 @@
-"""Save benchmark: hyperckpt.save against torch's writers, a gather + save_file, and the disk.
+"""Save benchmark: hyperckpt.save against torch's writers, torch-checkpointing, a gather +
+save_file, and the machine's write limits, in one run.
 
-A Llama-shaped bf16 state dict (``_common.llama_specs``) is built on 2 (or 4) spawned gloo
-ranks as FSDP (``Shard(0)``) or TP (``Shard(1)``) DTensors from each rank's own values (no
-whole tensor is made), then saved into a Hugging Face checkpoint by:
+A Llama-shaped bf16 state dict (``_common.llama_specs``) is built on 2 and 4 spawned gloo
+ranks from each rank's own values (no whole tensor is made) in one of these layouts:
 
-* ``hyperckpt``: ``hyperckpt.save`` (fsyncs, audits, renames);
+* ``fsdp``: every tensor ``Shard(0)`` on a 1-D mesh;
+* ``tp``: Llama tensor parallelism on a 1-D mesh: q/k/v/gate/up, embeddings and lm_head
+  ``Shard(0)``, o/down ``Shard(1)`` (column slices), norms ``Replicate``;
+* ``cols``: every matrix ``Shard(1)``: the worst case for column slices;
+* ``fsdp_tp``: a ``(world/2, 2)`` dp x tp mesh as FSDP2 over TP leaves it: colwise weights
+  ``[_StridedShard(0, 2), Shard(0)]``, rowwise ``[Shard(0), Shard(1)]``, norms
+  ``[Shard(0), Replicate]``;
+* ``hsdp``: a ``(2, world/2)`` replicate x shard mesh, ``[Replicate, Shard(0)]``.
+
+Each is saved into a Hugging Face checkpoint by every row:
+
+* ``hyperckpt``: ``hyperckpt.save`` (fsyncs, audits, renames; its cost rule picks per
+  tensor between writing column slices row by row and exchanging them into row bands);
+  ``hyperckpt per-row`` and ``hyperckpt exchange``: the same with the rule forced one way;
 * ``torch+consolidate``: torch's ``HuggingFaceStorageWriter(save_distributed=True)``, then
   ``consolidate_safetensors_files`` on rank 0;
 * ``torch consolidation``: torch's writer with ``enable_consolidation=True``;
+* ``torch-checkpointing``: ``CheckpointManager`` (sync saver, safetensors per rank with its
+  ``DefaultResharder`` so that ``metadata.pkl`` is written), then its
+  ``consolidate_hf_safetensors_checkpoint`` on every rank.  0.1.1 gathers its metadata
+  through CUDA tensors (``device="cuda"`` hard-coded in ``_all_gather_pickled_data``); on a
+  CPU box that one gather is routed through ``all_gather_object`` (same data, no bytes of
+  the checkpoint), and its ``O_DIRECT`` writer is turned off (it fails with ``EINVAL`` on
+  an unaligned tail);
 * ``gather+save_file``: ``full_tensor()`` of each, ``safetensors.torch.save_file`` on rank 0.
 
-Every row is timed until its files are durable: peers that do not fsync are followed by
-``os.sync()``.  Two limits are measured in the parent: the same bytes written sequentially
-from memory and fsynced (durable write limit), and written without fsync (page cache).
-Peak extra memory per rank is peak RSS minus RSS once the state dict is built.  The first
-repetition of each row is checked with ``safe_open`` against the generator's values.
+Every row is timed until its files are durable: only hyperckpt fsyncs; after every other
+row rank 0 fsyncs each output file and the directory (timed).  Limits, measured in the
+parent several times (median): the same bytes written sequentially from memory and fsynced
+by one process and by ``world`` processes into one file (durable write limit), and written
+without fsync (page cache).  Peak extra memory per rank is sampled RSS (every 2 ms) minus
+RSS just before the save.  Every row's output is checked with ``safe_open`` against the
+generator's values on its first repetition.
 
-    python benchmarks/bench_save.py --size 0.3 --ranks 2 --repeats 1
+    python benchmarks/bench_save.py --quick                # a couple of minutes
+    python benchmarks/bench_save.py --size 0.3 --ranks 2 4 --out docs/benchmarks/bench_save.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import multiprocessing
 import os
-import resource
 import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -38,9 +65,22 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Spec, expected, llama_specs, machine
 
-from hyperckpt._dist.spawn import spawn_ranks
+from hyperckpt._dist.spawn import RankFailure, spawn_ranks
 
-CASES = ("hyperckpt", "torch+consolidate", "torch consolidation", "gather+save_file")
+CASES = (
+    "hyperckpt",
+    "hyperckpt per-row",
+    "hyperckpt exchange",
+    "torch+consolidate",
+    "torch consolidation",
+    "torch-checkpointing",
+    "gather+save_file",
+)
+LAYOUTS = ("fsdp", "tp", "cols", "fsdp_tp", "hsdp")
+COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens", "lm_head")
+ROWWISE = ("o_proj", "down_proj")
+#: One split of a box: (tensor dim, parts, index), applied outermost first.
+Split = tuple[int, int, int]
 
 
 def _rss() -> int:
@@ -48,33 +88,162 @@ def _rss() -> int:
         return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _state(specs: list[Spec], split: str, rank: int, world: int) -> dict[str, torch.Tensor]:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Shard
+class _PeakRss:
+    """Samples this process's RSS every ``period`` seconds until stopped."""
 
-    mesh = init_device_mesh("cpu", (world,))
+    def __init__(self, period: float = 0.002) -> None:
+        self.peak = _rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(period,), daemon=True)
+        self._thread.start()
+
+    def _run(self, period: float) -> None:
+        while not self._stop.wait(period):
+            self.peak = max(self.peak, _rss())
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return max(self.peak, _rss())
+
+
+def _splits(layout: str, spec: Spec, rank: int, world: int) -> tuple[list[Any], list[Split]]:
+    """This rank's placements of ``spec`` and the splits that locate its box."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    matrix = len(spec.shape) == 2
+    kind = next((k for k in ("colwise", "rowwise") if any(n in spec.name for n in _names(k))), "")
+    if layout == "fsdp":
+        return [Shard(0)], [(0, world, rank)]
+    if layout == "cols":
+        dim = 1 if matrix else 0
+        return [Shard(dim)], [(dim, world, rank)]
+    if layout == "tp":
+        if not matrix:
+            return [Replicate()], []
+        dim = 1 if kind == "rowwise" else 0
+        return [Shard(dim)], [(dim, world, rank)]
+    dp, tp = (world // 2, 2) if layout == "fsdp_tp" else (2, world // 2)
+    d, t = divmod(rank, tp)
+    if layout == "hsdp":
+        return [Replicate(), Shard(0)], [(0, tp, t)]
+    if not matrix:
+        return [Shard(0), Replicate()], [(0, dp, d)]
+    if kind == "rowwise":
+        return [Shard(0), Shard(1)], [(0, dp, d), (1, tp, t)]
+    # Colwise under FSDP2: TP's Shard(0) first, then FSDP's chunk of the TP-local rows.
+    return [_StridedShard(0, split_factor=tp), Shard(0)], [(0, tp, t), (0, dp, d)]
+
+
+def _names(kind: str) -> tuple[str, ...]:
+    return COLWISE if kind == "colwise" else ROWWISE
+
+
+def _mesh_shape(layout: str, world: int) -> tuple[int, ...]:
+    if layout == "fsdp_tp":
+        return (world // 2, 2)
+    if layout == "hsdp":
+        return (2, world // 2)
+    return (world,)
+
+
+def _state(specs: list[Spec], layout: str, rank: int, world: int) -> dict[str, torch.Tensor]:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    mesh = init_device_mesh("cpu", _mesh_shape(layout, world))
     state: dict[str, torch.Tensor] = {}
     for spec in specs:
-        dim = 1 if split == "tp" and len(spec.shape) == 2 else 0
-        size = spec.shape[dim] // world
-        offsets = tuple(rank * size if d == dim else 0 for d in range(len(spec.shape)))
-        lengths = tuple(size if d == dim else n for d, n in enumerate(spec.shape))
-        local = expected(spec, offsets, lengths).contiguous()
-        state[spec.name] = DTensor.from_local(local, mesh, [Shard(dim)], run_check=False)
+        placements, splits = _splits(layout, spec, rank, world)
+        offsets, lengths = [0] * len(spec.shape), list(spec.shape)
+        for dim, parts, index in splits:
+            assert lengths[dim] % parts == 0, (spec, layout)
+            lengths[dim] //= parts
+            offsets[dim] += index * lengths[dim]
+        local = expected(spec, tuple(offsets), tuple(lengths)).contiguous()
+        stride = tuple(math.prod(spec.shape[k + 1 :]) for k in range(len(spec.shape)))
+        state[spec.name] = DTensor.from_local(
+            local, mesh, placements, run_check=False, shape=torch.Size(spec.shape), stride=stride
+        )
     return state
 
 
-def _case(rank: int, world: int, case: str, split: str, size: float, out: str) -> dict[str, float]:
+def _fsync_tree(directory: Path) -> None:
+    """Make a peer's output durable: fsync every file, then the directory."""
+    for path in sorted(directory.rglob("*")):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _torch_checkpointing(state: dict[str, torch.Tensor], scratch: Path, target: Path) -> None:
+    from torch_checkpointing import (
+        CheckpointManager,
+        ItemSpec,
+        SyncCheckpointSaverConfig,
+        metadata_manager,
+    )
+    from torch_checkpointing.checkpoint_layout import LayoutInfo, SafetensorsSerialization
+    from torch_checkpointing.default_resharder import DefaultResharder
+    from torch_checkpointing.hf.consolidation import consolidate_hf_safetensors_checkpoint
+    from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+
+    def gather_on_cpu(self: object, data: object, process_group: Any = None) -> dict[int, Any]:
+        out: list[object] = [None] * dist.get_world_size(process_group)
+        dist.all_gather_object(out, data, group=process_group)
+        return dict(enumerate(out))
+
+    manager_class = metadata_manager.DefaultMetadataManager
+    manager_class._all_gather_pickled_data = gather_on_cpu  # type: ignore[method-assign,assignment]
+    storage = LocalFileSystemStorageConfig(use_direct_io=False)
+    spec = ItemSpec(
+        requires_copy=False,
+        layout=LayoutInfo("model_{rank}.safetensors", SafetensorsSerialization()),
+        resharder=DefaultResharder(),
+    )
+    manager = CheckpointManager.Config(
+        storage_config=storage, save=SyncCheckpointSaverConfig(), items={"model": spec}
+    ).build()
+    manager.save(str(scratch), {"model": state})
+    dist.barrier()
+    target.mkdir(parents=True, exist_ok=True)
+    consolidate_hf_safetensors_checkpoint(
+        str(scratch),
+        output_dir=str(target),
+        fqn_to_index_mapping=dict.fromkeys(state, 1),
+        storage_config=storage,
+    )
+
+
+def _case(rank: int, world: int, case: str, layout: str, size: float, out: str) -> dict[str, float]:
     specs = llama_specs(size)
-    state = _state(specs, split, rank, world)
+    state = _state(specs, layout, rank, world)
     target = Path(out)
     mapping = {spec.name: 1 for spec in specs}
-    base = _rss()
+    scratch = target.parent / (target.name + ".scratch")
     dist.barrier()
+    base = _rss()
+    sampler = _PeakRss()
     begin = time.perf_counter()
-    if case == "hyperckpt":
+    durable = True
+    if case.startswith("hyperckpt"):
         import hyperckpt
+        from hyperckpt._save import stage
 
+        if case == "hyperckpt per-row":
+            stage.plan_bands = lambda plan, *a, **k: (plan, ())  # type: ignore[assignment]
+        elif case == "hyperckpt exchange":  # every column slice, whatever the cost rule says
+            always = stage.ColumnCosts(run_seconds=1.0)
+            stage.ColumnCosts.for_device = lambda device: always  # type: ignore[method-assign,assignment]
         hyperckpt.save(state, target)
     elif case == "torch+consolidate":
         import torch.distributed.checkpoint as dcp
@@ -82,14 +251,13 @@ def _case(rank: int, world: int, case: str, split: str, size: float, out: str) -
             consolidate_safetensors_files,
         )
 
-        sharded = target.parent / (target.name + ".sharded")
-        writer = dcp.HuggingFaceStorageWriter(str(sharded), save_distributed=True)
+        writer = dcp.HuggingFaceStorageWriter(str(scratch), save_distributed=True)
         dcp.save(state, storage_writer=writer)
         dist.barrier()
         if rank == 0:
             target.mkdir(parents=True)
-            consolidate_safetensors_files(str(sharded), str(target), mapping)
-            os.sync()
+            consolidate_safetensors_files(str(scratch), str(target), mapping)
+        durable = False
     elif case == "torch consolidation":
         import torch.distributed.checkpoint as dcp
 
@@ -100,8 +268,10 @@ def _case(rank: int, world: int, case: str, split: str, size: float, out: str) -
             fqn_to_index_mapping=mapping,
         )
         dcp.save(state, storage_writer=writer)
-        if rank == 0:
-            os.sync()
+        durable = False
+    elif case == "torch-checkpointing":
+        _torch_checkpointing(state, scratch, target)
+        durable = False
     else:
         from safetensors.torch import save_file
 
@@ -109,12 +279,14 @@ def _case(rank: int, world: int, case: str, split: str, size: float, out: str) -
         if rank == 0:
             target.mkdir(parents=True)
             save_file(full, str(target / "model.safetensors"), metadata={"format": "pt"})
-            os.sync()
         del full
+        durable = False
+    dist.barrier()
+    if not durable and rank == 0:
+        _fsync_tree(target)
     dist.barrier()
     seconds = time.perf_counter() - begin
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"seconds": seconds, "extra_bytes": max(0, peak - base)}
+    return {"seconds": seconds, "extra_bytes": max(0, sampler.stop() - base)}
 
 
 def _check(directory: Path, specs: list[Spec]) -> None:
@@ -131,79 +303,173 @@ def _check(directory: Path, specs: list[Spec]) -> None:
     assert seen == len(specs), f"{directory}: {seen} of {len(specs)} tensors"
 
 
-def _limits(nbytes: int, scratch: Path) -> dict[str, float]:
-    block = bytearray(os.urandom(1 << 20)) * 64
-    figures = {}
-    for name, sync in (("durable write limit", True), ("page-cache write", False)):
-        path = scratch / f"limit-{name[:4]}"
-        begin = time.perf_counter()
-        with open(path, "wb", buffering=0) as handle:
-            done = 0
-            while done < nbytes:
-                done += handle.write(memoryview(block)[: min(len(block), nbytes - done)])
-            if sync:
-                os.fsync(handle.fileno())
-        figures[name] = time.perf_counter() - begin
-        path.unlink()
-    return figures
+_BLOCK = 64 * 2**20
+
+
+def _write_part(path: str, begin: int, end: int, sync: bool) -> None:
+    block = memoryview(bytearray(os.urandom(1 << 20)) * (_BLOCK >> 20))
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        done = begin
+        while done < end:
+            done += os.pwrite(fd, block[: min(_BLOCK, end - done)], done)
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _limit(nbytes: int, scratch: Path, writers: int, sync: bool) -> float:
+    """Seconds to write ``nbytes`` into one new file from ``writers`` processes, each its
+    contiguous part in 64 MiB writes (fsynced when ``sync``)."""
+    path = scratch / "limit"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    os.close(fd)
+    context = multiprocessing.get_context("fork")
+    begin = time.perf_counter()
+    if writers == 1:
+        _write_part(str(path), 0, nbytes, sync)
+    else:
+        parts = [
+            context.Process(
+                target=_write_part,
+                args=(str(path), nbytes * k // writers, nbytes * (k + 1) // writers, sync),
+            )
+            for k in range(writers)
+        ]
+        for part in parts:
+            part.start()
+        for part in parts:
+            part.join()
+    seconds = time.perf_counter() - begin
+    path.unlink()
+    return seconds
+
+
+def _limits(nbytes: int, scratch: Path, worlds: list[int], samples: dict[str, list[float]]) -> None:
+    figures: dict[str, Callable[[], float]] = {
+        "durable write, 1 process": lambda: _limit(nbytes, scratch, 1, True),
+        "page-cache write, 1 process": lambda: _limit(nbytes, scratch, 1, False),
+    }
+    for world in worlds:
+        figures[f"durable write, {world} processes"] = lambda w=world: _limit(
+            nbytes, scratch, w, True
+        )
+    for name, measure in figures.items():
+        samples.setdefault(name, []).append(measure())
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", type=float, default=0.3, help="checkpoint size in GB")
-    parser.add_argument("--ranks", type=int, nargs="+", default=[2])
-    parser.add_argument("--splits", nargs="+", default=["fsdp", "tp"])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=LAYOUTS)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
     parser.add_argument("--scratch", default=None, help="directory to write into")
+    parser.add_argument("--out", default=None, help="write the JSON results here")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="2 ranks, fsdp and cols, ours and torch+consolidate: a few minutes",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.ranks, args.layouts = [2], ["fsdp", "cols"]
+        args.cases = ["hyperckpt", "hyperckpt exchange", "torch+consolidate"]
     specs = llama_specs(args.size)
     nbytes = sum(s.nbytes for s in specs)
-    rows = []
+    rows: list[dict[str, Any]] = []
+    samples: dict[str, list[float]] = {}
+    loads = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory(dir=args.scratch) as tmp:
         scratch = Path(tmp)
-        limits = _limits(nbytes, scratch)
+        for _ in range(3):
+            _limits(nbytes, scratch, args.ranks, samples)
         for world in args.ranks:
-            for split in args.splits:
+            for layout in args.layouts:
                 for case in args.cases:
-                    times, extra = [], []
+                    columns = layout in ("tp", "cols", "fsdp_tp")
+                    if case in ("hyperckpt per-row", "hyperckpt exchange") and not columns:
+                        continue  # no column slices: the same path as "hyperckpt"
+                    times, extra, failure = [], [], ""
                     for repeat in range(args.repeats):
-                        out = scratch / f"out-{world}-{split}-{len(rows)}-{repeat}"
-                        got = spawn_ranks(_case, world, case, split, args.size, str(out))
+                        out = scratch / f"out-{world}-{layout}-{len(rows)}-{repeat}"
+                        try:
+                            got = spawn_ranks(_case, world, case, layout, args.size, str(out))
+                        except RankFailure as err:
+                            failure = _first_error(str(err))
+                            break
                         times.append(max(r["seconds"] for r in got))  # type: ignore[index]
                         extra.append(max(r["extra_bytes"] for r in got))  # type: ignore[index]
                         if repeat == 0:
                             _check(out, specs)
                         shutil.rmtree(out, ignore_errors=True)
-                        shutil.rmtree(str(out) + ".sharded", ignore_errors=True)
+                        shutil.rmtree(str(out) + ".scratch", ignore_errors=True)
                     rows.append(
                         {
                             "ranks": world,
-                            "split": split,
+                            "layout": layout,
                             "case": case,
-                            "seconds": statistics.median(times),
-                            "extra_mib": max(extra) / 2**20,
+                            "seconds": statistics.median(times) if times else None,
+                            "extra_mib": max(extra) / 2**20 if extra else None,
+                            "failure": failure,
                         }
                     )
-    print(f"checkpoint {nbytes / 1e9:.2f} GB; load average {os.getloadavg()}")
-    for name, seconds in limits.items():
-        print(f"  {name:22s} {seconds:7.2f} s  {nbytes / seconds / 1e9:6.2f} GB/s")
-    for row in rows:
-        ours = next(
+                    loads.append(os.getloadavg()[0])
+                    _print_row(rows, nbytes)
+        for _ in range(3):
+            _limits(nbytes, scratch, args.ranks, samples)
+    limits = {name: statistics.median(values) for name, values in samples.items()}
+    print(f"checkpoint {nbytes / 1e9:.3f} GB; load average {min(loads):.1f}-{max(loads):.1f}")
+    for name, values in samples.items():
+        print(
+            f"  {name:32s} median {nbytes / limits[name] / 1e9:6.2f} GB/s "
+            f"(range {nbytes / max(values) / 1e9:.2f}-{nbytes / min(values) / 1e9:.2f})"
+        )
+    result = {
+        "machine": machine(),
+        "checkpoint_bytes": nbytes,
+        "load_average": [min(loads), max(loads)],
+        "limits_seconds": samples,
+        "rows": rows,
+        "command": " ".join(sys.argv),
+    }
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result))
+    return 0
+
+
+def _first_error(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if "Error" in ln or "Exception" in ln]
+    return (lines[-1] if lines else text.strip().splitlines()[0])[:300]
+
+
+def _print_row(rows: list[dict[str, Any]], nbytes: int) -> None:
+    row = rows[-1]
+    if row["seconds"] is None:
+        print(
+            f"  {row['ranks']} ranks {row['layout']:8s} {row['case']:20s} failed: {row['failure']}"
+        )
+        return
+    ours = next(
+        (
             r["seconds"]
             for r in rows
             if r["case"] == "hyperckpt"
             and r["ranks"] == row["ranks"]
-            and r["split"] == row["split"]
-        )
-        durable = nbytes / row["seconds"] / (nbytes / limits["durable write limit"])
-        print(
-            f"  {row['ranks']} ranks {row['split']:5s} {row['case']:20s} {row['seconds']:7.2f} s"
-            f"  {nbytes / row['seconds'] / 1e9:6.2f} GB/s  x{row['seconds'] / ours:5.2f} of ours"
-            f"  {durable:4.2f} of durable limit  peak extra {row['extra_mib']:7.1f} MiB/rank"
-        )
-    print(json.dumps({"machine": machine(), "rows": rows, "limits": limits}))
-    return 0
+            and r["layout"] == row["layout"]
+        ),
+        None,
+    )
+    ratio = f"x{row['seconds'] / ours:5.2f} of ours" if ours else ""
+    print(
+        f"  {row['ranks']} ranks {row['layout']:8s} {row['case']:20s} {row['seconds']:7.2f} s"
+        f"  {nbytes / row['seconds'] / 1e9:6.2f} GB/s  {ratio}"
+        f"  peak extra {row['extra_mib']:7.1f} MiB/rank",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -156,9 +156,7 @@ def differences(
             # Elements that differ, counted by their bytes (NaN payloads and -0.0 included).
             rows = (mine.view(-1, width) != theirs.view(-1, width)).any(dim=1)
             total = mine.numel() // width
-            found.append(
-                Difference(group.kept, name, int(rows.sum()), total, rank, group.chosen)
-            )
+            found.append(Difference(group.kept, name, int(rows.sum()), total, rank, group.chosen))
     return tuple(found)
 
 

@@ -23,6 +23,10 @@ __all__ = ["DEFAULT_MAX_SHARD_SIZE", "SaveOptions", "one_save_options"]
 DEFAULT_MAX_SHARD_SIZE: Final = "5GB"
 #: What ``timeout`` accepts: a second to a week.
 _TIMEOUT: Final = Limits(1, 7 * 86400, integer=False, unit="seconds")
+#: Default bytes of exchange buffers per rank (column slices sent as row bands).
+DEFAULT_STAGING_BYTES: Final = 256 * 2**20
+#: What ``staging_bytes`` accepts: a page to 1 TiB.
+_STAGING: Final = Limits(4096, 2**40, unit="bytes")
 #: What ``thread_count`` accepts.
 _THREADS: Final = Limits(1, 1024, unit="threads")
 #: A keyword's name where it differs from the field it sets.
@@ -58,6 +62,9 @@ class SaveOptions:
         mapping: The mapping a load of the checkpoint would use, run backwards to name the
             saved tensors (fused experts saved per expert), or ``None``; a preset's name is
             accepted and stored as its :class:`~hyperckpt.Mapping`.
+        staging_bytes: Most bytes of buffers per rank for column slices exchanged between
+            ranks so that each writes whole row bands (4096 to 1 TiB, default 256 MiB):
+            its bands, the message it receives and the one it sends, a third each.
     """
 
     max_shard_size: int = parse_size(DEFAULT_MAX_SHARD_SIZE)
@@ -70,6 +77,7 @@ class SaveOptions:
     timeout: float = DEFAULT_TIMEOUT
     per_rank: bool = False
     mapping: Mapping | None = None
+    staging_bytes: int = DEFAULT_STAGING_BYTES
 
     def __post_init__(self) -> None:
         """Check every field; store sizes, dtypes and mappings in their one form.
@@ -86,6 +94,8 @@ class SaveOptions:
         for name in ("refuse_narrowing", "keep_aliases", "overwrite", "audit", "per_rank"):
             check_flag(name, getattr(self, name))
         object.__setattr__(self, "threads", check_number("thread_count", self.threads, _THREADS))
+        staging = check_number("staging_bytes", self.staging_bytes, _STAGING)
+        object.__setattr__(self, "staging_bytes", staging)
         object.__setattr__(self, "timeout", float(check_number("timeout", self.timeout, _TIMEOUT)))
         mapping: object = self.mapping
         if mapping is not None and not isinstance(mapping, Mapping):

@@ -51,6 +51,8 @@ class BoxWrite:
         nbytes: Bytes it occupies in the file.
         held: The global box whose bytes the writer holds (``box`` itself, except in a
             per-rank file, where ``box`` and ``shape`` describe the piece alone).
+        exchanged: The box is a row band whose bytes the writer receives from the ranks
+            holding them (:mod:`hyperckpt._save.bands`), not a box it holds.
     """
 
     tensor: str
@@ -64,6 +66,7 @@ class BoxWrite:
     writer: int
     nbytes: int
     held: Box | None = None
+    exchanged: bool = False
 
     @property
     def key(self) -> Box:

@@ -30,8 +30,11 @@ from typing import cast
 
 import torch.distributed as dist
 
+from hyperckpt._exchange.rounds import transfer_device
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
+from hyperckpt._save.bands import Band, ColumnCosts, plan_bands
 from hyperckpt._save.boxes import LocalTensor, TensorSummary
+from hyperckpt._save.exchange import exchange_bands
 from hyperckpt._save.merge import merge
 from hyperckpt._save.options import SaveOptions
 from hyperckpt._save.per_rank import all_file_names, plan_rank_files
@@ -61,6 +64,8 @@ class SaveReport:
         dropped_aliases: ``(dropped, kept)`` names of tensors sharing storage with an
             earlier entry, written once under the kept name (as ``save_pretrained``).
         converted: Tensors written in another dtype than held, sorted.
+        exchanged: Tensors whose column slices the ranks exchanged so that each wrote
+            whole row bands (:mod:`hyperckpt._save.bands`), sorted.
         bytes_written: Bytes each rank wrote (boxes and headers), by rank.
         audit_seconds: Seconds each rank spent re-reading its boxes, by rank (0 when off).
         seconds: Wall time on this rank, in seconds.
@@ -73,6 +78,7 @@ class SaveReport:
     total_size: int
     dropped_aliases: tuple[tuple[str, str], ...]
     converted: tuple[str, ...]
+    exchanged: tuple[str, ...]
     bytes_written: tuple[int, ...]
     audit_seconds: tuple[float, ...]
     seconds: float
@@ -115,6 +121,7 @@ class Staged:
             total_size=output.total_size,
             dropped_aliases=self.dropped,
             converted=output.converted,
+            exchanged=tuple(sorted({b.tensor for b in self.plan.boxes if b.exchanged})),
             bytes_written=self.bytes_written,
             audit_seconds=self.audit_seconds,
             seconds=time.perf_counter() - self.begin,
@@ -186,6 +193,19 @@ def stage(
         )
     except FAILURES as err:
         failure = err
+    rounds: tuple[tuple[Band, ...], ...] = ()
+    try:
+        if plan is not None and not built.per_rank and not ranks.alone:
+            device = transfer_device(group if group is not None else dist.group.WORLD)  # type: ignore[arg-type]
+            plan, rounds = plan_bands(
+                plan,
+                world,
+                staging_bytes=built.staging_bytes,
+                audit=built.audit,
+                costs=ColumnCosts.for_device(device.type),
+            )
+    except FAILURES as err:
+        failure = err
     agree_within(failure, ranks, target, "planning")
     assert plan is not None
     suffix = ""
@@ -225,7 +245,22 @@ def stage(
             staged.publishes = files.marked_ranks(staged.temp)[0] == rank
         digests: dict[int, int] = {}
         try:
-            digests = write_boxes(mine, held, staged.temp, threads=built.threads, progress=tracker)
+            received = exchange_bands(
+                rounds,
+                {box: n for n, box in enumerate(mine)},
+                held,
+                rank=rank,
+                world=world,
+                group=ranks.group,
+            )
+            digests = write_boxes(
+                mine,
+                held,
+                staged.temp,
+                threads=built.threads,
+                progress=tracker,
+                received=received,
+            )
             tracker.finish()
         except FAILURES as err:
             failure = err

@@ -16,7 +16,7 @@ import ctypes
 import itertools
 import math
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Final, cast
@@ -27,12 +27,14 @@ from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.tracker import ProgressTracker
 from hyperckpt._save.boxes import LocalTensor
 from hyperckpt._save.plan import BoxWrite
+from hyperckpt._save.ranks import FAILURES
 from hyperckpt._storage import outputs as files
 from hyperckpt.errors import CheckpointError
 
 __all__ = ["BLOCK_BYTES", "audit_boxes", "write_boxes"]
 
-#: Largest block of converted (or device-to-host copied) rows held at once per thread.
+#: Largest block of converted (or device-to-host copied) rows, or of bytes re-read by the
+#: audit, held at once per thread.
 BLOCK_BYTES: Final = 8 * 2**20
 
 #: Bytes written before progress is told (a column slice writes a run per row).
@@ -49,8 +51,14 @@ def write_boxes(
     *,
     threads: int,
     progress: ProgressTracker,
+    received: Iterable[Mapping[int, LocalTensor]] = (),
 ) -> dict[int, int]:
     """Write ``boxes`` (this rank's) into the files in ``directory``, then sync them.
+
+    The boxes this rank holds are written first; then each batch of ``received`` (row
+    bands assembled by an exchange, by position in ``boxes``) as it arrives.  ``received``
+    is exhausted even after a write failed, since its rounds are collectives the other
+    ranks wait on; the first failure is raised at the end.
 
     Args:
         boxes: This rank's box writes.
@@ -58,23 +66,23 @@ def write_boxes(
         directory: The temporary directory holding the created files.
         threads: Boxes written at the same time.
         progress: Told each run's bytes, keyed by the box's position in ``boxes``.
+        received: Batches of exchanged bands: position of an ``exchanged`` box write in
+            ``boxes`` to its bytes (the band's own box at offset 0).
 
     Returns:
         Each box's CRC-32, by position in ``boxes``.
     """
     fds: dict[str, int] = {}
     try:
-        for name in sorted({b.file for b in boxes}):
-            fds[name] = files.open_for_writing(directory / name)
         for n, box in enumerate(boxes):
             progress.expect(n, box.nbytes)
 
-        def one(n: int) -> tuple[int, int]:
+        def one(n: int, held: LocalTensor) -> tuple[int, int]:
             box = boxes[n]
             fd = fds[box.file]
             crc = 0
             pending = 0  # bytes not yet told to progress: told per PROGRESS_BYTES, not per run
-            for offset, address, length in _runs(box, tensors[box.tensor]):
+            for offset, address, length in _runs(box, held):
                 data = _memory(address, length)
                 files.pwrite_all(fd, data, offset)
                 crc = zlib.crc32(data, crc)
@@ -86,7 +94,29 @@ def write_boxes(
                 progress.deliver([(n, pending)])
             return n, crc
 
-        digests = dict(cast(list[tuple[int, int]], list(_map(one, range(len(boxes)), threads))))
+        def some(batch: Mapping[int, LocalTensor]) -> dict[int, int]:
+            order = sorted(batch)
+            done = _map(lambda k: one(order[k], batch[order[k]]), range(len(order)), threads)
+            return dict(cast(list[tuple[int, int]], list(done)))
+
+        failure: BaseException | None = None
+        digests: dict[int, int] = {}
+        try:
+            for name in sorted({b.file for b in boxes}):
+                fds[name] = files.open_for_writing(directory / name)
+            digests.update(
+                some({n: tensors[b.tensor] for n, b in enumerate(boxes) if not b.exchanged})
+            )
+        except FAILURES as err:
+            failure = err
+        for batch in received:
+            if failure is None:
+                try:
+                    digests.update(some(batch))
+                except FAILURES as err:
+                    failure = err
+        if failure is not None:
+            raise failure
         synced = list(fds.items())
         fds.clear()
         for _, fd in synced:
@@ -120,7 +150,10 @@ def audit_boxes(
             box = boxes[n]
             crc = 0
             for offset, _, length in _file_runs(box):
-                crc = zlib.crc32(files.pread_exact(fds[box.file], length, offset), crc)
+                # In blocks: a box (a band, an FSDP shard) may be far larger than a block.
+                for at in range(offset, offset + length, BLOCK_BYTES):
+                    size = min(BLOCK_BYTES, offset + length - at)
+                    crc = zlib.crc32(files.pread_exact(fds[box.file], size, at), crc)
             if crc != digests[n]:
                 raise CheckpointError(
                     f"{path}: {box.file}: tensor {box.tensor!r}, box at {list(box.box[0])} of "

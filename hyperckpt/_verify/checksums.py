@@ -207,7 +207,9 @@ def write_checksums(path: str | os.PathLike[str], digests: Mapping[str, str]) ->
     """
     target = os.path.abspath(os.fspath(path))
     folder = LocalStorage(os.path.dirname(target))
-    folder.write_atomically(os.path.basename(target), [format_checksums(digests).encode("utf-8", "surrogateescape")])
+    folder.write_atomically(
+        os.path.basename(target), [format_checksums(digests).encode("utf-8", "surrogateescape")]
+    )
 
 
 def files_to_hash(names: Iterable[str], extra: Iterable[str]) -> list[str]:
