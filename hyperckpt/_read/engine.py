@@ -290,7 +290,8 @@ class _Load:
                 # lease is refused the jobs are planned again without it.
                 jobs = plan(cold.resident)
                 wanted = {job.name for job in jobs if isinstance(job, MappedRun | MappedPart)}
-                mapped = MappedFiles(fds, _leases(wanted, files))
+                sizes = {name: file.size for name, file in files.items()}
+                mapped = MappedFiles(fds, _leases(wanted, files), sizes)
                 if len(mapped) < len(wanted):
                     jobs = plan(_mappable(mapped, cold))
             else:

@@ -3,9 +3,11 @@
 A warm file's bytes are already in the page cache; ``preadv`` copies them through the
 kernel, a memory map lets the copy read them in place: for a column slice, only the pages
 that hold the needed columns are touched, with one strided copy and no call per run.  Each
-copy maps the part it needs (at most :data:`~hyperckpt._read.jobs.CHUNK_BYTES` of file,
-pages mapped up front with ``MAP_POPULATE``), copies it and unmaps it, so the mapped memory
-of a load stays bounded and no mapping outlives its copy.
+leased file is mapped once, whole, when its first copy starts, and shared by the load's
+threads (a map per copy made the threads take turns on the process's address space: every
+``mmap`` and ``munmap`` serialises on it, and each unmap flushes the other cores' TLBs); the
+copies are at most :data:`~hyperckpt._read.jobs.CHUNK_BYTES` each, and the maps go with the
+leases when the load ends.  A map holds page-cache pages, not memory of its own.
 
 A map must not see its file shrink (``SIGBUS``).  Files are mapped only under a read lease
 (:mod:`hyperckpt._storage.lease`): while it is held no other process can open the file for
@@ -34,8 +36,6 @@ from hyperckpt.errors import CheckpointChangedError, CheckpointError
 __all__ = ["MappedFiles"]
 
 _PAGE = mmap.PAGESIZE
-#: ``MAP_POPULATE``: map every page of the part up front (one call, no fault per page).
-_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0x8000)
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 _libc.mmap.argtypes = [
     ctypes.c_void_p,
@@ -64,17 +64,22 @@ class MappedFiles:
     Args:
         fds: Each leased file's open descriptor, by name.
         leases: Each leased file's read lease, by name.
+        sizes: Each file's size when it was opened (what its map spans).
 
     Attributes:
         bytes_copied: Bytes copied from maps so far.
-        maps: Parts mapped so far.
+        maps: Copies made so far.
     """
 
-    def __init__(self, fds: Mapping[str, int], leases: Mapping[str, ReadLease]) -> None:
+    def __init__(
+        self, fds: Mapping[str, int], leases: Mapping[str, ReadLease], sizes: Mapping[str, int]
+    ) -> None:
         self.bytes_copied = 0
         self.maps = 0
         self._fds = fds
         self._leases = leases
+        self._sizes = sizes
+        self._maps: dict[str, tuple[int, int]] = {}
         self._broken: set[str] = set()
         self._lock = threading.Lock()
 
@@ -91,11 +96,7 @@ class MappedFiles:
             CheckpointChangedError: Another process began to write or truncate the file.
         """
         self._check(name, offset, length)
-        start, size, base = self._map(name, offset, length)
-        try:
-            _libc.memcpy(address, base + offset - start, length)
-        finally:
-            _libc.munmap(base, size)
+        _libc.memcpy(address, self._map(name, offset, length) + offset, length)
         self._done(name, offset, length)
 
     def copy_box(self, name: str, part: Box, destination: torch.Tensor) -> None:
@@ -107,36 +108,34 @@ class MappedFiles:
         """
         offset, length = part.span()
         self._check(name, offset, length)
-        start, size, base = self._map(name, offset, length)
-        try:
-            itemsize = part.itemsize
-            kind = _BITS[itemsize]
-            raw = (ctypes.c_ubyte * length).from_address(base + offset - start)
-            flat = np.frombuffer(memoryview(raw), dtype=kind)
-            strides = tuple(stride * itemsize for stride in part.strides())
-            source = np.lib.stride_tricks.as_strided(flat, part.lengths, strides, writeable=False)
-            np.copyto(destination.view(_INTS[itemsize]).numpy(), source, "no")
-            del source, flat, raw
-        finally:
-            _libc.munmap(base, size)
+        itemsize = part.itemsize
+        raw = (ctypes.c_ubyte * length).from_address(self._map(name, offset, length) + offset)
+        flat = np.frombuffer(memoryview(raw), dtype=_BITS[itemsize])
+        strides = tuple(stride * itemsize for stride in part.strides())
+        source = np.lib.stride_tricks.as_strided(flat, part.lengths, strides, writeable=False)
+        np.copyto(destination.view(_INTS[itemsize]).numpy(), source, "no")
+        del source, flat, raw
         self._done(name, offset, part.nbytes)
 
-    def _map(self, name: str, offset: int, length: int) -> tuple[int, int, int]:
-        """``(first mapped byte, bytes mapped, address)`` of a fresh read-only map of the
-        pages holding ``length`` bytes from ``offset``."""
-        start = offset - offset % _PAGE
-        size = offset + length - start
-        flags = mmap.MAP_SHARED | _MAP_POPULATE
-        base = _libc.mmap(None, size, mmap.PROT_READ, flags, self._fds[name], start)
-        if base in (None, _MAP_FAILED):
-            code = ctypes.get_errno()
-            raise CheckpointError(
-                f"{name}: mapping {length} bytes at byte {offset} failed: errno {code}; "
-                f"the system refused a read-only memory map of a local file (out of address "
-                f"space or map count?); load with memory_map=False",
-                path=name,
-            )
-        return start, size, int(base)
+    def _map(self, name: str, offset: int, length: int) -> int:
+        """The address of byte 0 of ``name``'s read-only map, made on its first copy."""
+        with self._lock:
+            made = self._maps.get(name)
+            if made is not None:
+                return made[0]
+            size = self._sizes[name]
+            base = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, self._fds[name], 0)
+            if base in (None, _MAP_FAILED):
+                code = ctypes.get_errno()
+                raise CheckpointError(
+                    f"{name}: mapping its {size} bytes (to copy {length} at byte {offset}) "
+                    f"failed: errno {code}; the system refused a read-only memory map of a "
+                    f"local file (out of address space or map count?); load with "
+                    f"memory_map=False",
+                    path=name,
+                )
+            self._maps[name] = (int(base), size)
+            return int(base)
 
     def _check(self, name: str, offset: int, length: int) -> None:
         """Refuse to map ``name`` once its lease is broken (before each copy)."""
@@ -160,7 +159,12 @@ class MappedFiles:
             raise _changed(name, offset, length)
 
     def release(self) -> None:
-        """Let every lease go; call once no copy is in flight (the load's files still open)."""
+        """Unmap every file and let every lease go; call once no copy is in flight (the
+        load's files still open)."""
+        with self._lock:
+            maps, self._maps = self._maps, {}
+        for base, size in maps.values():
+            _libc.munmap(base, size)
         for lease in self._leases.values():
             lease.release()
 
