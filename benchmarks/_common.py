@@ -201,22 +201,9 @@ def map_copy_seconds(
     Returns:
         Seconds and bytes copied.
     """
-    import ctypes
-    import ctypes.util
     import mmap
 
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-    libc.mmap.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_size_t,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_int64,
-    ]
-    libc.mmap.restype = ctypes.c_void_p
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.memcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    from hyperckpt._storage.libc import LIBC as libc
     chunks = list(_ranges(directory, part, parts, 8 * 2**20))
     fds = {path: os.open(path, os.O_RDONLY) for path in {path for path, _, _ in chunks}}
     lock = threading.Lock()

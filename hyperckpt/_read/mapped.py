@@ -31,26 +31,13 @@ import torch
 
 from hyperckpt._read.boxes import Box
 from hyperckpt._storage.lease import ReadLease
+from hyperckpt._storage.libc import LIBC as _libc
+from hyperckpt._storage.libc import MAP_FAILED as _MAP_FAILED
 from hyperckpt.errors import CheckpointChangedError, CheckpointError
 
 __all__ = ["MappedFiles"]
 
 _PAGE = mmap.PAGESIZE
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-_libc.mmap.argtypes = [
-    ctypes.c_void_p,
-    ctypes.c_size_t,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_int64,
-]
-_libc.mmap.restype = ctypes.c_void_p
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_libc.munmap.restype = ctypes.c_int
-_libc.memcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
-_libc.memcpy.restype = ctypes.c_void_p
-_MAP_FAILED = ctypes.c_void_p(-1).value
 #: Integer types by element size, numpy and torch alike: the copy moves bits, whatever the dtype.
 _BITS: dict[int, np.dtype[Any]] = {size: np.dtype(f"<i{size}") for size in (1, 2, 4, 8)}
 _INTS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

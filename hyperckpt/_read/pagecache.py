@@ -17,6 +17,10 @@ import logging
 import mmap
 import os
 
+from hyperckpt._storage.libc import LIBC as _libc
+from hyperckpt._storage.libc import MAP_FAILED as _MAP_FAILED
+from hyperckpt._storage.libc import preadv2 as _preadv2
+
 __all__ = ["PAGE", "advise_cold", "cold_fraction"]
 
 logger = logging.getLogger(__name__)
@@ -28,24 +32,6 @@ PROBES = 64
 _RWF_NOWAIT = 0x00000008
 #: ``mincore`` reports residency in bit 0 of each byte; the other bits are reserved.
 _RESIDENT_BIT = bytes(value & 1 for value in range(256))
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-_libc.mmap.argtypes = [
-    ctypes.c_void_p,
-    ctypes.c_size_t,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_int64,
-]
-_libc.mmap.restype = ctypes.c_void_p
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-_preadv2 = getattr(_libc, "preadv2", None)
-if _preadv2 is not None:
-    _preadv2.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int]
-    _preadv2.restype = ctypes.c_ssize_t
-_MAP_FAILED = ctypes.c_void_p(-1).value
 
 
 class _Iovec(ctypes.Structure):

@@ -9,16 +9,13 @@ from collections.abc import Sequence
 
 import torch
 
+from hyperckpt._storage.libc import LIBC as _libc
 from hyperckpt._storage.opener import read_error, truncated
 
 __all__ = ["IOV_MAX", "read_runs", "read_scatter", "read_table"]
 
 #: Most buffers one ``preadv`` call takes on Linux.
 IOV_MAX = 1024
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-_libc.preadv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
-_libc.preadv.restype = ctypes.c_ssize_t
 
 
 class _Iovec(ctypes.Structure):

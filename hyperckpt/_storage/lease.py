@@ -36,6 +36,7 @@ import logging
 import os
 import signal
 
+from hyperckpt._storage.libc import LIBC as _libc
 from hyperckpt._storage.opener import read_pseudo
 
 __all__ = [
@@ -71,9 +72,6 @@ _F_SETLEASE = getattr(fcntl, "F_SETLEASE", 1024)
 _F_GETLEASE = getattr(fcntl, "F_GETLEASE", 1025)
 _F_SETSIG = getattr(fcntl, "F_SETSIG", 10)
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-_libc.fstatfs.argtypes = [ctypes.c_int, ctypes.c_void_p]
-_libc.fstatfs.restype = ctypes.c_int
 #: Bytes of ``struct statfs`` on 64-bit Linux (120) with room to spare; ``f_type`` is first.
 _STATFS_BYTES = 256
 

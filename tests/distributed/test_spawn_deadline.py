@@ -68,7 +68,7 @@ def test_a_hung_run_is_ended_with_its_children_and_says_how_far_each_rank_got(
     with pytest.raises(RankFailure) as caught:
         spawn_ranks(_hang_with_a_child, 2, str(tmp_path), timeout=300, stall=5, workdir=tmp_path)
     message = str(caught.value)
-    assert "used no CPU for 5 s" in message
+    assert "of a core for 5 s" in message
     assert "rank 0 (pid" in message
     assert "rank 1 (pid" in message
     assert message.count(": running") == 2
