@@ -36,7 +36,8 @@ from moto.server import ThreadedMotoServer
 logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
 server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
 server.start()
-print(server.get_host_and_port()[1], flush=True)
+sys.stdout.write(f"{server.get_host_and_port()[1]}\\n")  # the port, for the parent
+sys.stdout.flush()
 sys.stdin.read()  # until the parent closes it (or exits)
 server.stop()
 """
