@@ -6,6 +6,12 @@ residency to this process, that is for files it owns (Linux 5.2 and later answer
 "not resident" for other files to close a side channel); elsewhere one-byte ``preadv2``
 probes with ``RWF_NOWAIT``, which fail with ``EAGAIN`` instead of waiting for the disk.
 Where neither works the answer is ``None`` and the caller keeps its usual path.
+
+Both look at samples of a long range, not every page: the kernel's ``mincore`` costs about
+70 ns a page (18 ms for the 1.2 GB of a one-rank load on the development VM, a fifth of
+the load), while a page cache fills and empties in read-ahead windows of many pages, so
+evenly spaced groups of pages tell a warm range from a cold one, and a range with a hole
+of more than a group's spacing from one without.
 """
 
 from __future__ import annotations
@@ -29,6 +35,12 @@ logger = logging.getLogger(__name__)
 PAGE = mmap.PAGESIZE
 #: Most probes :func:`cold_fraction` makes with ``RWF_NOWAIT`` for one range.
 PROBES = 64
+#: ``mincore`` looks at every page of a range up to this many pages, and beyond it at
+#: :data:`SAMPLES` evenly spaced groups of :data:`SAMPLE_PAGES` pages (a hole in the page
+#: cache longer than the groups' spacing, at most 1 MiB a 64 MiB window, is always seen).
+FULL_SCAN_PAGES = 1024
+SAMPLES = 64
+SAMPLE_PAGES = 4
 _RWF_NOWAIT = 0x00000008
 #: ``mincore`` reports residency in bit 0 of each byte; the other bits are reserved.
 _RESIDENT_BIT = bytes(value & 1 for value in range(256))
@@ -39,8 +51,9 @@ class _Iovec(ctypes.Structure):
 
 
 def cold_fraction(fd: int, offset: int, length: int) -> float | None:
-    """The fraction of the range's pages that are not in the page cache, or ``None`` when
-    this system cannot tell.
+    """The fraction of the range's pages that are not in the page cache (exact up to
+    :data:`FULL_SCAN_PAGES` pages, from evenly spaced samples beyond), or ``None`` when this
+    system cannot tell.
 
     Args:
         fd: An open descriptor of a regular file.
@@ -65,13 +78,22 @@ def _mincore(fd: int, offset: int, length: int) -> float | None:
     if address in (None, _MAP_FAILED):
         return None
     try:
-        vector = (ctypes.c_ubyte * pages)()
-        if _libc.mincore(address, size, vector) != 0:
-            return None
-        resident = bytes(vector).translate(_RESIDENT_BIT).count(1)
+        if pages <= FULL_SCAN_PAGES:
+            groups = [(0, pages)]
+        else:
+            step = pages // SAMPLES
+            groups = [(index * step, SAMPLE_PAGES) for index in range(SAMPLES - 1)]
+            groups.append((pages - SAMPLE_PAGES, SAMPLE_PAGES))  # the range's last pages
+        vector = (ctypes.c_ubyte * max(count for _, count in groups))()
+        resident = looked = 0
+        for page, count in groups:
+            if _libc.mincore(address + page * PAGE, count * PAGE, vector) != 0:
+                return None
+            resident += ctypes.string_at(vector, count).translate(_RESIDENT_BIT).count(1)
+            looked += count
     finally:
         _libc.munmap(address, size)
-    return 1.0 - resident / pages
+    return 1.0 - resident / looked
 
 
 def _nowait_probes(fd: int, offset: int, length: int) -> float | None:
