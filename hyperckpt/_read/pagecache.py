@@ -37,7 +37,7 @@ PAGE = mmap.PAGESIZE
 PROBES = 64
 #: ``mincore`` looks at every page of a range up to this many pages, and beyond it at
 #: :data:`SAMPLES` evenly spaced groups of :data:`SAMPLE_PAGES` pages (a hole in the page
-#: cache longer than the groups' spacing, at most 1 MiB a 64 MiB window, is always seen).
+#: cache longer than the groups' spacing, at most 1 MiB a 64 MiB window, always covers one).
 FULL_SCAN_PAGES = 1024
 SAMPLES = 64
 SAMPLE_PAGES = 4

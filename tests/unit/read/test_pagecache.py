@@ -152,3 +152,26 @@ def test_cold_files_are_split_at_chunk_multiples_of_the_file() -> None:
     ]
     plain = coalesce([(1000, 5000, 0)], gap=0, scratch=0, chunk=2048)
     assert [offset for offset, _ in plain] == [1000, 3048, 5096]
+
+
+def test_a_long_range_is_judged_from_samples_that_see_a_hole_as_the_full_scan_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not _disk_backed(tmp_path):
+        pytest.skip("the test directory is in memory (tmpfs): its pages cannot be evicted")
+    path = tmp_path / "long.bin"
+    path.write_bytes(os.urandom(64 * 2**20))
+    _evict(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no read-ahead into the hole
+        os.pread(fd, 40 * 2**20, 0)
+        os.pread(fd, 22 * 2**20, 42 * 2**20)  # all but the 2 MiB at 40 MiB
+        sampled = pagecache._mincore(fd, 0, 64 * 2**20)
+        monkeypatch.setattr(pagecache, "FULL_SCAN_PAGES", 2**30)
+        every_page = pagecache._mincore(fd, 0, 64 * 2**20)
+    finally:
+        os.close(fd)
+    assert every_page == 2 / 64
+    assert sampled is not None
+    assert cold.MAP_THRESHOLD < sampled < cold.COLD_THRESHOLD  # seen: not mapped, not cold
