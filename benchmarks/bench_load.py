@@ -11,7 +11,10 @@ table, JSON and a plot into ``docs/benchmarks/``.
 ``preadv``, the path before issue 26).  Two limits: ``limit``, ``preadv`` of each rank's
 share of the files in 8 MiB calls, and ``copy-limit``, ``memcpy`` of the same share from
 read-only memory maps.  The ``map`` column is the cost rule's choice: the share of
-hyperckpt's bytes it copied from maps (the rest went through ``preadv``).
+hyperckpt's bytes it copied from maps (the rest went through ``preadv``).  ``dcp-floor`` is
+``dcp.load`` with our reader reading nothing (torch's planning and plan exchange, our
+metadata and engine set-up, no bytes): what any reader under ``dcp.load`` pays before its
+first byte, so ``vs limit + floor`` compares hyperckpt with the best a DCP reader can do.
 
     python benchmarks/bench_load.py                 # 2.2 GB, the full matrix
     python benchmarks/bench_load.py --size 0.3 --ranks 2 --repeats 1   # a quick look
@@ -70,8 +73,9 @@ READERS = (
     "fastsafetensors",
     "limit",
     "copy-limit",
+    "dcp-floor",
 )
-LIMITS = ("limit", "copy-limit")
+LIMITS = ("limit", "copy-limit", "dcp-floor")
 
 
 #: Peers measured warm only: they read every file whole on every rank, so a cold run of
@@ -91,6 +95,13 @@ def _available(reader: str) -> bool:
 
 
 _POISON = float("nan")
+
+
+class _NoReadEngine(ReadEngine):
+    """The engine given no requests: ``dcp-floor`` times everything of a load but its reads."""
+
+    def run(self, items: object, storage: object, planner: object) -> object:  # type: ignore[override]
+        return super().run([], storage, planner)  # type: ignore[arg-type]
 
 
 def _preadv_engine(*args: object, **kwargs: object) -> ReadEngine:
@@ -259,6 +270,17 @@ def _rank(
                             if launcher is not None:
                                 os.environ["LOCAL_WORLD_SIZE"] = launcher
                         stats = ours.last_stats
+                    elif reader == "dcp-floor":
+                        _readers.ReadEngine = _NoReadEngine  # type: ignore[misc]
+                        try:
+                            dcp.load(
+                                state,
+                                storage_reader=HuggingFaceStorageReader(
+                                    directory, thread_count=threads
+                                ),
+                            )
+                        finally:
+                            _readers.ReadEngine = ReadEngine  # type: ignore[misc]
                     elif reader == "runai":
                         _runai_load(directory, layout, specs, state, rank, world)
                     elif reader == "fastsafetensors":
@@ -336,6 +358,9 @@ def _summary(rows: list[dict[str, object]]) -> list[dict[str, object]]:
             for name, (peer,) in ratios.items()
             if peer in median
         }
+        if "dcp-floor" in median:  # seconds add up: limit's plus the floor's, against ours
+            best = 1 / median["limit"] + 1 / median["dcp-floor"]
+            extra["vs_limit_floor"] = round(best * median["hyperckpt"], 2)
         summary.append(
             {
                 "ranks": ranks,
@@ -358,12 +383,13 @@ def _summary(rows: list[dict[str, object]]) -> list[dict[str, object]]:
 
 def _table(summary: list[dict[str, object]]) -> str:
     readers = [r for r in READERS if any(f"{r}_gbps" in row for row in summary)]
-    names = {"limit": "preadv limit", "copy-limit": "copy limit"}
+    names = {"limit": "preadv limit", "copy-limit": "copy limit", "dcp-floor": "DCP floor"}
     lines = [
         "| ranks | layout | cache | "
         + " | ".join(names.get(r, r) for r in readers)
-        + " | vs torch | vs safetensors | vs today | vs preadv limit | vs copy limit | map |",
-        "|---:|---|---|" + "---:|" * (len(readers) + 6),
+        + " | vs torch | vs safetensors | vs today | vs preadv limit | vs copy limit"
+        + " | vs limit + floor | map |",
+        "|---:|---|---|" + "---:|" * (len(readers) + 7),
     ]
     for row in summary:
         cells = " | ".join(
@@ -374,7 +400,8 @@ def _table(summary: list[dict[str, object]]) -> str:
             f"| {row['ranks']} | {row['layout']} | {row['cache']} | {cells} | "
             f"{row['vs_torch']:.2f}x | {row['vs_safetensors']:.2f}x | "
             f"{_ratio(row, 'vs_today', 'x')} | {row['vs_limit']:.2f} | "
-            f"{_ratio(row, 'vs_copy_limit', '')} | {float(row['mapped_share']):.0%} |"  # type: ignore[arg-type]
+            f"{_ratio(row, 'vs_copy_limit', '')} | {_ratio(row, 'vs_limit_floor', '')} | "
+            f"{float(row['mapped_share']):.0%} |"  # type: ignore[arg-type]
         )
     return (
         "\n".join(lines)
@@ -383,8 +410,10 @@ def _table(summary: list[dict[str, object]]) -> str:
         "defaults and no LOCAL_WORLD_SIZE, `hyperckpt-preadv` with the memory map off (the "
         "path before issue 26: `vs today`); `preadv limit` / `copy-limit`: each rank's share "
         "of the files by 8 MiB `preadv` / by `memcpy` from memory maps; `map`: the share of "
-        "hyperckpt's bytes the cost rule copied from maps; min-max of every reader in the "
-        "JSON (`spread`).\n"
+        "hyperckpt's bytes the cost rule copied from maps; `DCP floor`: `dcp.load` with our "
+        "reader reading nothing, in GB/s of the checkpoint as if it had read it (its seconds "
+        "are a fixed cost); `vs limit + floor`: ours against the preadv limit's seconds plus "
+        "the floor's; min-max of every reader in the JSON (`spread`).\n"
     )
 
 
