@@ -633,13 +633,20 @@ class S3File:
         self.close()
 
 
+#: Most bytes asked of a response body at once.  The HTTP stack under boto3 answers a
+#: ``readinto`` by reading into a new buffer of the asked size and copying it: a piece of
+#: this size is reused from the allocator's heap, where a GET-sized one is fresh memory
+#: (page faults) each time (measured: ``docs/benchmarks/s3_load.md``).
+STREAM_PIECE = 2**20
+
+
 def _stream(body: Any, buffers: list[memoryview]) -> int:
     """Read ``body`` into ``buffers`` in order until they are full or it ends; the bytes read."""
     done = 0
     for buffer in buffers:
         filled = 0
         while filled < len(buffer):
-            got = body.readinto(buffer[filled:])
+            got = body.readinto(buffer[filled : filled + STREAM_PIECE])
             if not got:
                 return done + filled
             filled += got
