@@ -22,6 +22,7 @@ import os
 import re
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
 from pathlib import Path
 from types import MappingProxyType
 from typing import Final
@@ -92,9 +93,13 @@ def describe_directory(path: str | os.PathLike[str]) -> CheckpointLayout:
         CheckpointNotFoundError: The path, or a file the checkpoint needs, does not exist.
         CheckpointError: Any rule is broken; the message names the file and the tensor.
     """
-    if detect_kind(path) == TORCH_SHARDED:
-        return torch_sharded_layout(path)
-    return huggingface_layout(path)
+    listed = _LISTED.set({})  # detecting the kind and describing it share one LIST
+    try:
+        if detect_kind(path) == TORCH_SHARDED:
+            return torch_sharded_layout(path)
+        return huggingface_layout(path)
+    finally:
+        _LISTED.reset(listed)
 
 
 def detect_kind(path: str | os.PathLike[str]) -> Kind:
@@ -464,6 +469,12 @@ def _read_headers(storage: Storage, names: Iterable[str], report: Report) -> dic
     return headers
 
 
+#: The listings made during one :func:`describe_directory`, by URL (``None`` outside one).
+_LISTED: ContextVar[dict[str, tuple[Storage, list[str]]] | None] = ContextVar(
+    "_LISTED", default=None
+)
+
+
 def _remote_names(url: str, *, folder: bool = False) -> tuple[Storage, str | None, list[str]]:
     """The storage of a checkpoint in object storage, the object ``url`` names (a
     ``.safetensors`` file or an index: its folder is the storage) and the names beside it.
@@ -477,8 +488,15 @@ def _remote_names(url: str, *, folder: bool = False) -> tuple[Storage, str | Non
     """
     last = url.rstrip("/").rsplit("/", 1)[-1]
     named = not folder and (last.endswith(_SUFFIX) or is_index_name(last))
-    storage = storage_at(url.rstrip("/").rsplit("/", 1)[0] if named else url)
-    entries = storage.names()
+    root = url.rstrip("/").rsplit("/", 1)[0] if named else url
+    memo = _LISTED.get()
+    if memo is not None and root in memo:
+        storage, entries = memo[root]
+    else:
+        storage = storage_at(root)
+        entries = storage.names()
+        if memo is not None:
+            memo[root] = storage, entries
     if named and last not in entries:
         raise CheckpointNotFoundError(
             f"{url}: no such object; check the bucket, the prefix and the file name",

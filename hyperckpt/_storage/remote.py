@@ -21,6 +21,7 @@ credential chain).  No torch.
 
 from __future__ import annotations
 
+import http.client
 import logging
 import os
 import posixpath
@@ -741,22 +742,43 @@ class S3File:
         self.close()
 
 
-#: Most bytes asked of a response body at once.  The HTTP stack under boto3 answers a
-#: ``readinto`` by reading into a new buffer of the asked size and copying it: a piece of
-#: this size is reused from the allocator's heap, where a GET-sized one is fresh memory
-#: (page faults) each time (measured: ``docs/benchmarks/s3_load.md``).
+#: Most bytes asked of a response body at once where its socket cannot be read directly.
+#: The HTTP stack under boto3 answers a ``readinto`` by reading into a new buffer of the
+#: asked size and copying it: a piece of this size is reused from the allocator's heap,
+#: where a GET-sized one is fresh memory (page faults) each time.
 STREAM_PIECE = 2**20
 
 
 def _stream(body: Any, buffers: list[memoryview]) -> int:
-    """Read ``body`` into ``buffers`` in order until they are full or it ends; the bytes read."""
+    """Read ``body`` into ``buffers`` in order until they are full or it ends; the bytes read.
+
+    The bytes go from the socket straight into the buffers where the response under boto3's
+    body is the standard library's (``http.client``), as it is with urllib3: boto3's own
+    ``readinto`` reads each piece into a new buffer and copies it (a quarter of a load's
+    CPU on a local store, ``docs/benchmarks/s3_load.md``).  Elsewhere the body is read in
+    pieces of :data:`STREAM_PIECE`.
+
+    Raises:
+        _Retry: The connection failed or timed out while the body was read.
+    """
+    raw: Any = getattr(body, "_raw_stream", None)
+    direct: http.client.HTTPResponse | None = getattr(raw, "_fp", None)
+    if not isinstance(direct, http.client.HTTPResponse) or direct.chunked:
+        direct = None
+    read = body.readinto if direct is None else direct.readinto
+    piece = STREAM_PIECE if direct is None else 2**62
     done = 0
-    for buffer in buffers:
-        filled = 0
-        while filled < len(buffer):
-            got = body.readinto(buffer[filled : filled + STREAM_PIECE])
-            if not got:
-                return done + filled
-            filled += got
-        done += filled
+    try:
+        for buffer in buffers:
+            filled = 0
+            while filled < len(buffer):
+                got = read(buffer[filled : filled + piece])
+                if not got:
+                    return done + filled
+                filled += got
+            done += filled
+    except OSError as err:  # a reset or a timeout on the socket itself (the direct path)
+        raise _Retry(type(err).__name__) from None
+    if direct is not None and direct.isclosed():
+        raw.release_conn()  # the whole body was read: the connection serves the next GET
     return done
