@@ -118,6 +118,12 @@ class LocalS3:
                 )
         return cls(process, f"http://127.0.0.1:{port}", zero_copy=zero_copy == "1")
 
+    def cpu_seconds(self) -> float:
+        """CPU time the server's process has used so far (user and system; Linux)."""
+        with open(f"/proc/{self._process.pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def environment(self) -> dict[str, str]:
         """The variables a client needs to reach this server (test credentials included)."""
         return {**CREDENTIALS, "AWS_ENDPOINT_URL": self.endpoint}
