@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from pathlib import Path
@@ -178,15 +178,15 @@ def huggingface_layout(
             with the headers, a tensor is in two files, or a header breaks a rule.
     """
     problems = Counted(report)
-    found = (
-        _remote_huggingface_files(str(path), problems)
-        if is_remote(path)
-        else _huggingface_files(Path(path), problems)
-    )
+    early: dict[str, FileHeader | CheckpointError] = {}
+    if is_remote(path):
+        found = _remote_huggingface_files(str(path), problems, early)
+    else:
+        found = _huggingface_files(Path(path), problems)
     if found is None:
         return _nothing(HUGGINGFACE, str(path))
     storage, choice, weight_map, names = found
-    headers = _read_headers(storage, names, problems)
+    headers = _read_headers(storage, names, problems, early=early)
     owner: dict[str, str] = {}
     for header in headers.values():
         for tensor in header.tensors:
@@ -434,32 +434,48 @@ def _lone_file(storage: Storage, entries: list[str]) -> str | None:
 _REMOTE_FIRST_READ: Final = 256 * 2**10
 #: Header reads in flight at once for a checkpoint in object storage.
 _REMOTE_HEADER_READS: Final = 32
+#: Most headers fetched while the index is (the files named after it, in name order).
+_EARLY_HEADERS: Final = 1024
 
 
 def _first_read(storage: Storage) -> int:
     return 8 if isinstance(storage, LocalStorage) else _REMOTE_FIRST_READ
 
 
-def _read_headers(storage: Storage, names: Iterable[str], report: Report) -> dict[str, FileHeader]:
+def _read_header_or_error(storage: Storage, name: str) -> FileHeader | CheckpointError:
+    try:
+        return read_header_in(storage, name, first=_first_read(storage))
+    except CheckpointError as err:
+        return err
+
+
+def _read_headers(
+    storage: Storage,
+    names: Iterable[str],
+    report: Report,
+    *,
+    early: Mapping[str, FileHeader | CheckpointError] | None = None,
+) -> dict[str, FileHeader]:
     """Each file's header, keyed by name; a file whose header breaks a rule is left out.
 
     Local files are read one after the other (a page-cache hit each); objects in a store
     are read concurrently (a round trip each), their problems reported in name order.
+    ``early`` holds what was read already (while the index was fetched), by name.
     """
     names = list(names)
-    first = _first_read(storage)
+    early = early or {}
+    missing = [name for name in names if name not in early]
 
     def read(name: str) -> FileHeader | CheckpointError:
-        try:
-            return read_header_in(storage, name, first=first)
-        except CheckpointError as err:
-            return err
+        return _read_header_or_error(storage, name)
 
-    if isinstance(storage, LocalStorage) or len(names) < 2:
-        results = [read(name) for name in names]
+    if isinstance(storage, LocalStorage) or len(missing) < 2:
+        fresh = [read(name) for name in missing]
     else:
-        with ThreadPoolExecutor(min(_REMOTE_HEADER_READS, len(names))) as pool:
-            results = list(pool.map(read, names))
+        with ThreadPoolExecutor(min(_REMOTE_HEADER_READS, len(missing))) as pool:
+            fresh = list(pool.map(read, missing))
+    found = {**early, **dict(zip(missing, fresh, strict=True))}
+    results = [found[name] for name in names]
     headers = {}
     for name, result in zip(names, results, strict=True):
         if isinstance(result, CheckpointError):
@@ -513,10 +529,15 @@ def _remote_names(url: str, *, folder: bool = False) -> tuple[Storage, str | Non
 
 
 def _remote_huggingface_files(
-    url: str, problems: Report
+    url: str, problems: Report, early: dict[str, FileHeader | CheckpointError]
 ) -> tuple[Storage, Choice, dict[str, str | None] | None, list[str]] | None:
     """What :func:`_huggingface_files` finds, for a checkpoint in object storage: the index
-    (or the single file) named by the URL or chosen among the names under the prefix."""
+    (or the single file) named by the URL or chosen among the names under the prefix.
+
+    While the index is fetched, the headers of the files listed beside it that are named
+    after it (``model-*.safetensors`` for ``model.safetensors.index.json``) are fetched too,
+    into ``early``: the index names them nearly always, and a round trip is saved.
+    """
     try:
         storage, named, entries = _remote_names(url)
         if named is not None and not is_index_name(named):
@@ -534,7 +555,16 @@ def _remote_huggingface_files(
     if choice.index is None:
         assert choice.single is not None, "a choice without an index names its file"
         return storage, choice, None, [choice.single]
-    index = read_index(storage, problems, index=choice.index, present=entries)
+    stem = choice.index.split(".safetensors.index.json")[0]
+    likely = [
+        name
+        for name in _safetensors_names(entries)
+        if name == f"{stem}.safetensors" or name.startswith(f"{stem}-")
+    ][:_EARLY_HEADERS]
+    with ThreadPoolExecutor(min(_REMOTE_HEADER_READS, max(1, len(likely)))) as pool:
+        reads = {name: pool.submit(_read_header_or_error, storage, name) for name in likely}
+        index = read_index(storage, problems, index=choice.index, present=entries)
+    early.update((name, read.result()) for name, read in reads.items())
     if index is None:
         return None
     weight_map, names = index
