@@ -8,8 +8,9 @@ the client's CPU time (``time.process_time``) and the server's (``/proc``).
 
 * **limit**: the same bytes fetched by concurrent ranged GETs with no processing (each
   body read from the socket straight into one buffer), for every GET size of
-  ``8/16/32 MiB`` and "the bytes shared evenly among the GETs in flight" and for 4 and 16
-  GETs in flight; the limit is the best median of these, reported with its settings;
+  ``8/16/32 MiB`` (each object cut in even pieces of at most that) and "the bytes shared
+  evenly among the GETs in flight" (``shared``, the load's own plan), for 4 and 16 GETs in
+  flight; the limit is the best median of these, reported with its settings;
 * **describe**: ``hyperckpt.describe("s3://...")`` (index + each header by ranged GETs)
   against downloading the files and describing them locally (hyperckpt, and torch's
   ``HuggingFaceStorageReader.read_metadata``);
@@ -222,13 +223,17 @@ def main() -> None:
         best_part: list[int] = []
         cases: dict[str, Callable[[], object]] = {}
         for in_flight in (4, 16):
-            for chunk in (8 * 2**20, 16 * 2**20, 32 * 2**20, -(-file_bytes // in_flight)):
-                label = f"{chunk / 2**20:.1f}MiB" if chunk % 2**20 else f"{chunk >> 20}MiB"
-                cases[f"limit {label} x{in_flight}"] = limit(chunk, in_flight)
+            for mib in (8, 16, 32):
+                cases[f"limit {mib}MiB x{in_flight}"] = limit(mib * 2**20, in_flight)
+            # The load's own plan: the bytes shared evenly among the GETs in flight.
+            cases[f"limit shared x{in_flight}"] = limit(-(-file_bytes // in_flight), in_flight)
         cases["describe_url"] = lambda: hyperckpt.describe(url)
         for part in (8, 16):
             cases[f"download {part}MiB parts"] = lambda p=part: download(p)
         cases["load_url"] = loaded(lambda state: hyperckpt.load(state, url))
+        cases["load_url_4_in_flight"] = loaded(
+            lambda state: hyperckpt.load(state, url, thread_count=4)
+        )
         cases["download_then_torch_load"] = loaded(
             lambda state: dcp.load(
                 state, storage_reader=TorchReader(str(download(best_part[0])), thread_count=8)
@@ -273,9 +278,18 @@ def main() -> None:
     limit_name = min(limits, key=limits.__getitem__)
     download_s = rows.median(f"download {best_part[0]}MiB parts")
     median = {name: rows.median(name) for name in rows.runs}
+    even16 = "limit shared x16"
+
+    def cpu(name: str) -> float:
+        summary = rows.summary()[name]
+        return summary["client_cpu_s"] + summary["server_cpu_s"]
+
     ratios = {
         "limit_setting": limit_name,
         "load_vs_limit": round(median[limit_name] / median["load_url"], 3),
+        "load_4_in_flight_vs_limit": round(median[limit_name] / median["load_url_4_in_flight"], 3),
+        "load_vs_limit_of_its_own_GET_plan": round(median[even16] / median["load_url"], 3),
+        "load_vs_limit_in_CPU_seconds": round(cpu(limit_name) / cpu("load_url"), 3),
         "load_vs_download_then_torch": round(
             median["download_then_torch_load"] / median["load_url"], 3
         ),
