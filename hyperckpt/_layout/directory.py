@@ -17,6 +17,7 @@ builders go on, leaving out each file or tensor at fault.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -48,6 +49,7 @@ from hyperckpt._layout.index import (
 )
 from hyperckpt._layout.model import (
     HUGGINGFACE,
+    INDEX_NAME,
     SHARDING_INFO_KEY,
     TORCH_SHARDED,
     CheckpointLayout,
@@ -63,6 +65,7 @@ from hyperckpt._layout.whole import WholeTensors
 from hyperckpt._storage.files import LocalStorage
 from hyperckpt._storage.places import is_remote, storage_at
 from hyperckpt._storage.protocol import Storage
+from hyperckpt._storage.remote import WHOLE_FIRST_READ, S3File, S3Storage
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
 
 __all__ = ["describe_directory", "detect_kind", "huggingface_layout", "torch_sharded_layout"]
@@ -93,13 +96,52 @@ def describe_directory(path: str | os.PathLike[str]) -> CheckpointLayout:
         CheckpointNotFoundError: The path, or a file the checkpoint needs, does not exist.
         CheckpointError: Any rule is broken; the message names the file and the tensor.
     """
-    listed = _LISTED.set({})  # detecting the kind and describing it share one LIST
+    memo: dict[str, tuple[Storage, list[str] | None]] = {}
+    listed = _LISTED.set(memo)  # detecting the kind and describing it share one LIST
+    ahead = _open_ahead(str(path), memo) if is_remote(path) else None
     try:
         if detect_kind(path) == TORCH_SHARDED:
             return torch_sharded_layout(path)
         return huggingface_layout(path)
     finally:
         _LISTED.reset(listed)
+        if ahead is not None:
+            ahead.close_ahead()
+
+
+def _open_ahead(url: str, memo: dict[str, tuple[Storage, list[str] | None]]) -> S3Storage | None:
+    """For a prefix in object storage, start fetching the conventional index while the
+    prefix is listed, and its files' headers as soon as it arrives: the description then
+    waits for one round trip (the LIST) before the data, not three (LIST, index, headers).
+    What is fetched is only used where the listing and the rules would fetch it anyway."""
+    last = url.rstrip("/").rsplit("/", 1)[-1]
+    if last.endswith(_SUFFIX) or is_index_name(last):
+        return None
+    storage = storage_at(url)
+    if not isinstance(storage, S3Storage):
+        return None
+    memo[url] = storage, None
+    storage.open_ahead(
+        [INDEX_NAME],
+        prefetch=WHOLE_FIRST_READ,
+        then=_named_by_index,
+        then_prefetch=_REMOTE_FIRST_READ,
+    )
+    return storage
+
+
+def _named_by_index(index: S3File) -> list[str]:
+    """The files an index fetched ahead names, to fetch their headers ahead: a hint only
+    (the index is read again through the rules; text that is not an index names none)."""
+    if index.size > WHOLE_FIRST_READ:
+        return []
+    try:
+        weight_map = json.loads(index.read_exact(0, index.size)).get("weight_map")
+    except (ValueError, AttributeError):
+        return []  # not an index: the rules say so when it is read for the description
+    if not isinstance(weight_map, dict):
+        return []
+    return sorted({f for f in weight_map.values() if isinstance(f, str)})[:_AHEAD_HEADERS]
 
 
 def detect_kind(path: str | os.PathLike[str]) -> Kind:
@@ -436,6 +478,9 @@ _REMOTE_FIRST_READ: Final = 256 * 2**10
 _REMOTE_HEADER_READS: Final = 32
 #: Most headers fetched while the index is (the files named after it, in name order).
 _EARLY_HEADERS: Final = 1024
+#: Most headers fetched ahead from an index fetched while the prefix is listed (the
+#: largest published checkpoints have ~200 files; a hostile index names far more).
+_AHEAD_HEADERS: Final = 256
 
 
 def _first_read(storage: Storage) -> int:
@@ -486,7 +531,7 @@ def _read_headers(
 
 
 #: The listings made during one :func:`describe_directory`, by URL (``None`` outside one).
-_LISTED: ContextVar[dict[str, tuple[Storage, list[str]]] | None] = ContextVar(
+_LISTED: ContextVar[dict[str, tuple[Storage, list[str] | None]] | None] = ContextVar(
     "_LISTED", default=None
 )
 
@@ -506,13 +551,12 @@ def _remote_names(url: str, *, folder: bool = False) -> tuple[Storage, str | Non
     named = not folder and (last.endswith(_SUFFIX) or is_index_name(last))
     root = url.rstrip("/").rsplit("/", 1)[0] if named else url
     memo = _LISTED.get()
-    if memo is not None and root in memo:
-        storage, entries = memo[root]
-    else:
+    storage, listing = memo.get(root, (None, None)) if memo is not None else (None, None)
+    if storage is None:
         storage = storage_at(root)
-        entries = storage.names()
-        if memo is not None:
-            memo[root] = storage, entries
+    entries = listing if listing is not None else storage.names()
+    if memo is not None:
+        memo[root] = storage, entries
     if named and last not in entries:
         raise CheckpointNotFoundError(
             f"{url}: no such object; check the bucket, the prefix and the file name",

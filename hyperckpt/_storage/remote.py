@@ -29,6 +29,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, NoReturn
@@ -62,6 +63,8 @@ SCHEMES: Final = ("s3://",)
 MAX_LISTED: Final = 100_000
 #: Bytes of the GET that opens a small whole object (an index): most are read in one.
 WHOLE_FIRST_READ: Final = 256 * 2**10
+#: Objects opened ahead at once.
+_AHEAD_THREADS: Final = 32
 #: HTTP statuses worth a retry: throttling, server errors.
 _RETRY_STATUS: Final = frozenset({408, 429, 500, 502, 503, 504})
 #: Error codes worth a retry whatever their status.
@@ -215,6 +218,10 @@ class S3Storage:
         self.settings = settings or RemoteSettings()
         self._client: Any = client if client is not None else _client(self.settings, url)
         self.counts = RequestCounts()
+        self._ahead: dict[tuple[str, int], Future[S3File]] = {}
+        self._ahead_lock = threading.Lock()
+        self._ahead_pool: ThreadPoolExecutor | None = None
+        self._ahead_closing = False
 
     @property
     def root(self) -> str:
@@ -349,7 +356,64 @@ class S3Storage:
         """
         if prefetch <= 0:
             return S3File(self, name, self.stamp(name))
+        with self._ahead_lock:
+            ahead = self._ahead.pop((name, prefetch), None)
+        if ahead is not None:
+            return ahead.result()  # opened ahead (or its error, raised here)
         return self._open_fetching(name, prefetch)
+
+    def open_ahead(
+        self,
+        names: Iterable[str],
+        *,
+        prefetch: int,
+        then: Callable[[S3File], Iterable[str]] | None = None,
+        then_prefetch: int = 0,
+    ) -> None:
+        """Start opening ``names`` in the background, each as :meth:`open_file` with
+        ``prefetch`` would; the first such :meth:`open_file` of one takes the result (the
+        object, or the error, raised then).  Results nobody takes cost their GET only.
+
+        Args:
+            names: Objects to open, relative to the prefix.
+            prefetch: Bytes from each object's start fetched with it.
+            then: Called with each object opened here; the names it gives are opened ahead
+                too (an index names its files).
+            then_prefetch: Bytes fetched with each object ``then`` names.
+        """
+        with self._ahead_lock:
+            if self._ahead_closing:
+                return
+            if self._ahead_pool is None:
+                self._ahead_pool = ThreadPoolExecutor(_AHEAD_THREADS)
+            for name in names:
+                if (name, prefetch) not in self._ahead:
+                    self._ahead[name, prefetch] = self._ahead_pool.submit(
+                        self._open_then, name, prefetch, then, then_prefetch
+                    )
+
+    def _open_then(
+        self,
+        name: str,
+        prefetch: int,
+        then: Callable[[S3File], Iterable[str]] | None,
+        then_prefetch: int,
+    ) -> S3File:
+        file = self._open_fetching(name, prefetch)
+        if then is not None:
+            self.open_ahead(then(file), prefetch=then_prefetch)
+        return file
+
+    def close_ahead(self) -> None:
+        """Cancel the opens ahead not yet started and wait for the others; forget them all."""
+        with self._ahead_lock:
+            pool, self._ahead_pool = self._ahead_pool, None
+            self._ahead_closing = True  # an open finishing now starts no more
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        with self._ahead_lock:
+            self._ahead.clear()
+            self._ahead_closing = False
 
     def _open_fetching(self, name: str, prefetch: int) -> S3File:
         """See :meth:`open_file`: the object stamped by a GET of its first bytes."""

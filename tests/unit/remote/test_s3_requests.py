@@ -18,7 +18,7 @@ from s3faults import FaultProxy
 from safetensors import safe_open
 
 import hyperckpt
-from hyperckpt import CheckpointError
+from hyperckpt import CheckpointError, CheckpointNotFoundError
 from hyperckpt._format.header import read_header_in
 from hyperckpt._read import remote as remote_reads
 from hyperckpt._read.remote import REMOTE_CHUNK_BYTES, REMOTE_MIN_GET, get_size
@@ -141,3 +141,50 @@ def test_a_load_makes_one_get_per_slot_in_flight_and_fetches_only_what_it_needs(
     assert stats is not None
     assert stats.reads == 8
     assert stats.bytes_read == stats.bytes_needed == sum(t.nbytes for t in truth.values())
+
+
+def test_an_object_opened_ahead_is_taken_by_the_next_open_without_a_request(
+    s3_env: LocalS3, tmp_path: Path
+) -> None:
+    folder = write_hf_checkpoint(tmp_path / "hf", _tensors(4, 32), files=2)
+    url = _upload(s3_env, folder)
+    storage = S3Storage(url)
+    index = "model.safetensors.index.json"
+    named = "model-00002-of-00002.safetensors"
+    storage.open_ahead([index], prefetch=2**16, then=lambda _: [named], then_prefetch=4096)
+    text = storage.open_file(index, expected="an index", prefetch=2**16)
+    assert text.read_exact(0, text.size) == (folder / index).read_bytes()
+    file = storage.open_file(named, expected="a safetensors file", prefetch=4096)
+    assert file.read_exact(0, 4096) == (folder / named).read_bytes()[:4096]
+    storage.close_ahead()
+    assert (storage.counts.gets, storage.counts.heads) == (2, 0), "each object fetched once"
+
+
+def test_an_error_met_ahead_is_raised_by_the_open_that_takes_it(
+    s3_env: LocalS3, tmp_path: Path
+) -> None:
+    folder = write_hf_checkpoint(tmp_path / "hf", _tensors(2, 16), files=1)
+    url = _upload(s3_env, folder)
+    storage = S3Storage(url)
+    storage.open_ahead(["absent.safetensors"], prefetch=4096)
+    with pytest.raises(CheckpointNotFoundError, match=r"absent.safetensors: no such object"):
+        storage.open_file("absent.safetensors", expected="a safetensors file", prefetch=4096)
+    storage.close_ahead()
+
+
+def test_describe_of_a_prefix_fetches_the_index_and_each_header_once(
+    s3_env: LocalS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The index is fetched while the prefix is listed, the headers as soon as it arrives,
+    # and the files named after it while it is read: each object still costs one GET.
+    folder = write_hf_checkpoint(tmp_path / "hf", _tensors(6, 16), files=3)
+    url = _upload(s3_env, folder)
+    proxy = FaultProxy(s3_env.endpoint)
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        layout = hyperckpt.describe(url)
+        assert proxy.gets == 1 + 3, "the index and three headers, each once"
+    finally:
+        proxy.close()
+    assert sorted(layout.files) == sorted(p.name for p in folder.glob("*.safetensors"))
+    assert layout.tensors == hyperckpt.describe(folder).tensors
