@@ -132,10 +132,9 @@ def read_header_in(storage: Storage, name: str, *, first: int = _LENGTH_PREFIX) 
         CheckpointNotFoundError: The file does not exist.
         CheckpointError: The file is unreadable, not a regular file, or breaks a rule.
     """
-    with storage.open_file(name, expected="a safetensors file") as file:
-        return _read_open(
-            file, name, os.path.join(storage.root, name), first=max(_LENGTH_PREFIX, first)
-        )
+    first = max(_LENGTH_PREFIX, first)
+    with storage.open_file(name, expected="a safetensors file", prefetch=first) as file:
+        return _read_open(file, name, os.path.join(storage.root, name), first=first)
 
 
 def _read_open(file: StorageFile, shown: str, path: str, *, first: int) -> FileHeader:

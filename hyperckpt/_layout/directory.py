@@ -17,11 +17,13 @@ builders go on, leaving out each file or tensor at fault.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
 from pathlib import Path
 from types import MappingProxyType
 from typing import Final
@@ -47,6 +49,7 @@ from hyperckpt._layout.index import (
 )
 from hyperckpt._layout.model import (
     HUGGINGFACE,
+    INDEX_NAME,
     SHARDING_INFO_KEY,
     TORCH_SHARDED,
     CheckpointLayout,
@@ -62,6 +65,7 @@ from hyperckpt._layout.whole import WholeTensors
 from hyperckpt._storage.files import LocalStorage
 from hyperckpt._storage.places import is_remote, storage_at
 from hyperckpt._storage.protocol import Storage
+from hyperckpt._storage.remote import WHOLE_FIRST_READ, S3File, S3Storage
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
 
 __all__ = ["describe_directory", "detect_kind", "huggingface_layout", "torch_sharded_layout"]
@@ -92,9 +96,52 @@ def describe_directory(path: str | os.PathLike[str]) -> CheckpointLayout:
         CheckpointNotFoundError: The path, or a file the checkpoint needs, does not exist.
         CheckpointError: Any rule is broken; the message names the file and the tensor.
     """
-    if detect_kind(path) == TORCH_SHARDED:
-        return torch_sharded_layout(path)
-    return huggingface_layout(path)
+    memo: dict[str, tuple[Storage, list[str] | None]] = {}
+    listed = _LISTED.set(memo)  # detecting the kind and describing it share one LIST
+    ahead = _open_ahead(str(path), memo) if is_remote(path) else None
+    try:
+        if detect_kind(path) == TORCH_SHARDED:
+            return torch_sharded_layout(path)
+        return huggingface_layout(path)
+    finally:
+        _LISTED.reset(listed)
+        if ahead is not None:
+            ahead.close_ahead()
+
+
+def _open_ahead(url: str, memo: dict[str, tuple[Storage, list[str] | None]]) -> S3Storage | None:
+    """For a prefix in object storage, start fetching the conventional index while the
+    prefix is listed, and its files' headers as soon as it arrives: the description then
+    waits for one round trip (the LIST) before the data, not three (LIST, index, headers).
+    What is fetched is only used where the listing and the rules would fetch it anyway."""
+    last = url.rstrip("/").rsplit("/", 1)[-1]
+    if last.endswith(_SUFFIX) or is_index_name(last):
+        return None
+    storage = storage_at(url)
+    if not isinstance(storage, S3Storage):
+        return None
+    memo[url] = storage, None
+    storage.open_ahead(
+        [INDEX_NAME],
+        prefetch=WHOLE_FIRST_READ,
+        then=_named_by_index,
+        then_prefetch=_REMOTE_FIRST_READ,
+    )
+    return storage
+
+
+def _named_by_index(index: S3File) -> list[str]:
+    """The files an index fetched ahead names, to fetch their headers ahead: a hint only
+    (the index is read again through the rules; text that is not an index names none)."""
+    if index.size > WHOLE_FIRST_READ:
+        return []
+    try:
+        weight_map = json.loads(index.read_exact(0, index.size)).get("weight_map")
+    except (ValueError, AttributeError):
+        return []  # not an index: the rules say so when it is read for the description
+    if not isinstance(weight_map, dict):
+        return []
+    return sorted({f for f in weight_map.values() if isinstance(f, str)})[:_AHEAD_HEADERS]
 
 
 def detect_kind(path: str | os.PathLike[str]) -> Kind:
@@ -173,15 +220,15 @@ def huggingface_layout(
             with the headers, a tensor is in two files, or a header breaks a rule.
     """
     problems = Counted(report)
-    found = (
-        _remote_huggingface_files(str(path), problems)
-        if is_remote(path)
-        else _huggingface_files(Path(path), problems)
-    )
+    early: dict[str, FileHeader | CheckpointError] = {}
+    if is_remote(path):
+        found = _remote_huggingface_files(str(path), problems, early)
+    else:
+        found = _huggingface_files(Path(path), problems)
     if found is None:
         return _nothing(HUGGINGFACE, str(path))
     storage, choice, weight_map, names = found
-    headers = _read_headers(storage, names, problems)
+    headers = _read_headers(storage, names, problems, early=early)
     owner: dict[str, str] = {}
     for header in headers.values():
         for tensor in header.tensors:
@@ -429,32 +476,51 @@ def _lone_file(storage: Storage, entries: list[str]) -> str | None:
 _REMOTE_FIRST_READ: Final = 256 * 2**10
 #: Header reads in flight at once for a checkpoint in object storage.
 _REMOTE_HEADER_READS: Final = 32
+#: Most headers fetched while the index is (the files named after it, in name order).
+_EARLY_HEADERS: Final = 1024
+#: Most headers fetched ahead from an index fetched while the prefix is listed (the
+#: largest published checkpoints have ~200 files; a hostile index names far more).
+_AHEAD_HEADERS: Final = 256
 
 
 def _first_read(storage: Storage) -> int:
     return 8 if isinstance(storage, LocalStorage) else _REMOTE_FIRST_READ
 
 
-def _read_headers(storage: Storage, names: Iterable[str], report: Report) -> dict[str, FileHeader]:
+def _read_header_or_error(storage: Storage, name: str) -> FileHeader | CheckpointError:
+    try:
+        return read_header_in(storage, name, first=_first_read(storage))
+    except CheckpointError as err:
+        return err
+
+
+def _read_headers(
+    storage: Storage,
+    names: Iterable[str],
+    report: Report,
+    *,
+    early: Mapping[str, FileHeader | CheckpointError] | None = None,
+) -> dict[str, FileHeader]:
     """Each file's header, keyed by name; a file whose header breaks a rule is left out.
 
     Local files are read one after the other (a page-cache hit each); objects in a store
     are read concurrently (a round trip each), their problems reported in name order.
+    ``early`` holds what was read already (while the index was fetched), by name.
     """
     names = list(names)
-    first = _first_read(storage)
+    early = early or {}
+    missing = [name for name in names if name not in early]
 
     def read(name: str) -> FileHeader | CheckpointError:
-        try:
-            return read_header_in(storage, name, first=first)
-        except CheckpointError as err:
-            return err
+        return _read_header_or_error(storage, name)
 
-    if isinstance(storage, LocalStorage) or len(names) < 2:
-        results = [read(name) for name in names]
+    if isinstance(storage, LocalStorage) or len(missing) < 2:
+        fresh = [read(name) for name in missing]
     else:
-        with ThreadPoolExecutor(min(_REMOTE_HEADER_READS, len(names))) as pool:
-            results = list(pool.map(read, names))
+        with ThreadPoolExecutor(min(_REMOTE_HEADER_READS, len(missing))) as pool:
+            fresh = list(pool.map(read, missing))
+    found = {**early, **dict(zip(missing, fresh, strict=True))}
+    results = [found[name] for name in names]
     headers = {}
     for name, result in zip(names, results, strict=True):
         if isinstance(result, CheckpointError):
@@ -462,6 +528,12 @@ def _read_headers(storage: Storage, names: Iterable[str], report: Report) -> dic
         else:
             headers[name] = result
     return headers
+
+
+#: The listings made during one :func:`describe_directory`, by URL (``None`` outside one).
+_LISTED: ContextVar[dict[str, tuple[Storage, list[str] | None]] | None] = ContextVar(
+    "_LISTED", default=None
+)
 
 
 def _remote_names(url: str, *, folder: bool = False) -> tuple[Storage, str | None, list[str]]:
@@ -477,8 +549,14 @@ def _remote_names(url: str, *, folder: bool = False) -> tuple[Storage, str | Non
     """
     last = url.rstrip("/").rsplit("/", 1)[-1]
     named = not folder and (last.endswith(_SUFFIX) or is_index_name(last))
-    storage = storage_at(url.rstrip("/").rsplit("/", 1)[0] if named else url)
-    entries = storage.names()
+    root = url.rstrip("/").rsplit("/", 1)[0] if named else url
+    memo = _LISTED.get()
+    storage, listing = memo.get(root, (None, None)) if memo is not None else (None, None)
+    if storage is None:
+        storage = storage_at(root)
+    entries = listing if listing is not None else storage.names()
+    if memo is not None:
+        memo[root] = storage, entries
     if named and last not in entries:
         raise CheckpointNotFoundError(
             f"{url}: no such object; check the bucket, the prefix and the file name",
@@ -495,10 +573,15 @@ def _remote_names(url: str, *, folder: bool = False) -> tuple[Storage, str | Non
 
 
 def _remote_huggingface_files(
-    url: str, problems: Report
+    url: str, problems: Report, early: dict[str, FileHeader | CheckpointError]
 ) -> tuple[Storage, Choice, dict[str, str | None] | None, list[str]] | None:
     """What :func:`_huggingface_files` finds, for a checkpoint in object storage: the index
-    (or the single file) named by the URL or chosen among the names under the prefix."""
+    (or the single file) named by the URL or chosen among the names under the prefix.
+
+    While the index is fetched, the headers of the files listed beside it that are named
+    after it (``model-*.safetensors`` for ``model.safetensors.index.json``) are fetched too,
+    into ``early``: the index names them nearly always, and a round trip is saved.
+    """
     try:
         storage, named, entries = _remote_names(url)
         if named is not None and not is_index_name(named):
@@ -516,7 +599,16 @@ def _remote_huggingface_files(
     if choice.index is None:
         assert choice.single is not None, "a choice without an index names its file"
         return storage, choice, None, [choice.single]
-    index = read_index(storage, problems, index=choice.index, present=entries)
+    stem = choice.index.split(".safetensors.index.json")[0]
+    likely = [
+        name
+        for name in _safetensors_names(entries)
+        if name == f"{stem}.safetensors" or name.startswith(f"{stem}-")
+    ][:_EARLY_HEADERS]
+    with ThreadPoolExecutor(min(_REMOTE_HEADER_READS, max(1, len(likely)))) as pool:
+        reads = {name: pool.submit(_read_header_or_error, storage, name) for name in likely}
+        index = read_index(storage, problems, index=choice.index, present=entries)
+    early.update((name, read.result()) for name, read in reads.items())
     if index is None:
         return None
     weight_map, names = index

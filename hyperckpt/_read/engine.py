@@ -77,10 +77,10 @@ from hyperckpt._read.pool import run_jobs
 from hyperckpt._read.reads import FileReads
 from hyperckpt._read.remote import (
     MAX_RUN_GAP,
-    REMOTE_CHUNK_BYTES,
     REMOTE_OVER_READ,
     REMOTE_READS,
     RemoteReads,
+    get_size,
 )
 from hyperckpt._read.requests import resolve, spans
 from hyperckpt._read.routes import MAX_GAP, route, share
@@ -271,6 +271,8 @@ class _Load:
                 reads.scratch = address
                 budget = replace(budget, scratch_bytes=MAX_RUN_GAP)
 
+            needed = sum(request.box.nbytes for request in requests)
+
             def plan(mappable: Mappable) -> list[Job]:
                 return make_jobs(
                     routes,
@@ -281,7 +283,7 @@ class _Load:
                     ranks=engine.local_ranks,
                     mappable=mappable,
                     over_read=REMOTE_OVER_READ if remote else None,
-                    chunk=REMOTE_CHUNK_BYTES if remote else None,
+                    chunk=get_size(needed, budget.threads) if remote else None,
                 )
 
             if engine.memory_map and cold is not None:

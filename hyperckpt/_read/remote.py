@@ -6,7 +6,7 @@ calls, so that every job of :mod:`~hyperckpt._read.jobs` runs unchanged over obj
 buffers in order (the destination tensors themselves, the gaps into a scratch buffer); a
 :meth:`RemoteReads.runs` (the rows of a column slice) groups neighbouring runs whose gaps
 are small next to them (:func:`group_runs`) into one GET each.  The engine's pool keeps
-one GET in flight per thread, each at most :data:`REMOTE_CHUNK_BYTES`, so
+one GET in flight per thread, each at most :func:`get_size`, so
 memory stays bounded: nothing is buffered but what a socket holds.
 """
 
@@ -23,9 +23,11 @@ from hyperckpt._storage.remote import S3File
 __all__ = [
     "MAX_RUN_GAP",
     "REMOTE_CHUNK_BYTES",
+    "REMOTE_MIN_GET",
     "REMOTE_OVER_READ",
     "REMOTE_READS",
     "RemoteReads",
+    "get_size",
     "group_runs",
 ]
 
@@ -39,7 +41,24 @@ MAX_RUN_GAP = 2**20
 
 #: Most bytes one GET fetches; longer ranges are split so that GETs run side by side.  Larger
 #: than a local read: each GET pays a round trip (and some stores a cost per request).
-REMOTE_CHUNK_BYTES = 16 * 2**20
+REMOTE_CHUNK_BYTES = 32 * 2**20
+#: Fewest bytes a GET is cut to when a load's bytes are shared among its GETs in flight
+#: (a smaller GET is mostly round trip); a shorter range is still one GET of its own.
+REMOTE_MIN_GET = 8 * 2**20
+
+
+def get_size(needed: int, in_flight: int) -> int:
+    """Bytes per ranged GET for a load of ``needed`` bytes with ``in_flight`` GETs at once.
+
+    The bytes are shared evenly among the GETs in flight, within :data:`REMOTE_MIN_GET` and
+    :data:`REMOTE_CHUNK_BYTES`: 256 MiB with 16 in flight is 16 GETs of 16 MiB, one wave,
+    where a fixed 16 MiB cut each 64.03 MiB file into five and left four GETs for a second
+    wave with 12 connections idle (``docs/benchmarks/s3_load.md``).
+    """
+    share = -(-needed // max(1, in_flight))
+    return max(REMOTE_MIN_GET, min(REMOTE_CHUNK_BYTES, share))
+
+
 #: The most bytes dropped per byte delivered by one GET of neighbouring ranges.
 REMOTE_OVER_READ = 0.1
 

@@ -252,10 +252,16 @@ class LocalStorage:
         return frozenset(seen)
 
     def open_file(
-        self, name: str, *, expected: str, not_regular_rule: RuleId | None = "file.not_regular"
+        self,
+        name: str,
+        *,
+        expected: str,
+        not_regular_rule: RuleId | None = "file.not_regular",
+        prefetch: int = 0,
     ) -> LocalFile:
         """The regular file at ``name``, open for reading (see
-        :func:`~hyperckpt._storage.opener.open_regular`)."""
+        :func:`~hyperckpt._storage.opener.open_regular`); ``prefetch`` changes nothing here
+        (a read of a local file costs no round trip)."""
         return open_regular(
             self.resolve(name), shown=name, expected=expected, not_regular_rule=not_regular_rule
         )

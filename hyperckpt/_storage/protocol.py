@@ -126,9 +126,15 @@ class Storage(Protocol):
         """``(device, inode)`` of every entry ``name`` passes through as it resolves."""
 
     def open_file(
-        self, name: str, *, expected: str, not_regular_rule: RuleId | None = "file.not_regular"
+        self,
+        name: str,
+        *,
+        expected: str,
+        not_regular_rule: RuleId | None = "file.not_regular",
+        prefetch: int = 0,
     ) -> StorageFile:
-        """The regular file at ``name``, open for reading."""
+        """The regular file at ``name``, open for reading; ``prefetch``: bytes from its start
+        the caller reads next (an object store fetches them with the request that opens it)."""
 
     def open_unchanged(self, name: str, stamp: FileStamp, *, again: str) -> StorageFile:
         """The file whose header was read when ``stamp`` was taken, checked unchanged."""

@@ -21,6 +21,7 @@ credential chain).  No torch.
 
 from __future__ import annotations
 
+import http.client
 import logging
 import os
 import posixpath
@@ -28,6 +29,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, NoReturn
@@ -59,6 +61,10 @@ logger = logging.getLogger(__name__)
 SCHEMES: Final = ("s3://",)
 #: Keys listed at most in one folder: more than any checkpoint holds.
 MAX_LISTED: Final = 100_000
+#: Bytes of the GET that opens a small whole object (an index): most are read in one.
+WHOLE_FIRST_READ: Final = 256 * 2**10
+#: Objects opened ahead at once.
+_AHEAD_THREADS: Final = 32
 #: HTTP statuses worth a retry: throttling, server errors.
 _RETRY_STATUS: Final = frozenset({408, 429, 500, 502, 503, 504})
 #: Error codes worth a retry whatever their status.
@@ -212,6 +218,10 @@ class S3Storage:
         self.settings = settings or RemoteSettings()
         self._client: Any = client if client is not None else _client(self.settings, url)
         self.counts = RequestCounts()
+        self._ahead: dict[tuple[str, int], Future[S3File]] = {}
+        self._ahead_lock = threading.Lock()
+        self._ahead_pool: ThreadPoolExecutor | None = None
+        self._ahead_closing = False
 
     @property
     def root(self) -> str:
@@ -322,10 +332,135 @@ class S3Storage:
         return frozenset()
 
     def open_file(
-        self, name: str, *, expected: str, not_regular_rule: RuleId | None = "file.not_regular"
+        self,
+        name: str,
+        *,
+        expected: str,
+        not_regular_rule: RuleId | None = "file.not_regular",
+        prefetch: int = 0,
     ) -> S3File:
-        """The object at ``name``, its current ETag pinned for every read."""
-        return S3File(self, name, self.stamp(name))
+        """The object at ``name``, its current ETag pinned for every read.
+
+        Args:
+            name: The object, relative to the prefix.
+            expected: What it should be, for messages (unused: an object is always one).
+            not_regular_rule: Unused: a store has nothing but objects.
+            prefetch: Bytes from the object's start to fetch now: one ranged GET then
+                stamps the object (size, ETag, version, from its answer) and keeps them,
+                where ``0`` makes a ``HEAD`` (a round trip less per header or index).
+
+        Raises:
+            CheckpointNotFoundError: No object is there (``file.missing``).
+            CheckpointError: The store refused or failed (retried first), or answered
+                another range than the one asked for.
+        """
+        if prefetch <= 0:
+            return S3File(self, name, self.stamp(name))
+        with self._ahead_lock:
+            ahead = self._ahead.pop((name, prefetch), None)
+        if ahead is not None:
+            return ahead.result()  # opened ahead (or its error, raised here)
+        return self._open_fetching(name, prefetch)
+
+    def open_ahead(
+        self,
+        names: Iterable[str],
+        *,
+        prefetch: int,
+        then: Callable[[S3File], Iterable[str]] | None = None,
+        then_prefetch: int = 0,
+    ) -> None:
+        """Start opening ``names`` in the background, each as :meth:`open_file` with
+        ``prefetch`` would; the first such :meth:`open_file` of one takes the result (the
+        object, or the error, raised then).  Results nobody takes cost their GET only.
+
+        Args:
+            names: Objects to open, relative to the prefix.
+            prefetch: Bytes from each object's start fetched with it.
+            then: Called with each object opened here; the names it gives are opened ahead
+                too (an index names its files).
+            then_prefetch: Bytes fetched with each object ``then`` names.
+        """
+        with self._ahead_lock:
+            if self._ahead_closing:
+                return
+            if self._ahead_pool is None:
+                self._ahead_pool = ThreadPoolExecutor(_AHEAD_THREADS)
+            for name in names:
+                if (name, prefetch) not in self._ahead:
+                    self._ahead[name, prefetch] = self._ahead_pool.submit(
+                        self._open_then, name, prefetch, then, then_prefetch
+                    )
+
+    def _open_then(
+        self,
+        name: str,
+        prefetch: int,
+        then: Callable[[S3File], Iterable[str]] | None,
+        then_prefetch: int,
+    ) -> S3File:
+        file = self._open_fetching(name, prefetch)
+        if then is not None:
+            self.open_ahead(then(file), prefetch=then_prefetch)
+        return file
+
+    def close_ahead(self) -> None:
+        """Cancel the opens ahead not yet started and wait for the others; forget them all."""
+        with self._ahead_lock:
+            pool, self._ahead_pool = self._ahead_pool, None
+            self._ahead_closing = True  # an open finishing now starts no more
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        with self._ahead_lock:
+            self._ahead.clear()
+            self._ahead_closing = False
+
+    def _open_fetching(self, name: str, prefetch: int) -> S3File:
+        """See :meth:`open_file`: the object stamped by a GET of its first bytes."""
+        from botocore.exceptions import ClientError
+
+        key = self.resolve(name)
+        where = self.url(name)
+        what = f"GET bytes 0-{prefetch - 1}"
+        opened: list[tuple[FileStamp, bytes]] = []
+
+        def one_try() -> dict[str, Any]:
+            try:
+                response = self._client.get_object(
+                    Bucket=self.bucket, Key=key, Range=f"bytes=0-{prefetch - 1}"
+                )
+            except ClientError as err:
+                status, code = _status(err)
+                if status == 416 or code == "InvalidRange":
+                    return {}  # an empty object has no byte 0: a HEAD stamps it
+                raise
+            body = response["Body"]
+            try:
+                size = _opened_size(response, prefetch, where, what, name)
+                buffer = bytearray(min(size, prefetch))
+                got = _stream(body, [memoryview(buffer)])
+            finally:
+                body.close()
+            self.counts.add(gets=1, bytes=got)
+            if got < len(buffer):
+                raise _Retry(f"a short body ({got} of {len(buffer)} bytes)")
+            modified = response.get("LastModified")
+            stamp = FileStamp(
+                size=size,
+                mtime_ns=int(modified.timestamp() * 1e9) if modified is not None else 0,
+                inode=0,
+                device=0,
+                etag=str(response.get("ETag") or ""),
+                version=str(response.get("VersionId") or ""),
+            )
+            opened.append((stamp, bytes(buffer)))
+            return {}
+
+        self.attempt(one_try, what=what, where=where, missing=name)
+        if not opened:
+            return S3File(self, name, self.stamp(name))
+        stamp, head = opened[-1]
+        return S3File(self, name, stamp, head=head)
 
     def open_unchanged(self, name: str, stamp: FileStamp, *, again: str) -> S3File:
         """The object whose header was read when ``stamp`` was taken, that ETag pinned: no
@@ -349,7 +484,7 @@ class S3Storage:
         over_limit_rule: RuleId | None = None,
     ) -> bytes:
         """The whole object, refused from its size (a ``HEAD``) when over ``limit``."""
-        with self.open_file(name, expected=expected) as file:
+        with self.open_file(name, expected=expected, prefetch=WHOLE_FIRST_READ) as file:
             if file.size > limit:
                 raise CheckpointError(
                     f"{name}: {file.size} bytes; {over_limit}", path=name, rule=over_limit_rule
@@ -482,6 +617,28 @@ class S3Storage:
         )
 
 
+def _opened_size(response: dict[str, Any], prefetch: int, where: str, what: str, name: str) -> int:
+    """The object's size from the answer to the GET of its first ``prefetch`` bytes, whose
+    ``Content-Range`` and ``Content-Length`` are checked to be that range.
+
+    Raises:
+        CheckpointError: Another range, or a length that does not match it.
+    """
+    got_range = response.get("ContentRange")
+    got_length = response.get("ContentLength")
+    _, _, total = str(got_range or "").rpartition("/")
+    size = int(total) if total.isdigit() else -1
+    length = min(size, prefetch)
+    if size <= 0 or got_range != f"bytes 0-{length - 1}/{size}" or got_length != length:
+        raise CheckpointError(
+            f"{where}: {what} answered Content-Range {got_range!r} and Content-Length "
+            f"{got_length!r}, not the object's first bytes; the store (or a proxy in front of "
+            f"it) answered another range: its bytes are not used",
+            path=name,
+        )
+    return size
+
+
 def _status(err: Exception) -> tuple[int, str]:
     response = getattr(err, "response", {}) or {}
     status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
@@ -499,14 +656,21 @@ class S3File:
         stamp: Its identity when it was opened; every read pins its ETag.
     """
 
-    __slots__ = ("_again", "_key", "_storage", "name", "stamp")
+    __slots__ = ("_again", "_head", "_key", "_storage", "name", "stamp")
 
     def __init__(
-        self, storage: S3Storage, name: str, stamp: FileStamp, *, again: str | None = None
+        self,
+        storage: S3Storage,
+        name: str,
+        stamp: FileStamp,
+        *,
+        again: str | None = None,
+        head: bytes = b"",
     ) -> None:
         self._storage = storage
         self._key = storage.resolve(name)
         self._again = again
+        self._head = head  # the object's first bytes, fetched with its stamp
         self.name = name
         self.stamp = stamp
 
@@ -520,10 +684,14 @@ class S3File:
         raise ValueError(f"{self._storage.url(self.name)}: an object in a store has no descriptor")
 
     def read_exact(self, offset: int, length: int) -> bytes:
-        """Exactly ``length`` bytes from ``offset`` (one ranged GET, retried)."""
-        buffer = bytearray(length)
-        self.readinto(offset, memoryview(buffer))
-        return bytes(buffer)
+        """Exactly ``length`` bytes from ``offset`` (one ranged GET, retried; none for the
+        bytes fetched when the object was opened)."""
+        held = self._head[offset : offset + length]
+        if len(held) == length:
+            return held
+        buffer = bytearray(length - len(held))
+        self.readinto(offset + len(held), memoryview(buffer))
+        return held + bytes(buffer)
 
     def readinto(self, offset: int, buffer: memoryview) -> None:
         """Fill ``buffer`` from ``offset`` with one ranged GET (the body streamed into it).
@@ -541,6 +709,11 @@ class S3File:
         ranged GET for all of them (a gap between two wanted ranges is a buffer dropped)."""
         length = sum(len(b) for b in buffers)
         if length == 0:
+            return
+        if offset + length <= len(self._head):  # fetched when the object was opened
+            for buffer in buffers:
+                buffer[:] = self._head[offset : offset + len(buffer)]
+                offset += len(buffer)
             return
         end = offset + length - 1
         storage = self._storage
@@ -633,15 +806,43 @@ class S3File:
         self.close()
 
 
+#: Most bytes asked of a response body at once where its socket cannot be read directly.
+#: The HTTP stack under boto3 answers a ``readinto`` by reading into a new buffer of the
+#: asked size and copying it: a piece of this size is reused from the allocator's heap,
+#: where a GET-sized one is fresh memory (page faults) each time.
+STREAM_PIECE = 2**20
+
+
 def _stream(body: Any, buffers: list[memoryview]) -> int:
-    """Read ``body`` into ``buffers`` in order until they are full or it ends; the bytes read."""
+    """Read ``body`` into ``buffers`` in order until they are full or it ends; the bytes read.
+
+    The bytes go from the socket straight into the buffers where the response under boto3's
+    body is the standard library's (``http.client``), as it is with urllib3: boto3's own
+    ``readinto`` reads each piece into a new buffer and copies it (a quarter of a load's
+    CPU on a local store, ``docs/benchmarks/s3_load.md``).  Elsewhere the body is read in
+    pieces of :data:`STREAM_PIECE`.
+
+    Raises:
+        _Retry: The connection failed or timed out while the body was read.
+    """
+    raw: Any = getattr(body, "_raw_stream", None)
+    direct: http.client.HTTPResponse | None = getattr(raw, "_fp", None)
+    if not isinstance(direct, http.client.HTTPResponse) or direct.chunked:
+        direct = None
+    read = body.readinto if direct is None else direct.readinto
+    piece = STREAM_PIECE if direct is None else 2**62
     done = 0
-    for buffer in buffers:
-        filled = 0
-        while filled < len(buffer):
-            got = body.readinto(buffer[filled:])
-            if not got:
-                return done + filled
-            filled += got
-        done += filled
+    try:
+        for buffer in buffers:
+            filled = 0
+            while filled < len(buffer):
+                got = read(buffer[filled : filled + piece])
+                if not got:
+                    return done + filled
+                filled += got
+            done += filled
+    except OSError as err:  # a reset or a timeout on the socket itself (the direct path)
+        raise _Retry(type(err).__name__) from None
+    if direct is not None and direct.isclosed():
+        raw.release_conn()  # the whole body was read: the connection serves the next GET
     return done

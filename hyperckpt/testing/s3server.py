@@ -5,6 +5,13 @@ the kernel chooses and lives until :meth:`LocalS3.stop` (or the end of a ``with`
 it runs in a process of its own so that the process that loads does not share its
 interpreter lock with the server.  Nothing here reaches the network.
 
+Objects are held in memory, and a GET hands the object's bytes to the response without
+copying them first: a ranged GET costs its range, as on a store serving from its page
+cache.  moto as shipped copies the whole object for every GET (its ``FakeKey.value``
+reads the object's spooled buffer, on disk past 5 MiB), so a GET of 8 bytes from a 64 MiB
+object cost ~45 ms of server CPU and every row of a benchmark paid the object's size per
+request; :attr:`LocalS3.zero_copy` says whether that was avoided (``docs/benchmarks/s3_load.md``).
+
     with LocalS3.start() as server:
         server.put("bucket", "ckpt/model.safetensors", data)
         layout = hyperckpt.describe("s3://bucket/ckpt", options=server.options())
@@ -19,6 +26,7 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
+from typing import Final
 
 __all__ = ["CREDENTIALS", "LocalS3"]
 
@@ -29,14 +37,37 @@ CREDENTIALS: Mapping[str, str] = {
     "AWS_DEFAULT_REGION": "us-east-1",
 }
 
+#: Objects up to this size stay in memory (moto's own limit is about 5 MiB, then disk).
+_IN_MEMORY_BYTES: Final = 2**40
+
 _CHILD = """
+import io
 import logging
 import sys
+from moto.s3.models import FakeKey
 from moto.server import ThreadedMotoServer
+
 logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
+copying = FakeKey.value
+
+
+def shared(key):
+    # The object's bytes, shared rather than copied (bytes are immutable: a later write
+    # to the key replaces them, it never changes what a response holds).
+    with key.lock:
+        buffer = getattr(key._value_buffer, "_file", None)
+        if isinstance(buffer, io.BytesIO):
+            return buffer.getvalue()
+    return copying.fget(key)
+
+
+zero_copy = isinstance(copying, property) and copying.fset is not None
+if zero_copy:
+    FakeKey.value = property(shared, copying.fset)
 server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
 server.start()
-sys.stdout.write(f"{server.get_host_and_port()[1]}\\n")  # the port, for the parent
+# The port and whether GETs share the object's bytes, for the parent.
+sys.stdout.write(f"{server.get_host_and_port()[1]} {int(zero_copy)}\\n")
 sys.stdout.flush()
 sys.stdin.read()  # until the parent closes it (or exits)
 server.stop()
@@ -48,11 +79,15 @@ class LocalS3:
 
     Attributes:
         endpoint: Its URL, ``http://127.0.0.1:<port>``.
+        zero_copy: Whether a GET shares the object's bytes (a ranged GET costs its range);
+            ``False`` where moto's ``FakeKey`` is not as expected, and a GET copies the
+            whole object first, as moto does.
     """
 
-    def __init__(self, process: subprocess.Popen[str], endpoint: str) -> None:
+    def __init__(self, process: subprocess.Popen[str], endpoint: str, *, zero_copy: bool) -> None:
         self._process = process
         self.endpoint = endpoint
+        self.zero_copy = zero_copy
 
     @classmethod
     def start(cls) -> LocalS3:
@@ -69,10 +104,11 @@ class LocalS3:
                 stdout=subprocess.PIPE,
                 stderr=errors,
                 text=True,
+                env={**os.environ, "MOTO_S3_DEFAULT_KEY_BUFFER_SIZE": str(_IN_MEMORY_BYTES)},
             )
             assert process.stdout is not None
-            line = process.stdout.readline().strip()
-            if not line.isdigit():
+            port, _, zero_copy = process.stdout.readline().strip().partition(" ")
+            if not port.isdigit():
                 process.kill()
                 process.wait()
                 errors.seek(0)
@@ -80,7 +116,13 @@ class LocalS3:
                     f"the local S3 server did not start (is moto[server] installed? pip "
                     f"install hyperckpt[test]): {errors.read().strip()[-2000:]}"
                 )
-        return cls(process, f"http://127.0.0.1:{line}")
+        return cls(process, f"http://127.0.0.1:{port}", zero_copy=zero_copy == "1")
+
+    def cpu_seconds(self) -> float:
+        """CPU time the server's process has used so far (user and system; Linux)."""
+        with open(f"/proc/{self._process.pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def environment(self) -> dict[str, str]:
         """The variables a client needs to reach this server (test credentials included)."""
