@@ -6,7 +6,9 @@ the loaders, with a warm and a cold page cache.  Destinations are pre-faulted; e
 of the first repetition of each case is compared with the generator's values.  Writes a
 table, JSON and a plot into ``docs/benchmarks/``.
 
-``hyperckpt`` lets the cost rule choose per request (a memory-map copy for warm files);
+``hyperckpt`` is the plain ``dcp.load`` call with our reader, ``hyperckpt-api`` our own
+``hyperckpt.load`` (which skips DCP's plan exchange in a group of one rank); both let the
+cost rule choose per request (a memory-map copy for warm files);
 ``hyperckpt-preadv`` is the same load with the map turned off (every byte through
 ``preadv``, the path before issue 26).  Two limits: ``limit``, ``preadv`` of each rank's
 share of the files in 8 MiB calls, and ``copy-limit``, ``memcpy`` of the same share from
@@ -54,6 +56,7 @@ from _common import (
     write_checkpoint,
 )
 
+import hyperckpt
 from hyperckpt._dist import spawn as _spawn
 from hyperckpt._load import readers as _readers
 from hyperckpt._load.readers import HuggingFaceStorageReader
@@ -67,6 +70,7 @@ READERS = (
     "hyperckpt",
     "hyperckpt-preadv",
     "hyperckpt-auto",
+    "hyperckpt-api",
     "torch",
     "safetensors",
     "runai",
@@ -270,6 +274,8 @@ def _rank(
                             if launcher is not None:
                                 os.environ["LOCAL_WORLD_SIZE"] = launcher
                         stats = ours.last_stats
+                    elif reader == "hyperckpt-api":
+                        hyperckpt.load(state, directory, thread_count=threads)
                     elif reader == "dcp-floor":
                         _readers.ReadEngine = _NoReadEngine  # type: ignore[misc]
                         try:
@@ -358,6 +364,8 @@ def _summary(rows: list[dict[str, object]]) -> list[dict[str, object]]:
             for name, (peer,) in ratios.items()
             if peer in median
         }
+        if "hyperckpt-api" in median:
+            extra["api_vs_safetensors"] = round(median["hyperckpt-api"] / median["safetensors"], 2)
         if "dcp-floor" in median:  # seconds add up: limit's plus the floor's, against ours
             best = 1 / median["limit"] + 1 / median["dcp-floor"]
             extra["vs_limit_floor"] = round(best * median["hyperckpt"], 2)
@@ -388,8 +396,8 @@ def _table(summary: list[dict[str, object]]) -> str:
         "| ranks | layout | cache | "
         + " | ".join(names.get(r, r) for r in readers)
         + " | vs torch | vs safetensors | vs today | vs preadv limit | vs copy limit"
-        + " | vs limit + floor | map |",
-        "|---:|---|---|" + "---:|" * (len(readers) + 7),
+        + " | vs limit + floor | api vs safetensors | map |",
+        "|---:|---|---|" + "---:|" * (len(readers) + 8),
     ]
     for row in summary:
         cells = " | ".join(
@@ -401,12 +409,13 @@ def _table(summary: list[dict[str, object]]) -> str:
             f"{row['vs_torch']:.2f}x | {row['vs_safetensors']:.2f}x | "
             f"{_ratio(row, 'vs_today', 'x')} | {row['vs_limit']:.2f} | "
             f"{_ratio(row, 'vs_copy_limit', '')} | {_ratio(row, 'vs_limit_floor', '')} | "
+            f"{_ratio(row, 'api_vs_safetensors', 'x')} | "
             f"{float(row['mapped_share']):.0%} |"  # type: ignore[arg-type]
         )
     return (
         "\n".join(lines)
         + "\n\nGB/s of checkpoint (its bytes / wall time of the slowest rank), median of the "
-        "repeats; `hyperckpt` with the benchmark's thread count, `hyperckpt-auto` with its "
+        "repeats; `hyperckpt` (plain `dcp.load`) and `hyperckpt-api` (`hyperckpt.load`) with the benchmark's thread count, `hyperckpt-auto` with its "
         "defaults and no LOCAL_WORLD_SIZE, `hyperckpt-preadv` with the memory map off (the "
         "path before issue 26: `vs today`); `preadv limit` / `copy-limit`: each rank's share "
         "of the files by 8 MiB `preadv` / by `memcpy` from memory maps; `map`: the share of "

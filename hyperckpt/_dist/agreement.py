@@ -87,8 +87,9 @@ def agree(
 ) -> list[object]:
     """Share whether this rank failed, and ``value``, with every rank of ``group``.
 
-    Every rank of ``group`` must call this at the same time.  Without torch.distributed
-    there is nothing to share: ``failure`` is raised, else ``[value]`` returned.
+    Every rank of ``group`` must call this at the same time.  Without torch.distributed, or
+    in a group of one rank, there is nothing to share: ``failure`` is raised, else
+    ``[value]`` returned (no collective).
 
     Args:
         failure: This rank's error, or ``None`` when it did not fail.
@@ -105,7 +106,7 @@ def agree(
         BaseException: ``failure`` itself on a rank that failed; on every other rank,
             ``heard`` of the first failing rank, when any rank failed.
     """
-    if not distributed():
+    if not distributed() or dist.get_world_size(group) == 1:
         if failure is not None:
             raise failure
         return [value]

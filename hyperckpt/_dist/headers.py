@@ -227,8 +227,6 @@ def reader_layout(
         return describe_fn(path)
     if inside is None:
         load_group = group
-    if dist.get_world_size(load_group) < 2:
-        return describe_fn(path)
     return shared_layout(path, describe_fn, group=load_group, per_host=header_reads == "per-host")
 
 
@@ -241,7 +239,8 @@ def shared_layout(
 ) -> CheckpointLayout:
     """Describe the checkpoint on one rank (or one per host) and share it with the group.
 
-    Every rank of ``group`` must call this at the same time.
+    Every rank of ``group`` must call this at the same time; a group of one rank describes
+    alone, with no collective.
 
     Args:
         path: This rank's path to the checkpoint (ranks may mount it at different places).
@@ -258,6 +257,8 @@ def shared_layout(
     """
     rank = dist.get_rank(group)
     size = dist.get_world_size(group)
+    if size < 2:
+        return describe_fn(path)
     if per_host:
         hosts: list[object] = [None] * size
         dist.all_gather_object(hosts, host_name(), group=group)
