@@ -219,6 +219,8 @@ class S3Storage:
         self._client: Any = client if client is not None else _client(self.settings, url)
         self.counts = RequestCounts()
         self._ahead: dict[tuple[str, int], Future[S3File]] = {}
+        # Opened by open_file already (fetched there or taken from ahead): never again ahead.
+        self._taken: set[tuple[str, int]] = set()
         self._ahead_lock = threading.Lock()
         self._ahead_pool: ThreadPoolExecutor | None = None
         self._ahead_closing = False
@@ -358,6 +360,7 @@ class S3Storage:
             return S3File(self, name, self.stamp(name))
         with self._ahead_lock:
             ahead = self._ahead.pop((name, prefetch), None)
+            self._taken.add((name, prefetch))
         if ahead is not None:
             return ahead.result()  # opened ahead (or its error, raised here)
         return self._open_fetching(name, prefetch)
@@ -372,7 +375,8 @@ class S3Storage:
     ) -> None:
         """Start opening ``names`` in the background, each as :meth:`open_file` with
         ``prefetch`` would; the first such :meth:`open_file` of one takes the result (the
-        object, or the error, raised then).  Results nobody takes cost their GET only.
+        object, or the error, raised then).  Results nobody takes cost their GET only; an
+        object :meth:`open_file` has opened already is not opened again.
 
         Args:
             names: Objects to open, relative to the prefix.
@@ -387,7 +391,7 @@ class S3Storage:
             if self._ahead_pool is None:
                 self._ahead_pool = ThreadPoolExecutor(_AHEAD_THREADS)
             for name in names:
-                if (name, prefetch) not in self._ahead:
+                if (name, prefetch) not in self._ahead and (name, prefetch) not in self._taken:
                     self._ahead[name, prefetch] = self._ahead_pool.submit(
                         self._open_then, name, prefetch, then, then_prefetch
                     )
@@ -413,6 +417,7 @@ class S3Storage:
             pool.shutdown(wait=True, cancel_futures=True)
         with self._ahead_lock:
             self._ahead.clear()
+            self._taken.clear()
             self._ahead_closing = False
 
     def _open_fetching(self, name: str, prefetch: int) -> S3File:
