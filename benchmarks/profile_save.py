@@ -99,7 +99,14 @@ def _instrument() -> None:
 
 
 def _rank(
-    rank: int, world: int, layout: str, size: float, out: str, saves: int, threads: int | None
+    rank: int,
+    world: int,
+    layout: str,
+    size: float,
+    out: str,
+    saves: int,
+    threads: int | None,
+    audit: bool,
 ) -> list[dict[str, float]]:
     import hyperckpt
 
@@ -111,7 +118,7 @@ def _rank(
         _PHASES.clear()
         dist.barrier()
         wall, cpu = time.perf_counter(), time.process_time()
-        hyperckpt.save(state, Path(out) / f"save-{n}", thread_count=threads)
+        hyperckpt.save(state, Path(out) / f"save-{n}", thread_count=threads, audit=audit)
         dist.barrier()
         row = dict(_PHASES)
         row["wall"] = time.perf_counter() - wall
@@ -127,6 +134,7 @@ def main() -> int:
     parser.add_argument("--layout", default="fsdp", choices=LAYOUTS)
     parser.add_argument("--saves", type=int, default=4)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--no-audit", dest="audit", action="store_false")
     parser.add_argument("--scratch", default=None)
     parser.add_argument("--out", default=None, help="write the JSON results here")
     args = parser.parse_args()
@@ -134,7 +142,9 @@ def main() -> int:
 
     nbytes = sum(s.nbytes for s in llama_specs(args.size))
     with tempfile.TemporaryDirectory(dir=args.scratch) as tmp:
-        got = spawn_ranks(_rank, args.ranks, args.layout, args.size, tmp, args.saves, args.threads)
+        got = spawn_ranks(
+            _rank, args.ranks, args.layout, args.size, tmp, args.saves, args.threads, args.audit
+        )
         _check(Path(tmp) / "save-0", llama_specs(args.size))
     per_rank: list[list[dict[str, float]]] = got  # type: ignore[assignment]
     print(

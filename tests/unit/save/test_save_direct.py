@@ -77,7 +77,7 @@ def test_runs_written_with_direct_io_land_bit_exact_and_are_audited_from_storage
     tmp_path: Path, direct_counts: dict[str, int], threads: int
 ) -> None:
     state = _state()
-    hyperckpt.save(state, tmp_path / "ckpt", thread_count=threads)
+    hyperckpt.save(state, tmp_path / "ckpt", thread_count=threads, audit=True)
     _assert_saved(tmp_path / "ckpt", state)
     assert direct_counts["writes"] > 0
     assert direct_counts["reads"] > 0
@@ -88,7 +88,7 @@ def test_a_file_system_refusing_direct_writes_gets_every_byte_through_the_page_c
 ) -> None:
     state = _state()
     with mock.patch.object(outputs, "pwrite_direct", return_value=False):
-        hyperckpt.save(state, tmp_path / "ckpt", thread_count=2)
+        hyperckpt.save(state, tmp_path / "ckpt", thread_count=2, audit=True)
     _assert_saved(tmp_path / "ckpt", state)
 
 
@@ -97,7 +97,7 @@ def test_a_file_system_without_direct_io_is_written_and_audited_through_the_page
 ) -> None:
     state = _state()
     with mock.patch.object(outputs, "open_direct", return_value=None):
-        hyperckpt.save(state, tmp_path / "ckpt", thread_count=2)
+        hyperckpt.save(state, tmp_path / "ckpt", thread_count=2, audit=True)
     _assert_saved(tmp_path / "ckpt", state)
     assert direct_counts == {"writes": 0, "reads": 0}
 
@@ -125,7 +125,7 @@ def test_the_audit_catches_a_byte_changed_in_a_direct_written_run(
         mock.patch.object(stage, "audit_boxes", corrupt_then_audit),
         pytest.raises(CheckpointError) as caught,
     ):
-        hyperckpt.save(_state(), tmp_path / "ckpt")
+        hyperckpt.save(_state(), tmp_path / "ckpt", audit=True)
     assert caught.value.rule == "save.audit_mismatch"
     assert "b.weight" in str(caught.value)
     assert "model.safetensors" in str(caught.value)
