@@ -134,7 +134,7 @@ def main() -> int:
     parser.add_argument("--layout", default="fsdp", choices=LAYOUTS)
     parser.add_argument("--saves", type=int, default=4)
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--no-audit", dest="audit", action="store_false")
+    parser.add_argument("--audit", action="store_true", help="re-read every box (off by default)")
     parser.add_argument("--scratch", default=None)
     parser.add_argument("--out", default=None, help="write the JSON results here")
     args = parser.parse_args()
