@@ -107,9 +107,14 @@ def _rank(
     saves: int,
     threads: int | None,
     audit: bool,
+    exchange: bool,
 ) -> list[dict[str, float]]:
     import hyperckpt
+    from hyperckpt._save import stage
 
+    if exchange:  # every column slice, whatever the cost rule says
+        always = stage.ColumnCosts(run_seconds=1.0)
+        stage.ColumnCosts.for_device = lambda device: always  # type: ignore[method-assign,assignment]
     _instrument()
     specs = llama_specs(size)
     state = _state(specs, layout, rank, world)
@@ -135,6 +140,9 @@ def main() -> int:
     parser.add_argument("--saves", type=int, default=4)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--audit", action="store_true", help="re-read every box (off by default)")
+    parser.add_argument(
+        "--exchange", action="store_true", help="exchange every column slice into row bands"
+    )
     parser.add_argument("--scratch", default=None)
     parser.add_argument("--out", default=None, help="write the JSON results here")
     args = parser.parse_args()
@@ -143,7 +151,15 @@ def main() -> int:
     nbytes = sum(s.nbytes for s in llama_specs(args.size))
     with tempfile.TemporaryDirectory(dir=args.scratch) as tmp:
         got = spawn_ranks(
-            _rank, args.ranks, args.layout, args.size, tmp, args.saves, args.threads, args.audit
+            _rank,
+            args.ranks,
+            args.layout,
+            args.size,
+            tmp,
+            args.saves,
+            args.threads,
+            args.audit,
+            args.exchange,
         )
         _check(Path(tmp) / "save-0", llama_specs(args.size))
     per_rank: list[list[dict[str, float]]] = got  # type: ignore[assignment]
