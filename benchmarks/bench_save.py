@@ -414,6 +414,9 @@ def main() -> int:
         help="saves in a row per spawn: the first (fresh processes) is reported apart",
     )
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
+    parser.add_argument(
+        "--limit-samples", type=int, default=3, help="samples of each limit before and after"
+    )
     parser.add_argument("--scratch", default=None, help="directory to write into")
     parser.add_argument("--out", default=None, help="write the JSON results here")
     parser.add_argument(
@@ -432,7 +435,7 @@ def main() -> int:
     loads = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory(dir=args.scratch) as tmp:
         scratch = Path(tmp)
-        for _ in range(3):
+        for _ in range(args.limit_samples):
             _limits(nbytes, scratch, args.ranks, samples)
         for world in args.ranks:
             for layout in args.layouts:
@@ -485,7 +488,7 @@ def main() -> int:
                     )
                     loads.append(os.getloadavg()[0])
                     _print_row(rows, nbytes)
-        for _ in range(3):
+        for _ in range(args.limit_samples):
             _limits(nbytes, scratch, args.ranks, samples)
     limits = {name: statistics.median(values) for name, values in samples.items()}
     print(f"checkpoint {nbytes / 1e9:.3f} GB; load average {min(loads):.1f}-{max(loads):.1f}")
