@@ -140,3 +140,32 @@ def test_output_files_are_created_at_their_size_with_blocks_reserved(tmp_path: P
     assert info.st_size == 3 * 2**20 + 5
     assert info.st_blocks * 512 >= 3 * 2**20  # reserved, not a sparse file
     assert path.read_bytes()[:6] == b"header"
+
+
+def test_a_refused_direct_request_writes_and_reads_nothing_and_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "f.safetensors"
+    outputs.create_sized(path, 4 * outputs.DIRECT_ALIGN, b"")
+    fd = outputs.open_direct(path, write=True)
+    assert fd is not None  # the test's file system takes O_DIRECT
+    buffer = outputs.AlignedBuffer(2 * outputs.DIRECT_ALIGN)
+    try:
+        buffer.view[:] = b"\x5a" * buffer.size
+        # An offset off the page: the kernel refuses the request (EINVAL), nothing lands.
+        assert not outputs.pwrite_direct(fd, buffer.view, 1)
+        assert path.read_bytes() == bytes(4 * outputs.DIRECT_ALIGN)
+        assert outputs.pwrite_direct(fd, buffer.view, outputs.DIRECT_ALIGN)
+        reader = outputs.open_direct(path, write=False)
+        assert reader is not None
+        try:
+            assert outputs.pread_direct(reader, buffer, outputs.DIRECT_ALIGN, 3) is None
+            got = outputs.pread_direct(reader, buffer, outputs.DIRECT_ALIGN, outputs.DIRECT_ALIGN)
+            assert got is not None
+            assert bytes(got) == b"\x5a" * outputs.DIRECT_ALIGN
+        finally:
+            outputs.close(reader)
+    finally:
+        outputs.close(fd)
+        buffer.close()
+    data = path.read_bytes()
+    assert data[outputs.DIRECT_ALIGN : 3 * outputs.DIRECT_ALIGN] == b"\x5a" * buffer.size
+    assert data[: outputs.DIRECT_ALIGN] == bytes(outputs.DIRECT_ALIGN)
