@@ -204,6 +204,7 @@ def map_copy_seconds(
     import mmap
 
     from hyperckpt._storage.libc import LIBC as libc
+
     chunks = list(_ranges(directory, part, parts, 8 * 2**20))
     fds = {path: os.open(path, os.O_RDONLY) for path in {path for path, _, _ in chunks}}
     lock = threading.Lock()

@@ -15,8 +15,10 @@ ranks from each rank's own values (no whole tensor is made) in one of these layo
 
 Each is saved into a Hugging Face checkpoint by every row:
 
-* ``hyperckpt``: ``hyperckpt.save`` (fsyncs, audits, renames; its cost rule picks per
-  tensor between writing column slices row by row and exchanging them into row bands);
+* ``hyperckpt``: ``hyperckpt.save`` with its defaults (direct I/O for large runs, fsyncs,
+  renames; no audit; its cost rule picks per tensor between writing column slices row by
+  row and exchanging them into row bands); ``hyperckpt audited``: the same with
+  ``audit=True`` (every box re-read from storage before the rename);
   ``hyperckpt per-row`` and ``hyperckpt exchange``: the same with the rule forced one way;
 * ``torch+consolidate``: torch's ``HuggingFaceStorageWriter(save_distributed=True)``, then
   ``consolidate_safetensors_files`` on rank 0;
@@ -31,15 +33,21 @@ Each is saved into a Hugging Face checkpoint by every row:
 * ``gather+save_file``: ``full_tensor()`` of each, ``safetensors.torch.save_file`` on rank 0.
 
 Every row is timed until its files are durable: only hyperckpt fsyncs; after every other
-row rank 0 fsyncs each output file and the directory (timed).  Limits, measured in the
-parent several times (median): the same bytes written sequentially from memory and fsynced
-by one process and by ``world`` processes into one file (durable write limit), and written
-without fsync (page cache).  Peak extra memory per rank is sampled RSS (every 2 ms) minus
-RSS just before the save.  Every row's output is checked with ``safe_open`` against the
+row rank 0 fsyncs each output file and the directory (timed).  Each spawn saves
+``--saves`` times in a row into fresh directories: the first save of fresh processes and
+the later ones are reported apart.  Limits, measured in the parent (median), each into a
+fresh file, the clock started once every writer is ready: the same bytes written
+sequentially from memory in 64 MiB writes and fsynced by one process and by ``world``
+processes into one file (durable write limit), the same through ``O_DIRECT`` (one
+process), and written without fsync (page cache); the ``world``-process durable limit is
+also sampled right before every repeat of every row (``paired_limit_seconds``), and each
+row's ``vs_limit`` is the median of those over the row's seconds.  Peak extra memory per
+rank is sampled RSS (every 2 ms) minus RSS just before the save.  Every row's output is checked with ``safe_open`` against the
 generator's values on its first repetition.
 
     python benchmarks/bench_save.py --quick                # a couple of minutes
-    python benchmarks/bench_save.py --size 0.3 --ranks 2 4 --out docs/benchmarks/bench_save.json
+    python benchmarks/bench_save.py --size 0.35 --ranks 2 --repeats 3 --saves 2 \
+        --out docs/benchmarks/bench_save.json
 """
 
 from __future__ import annotations
@@ -55,9 +63,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -69,6 +76,7 @@ from hyperckpt._dist.spawn import RankFailure, spawn_ranks
 
 CASES = (
     "hyperckpt",
+    "hyperckpt audited",
     "hyperckpt per-row",
     "hyperckpt exchange",
     "torch+consolidate",
@@ -224,19 +232,13 @@ def _torch_checkpointing(state: dict[str, torch.Tensor], scratch: Path, target: 
     )
 
 
-def _case(rank: int, world: int, case: str, layout: str, size: float, out: str) -> dict[str, float]:
+def _case(
+    rank: int, world: int, case: str, layout: str, size: float, out: str, saves: int
+) -> list[dict[str, float]]:
+    """``saves`` saves in a row by this process, each into a fresh directory ``out-<k>``."""
     specs = llama_specs(size)
     state = _state(specs, layout, rank, world)
-    target = Path(out)
-    mapping = {spec.name: 1 for spec in specs}
-    scratch = target.parent / (target.name + ".scratch")
-    dist.barrier()
-    base = _rss()
-    sampler = _PeakRss()
-    begin = time.perf_counter()
-    durable = True
     if case.startswith("hyperckpt"):
-        import hyperckpt
         from hyperckpt._save import stage
 
         if case == "hyperckpt per-row":
@@ -244,7 +246,23 @@ def _case(rank: int, world: int, case: str, layout: str, size: float, out: str) 
         elif case == "hyperckpt exchange":  # every column slice, whatever the cost rule says
             always = stage.ColumnCosts(run_seconds=1.0)
             stage.ColumnCosts.for_device = lambda device: always  # type: ignore[method-assign,assignment]
-        hyperckpt.save(state, target)
+    return [_one_save(rank, case, state, specs, Path(f"{out}-{k}")) for k in range(saves)]
+
+
+def _one_save(
+    rank: int, case: str, state: dict[str, torch.Tensor], specs: list[Spec], target: Path
+) -> dict[str, float]:
+    mapping = {spec.name: 1 for spec in specs}
+    scratch = target.parent / (target.name + ".scratch")
+    dist.barrier()
+    base = _rss()
+    sampler = _PeakRss()
+    begin, cpu = time.perf_counter(), time.process_time()
+    durable = True
+    if case.startswith("hyperckpt"):
+        import hyperckpt
+
+        hyperckpt.save(state, target, audit=case == "hyperckpt audited")
     elif case == "torch+consolidate":
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint._consolidate_hf_safetensors import (
@@ -286,7 +304,8 @@ def _case(rank: int, world: int, case: str, layout: str, size: float, out: str) 
         _fsync_tree(target)
     dist.barrier()
     seconds = time.perf_counter() - begin
-    return {"seconds": seconds, "extra_bytes": max(0, sampler.stop() - base)}
+    cpu = time.process_time() - cpu
+    return {"seconds": seconds, "cpu_seconds": cpu, "extra_bytes": max(0, sampler.stop() - base)}
 
 
 def _check(directory: Path, specs: list[Spec]) -> None:
@@ -304,59 +323,82 @@ def _check(directory: Path, specs: list[Spec]) -> None:
 
 
 _BLOCK = 64 * 2**20
+_ALIGN = 4096
 
 
-def _write_part(path: str, begin: int, end: int, sync: bool) -> None:
-    block = memoryview(bytearray(os.urandom(1 << 20)) * (_BLOCK >> 20))
+def _write_part(
+    path: str, begin: int, end: int, sync: bool, direct: bool, start: Any, times: Any
+) -> None:
+    """Write bytes ``begin..end`` of ``path`` in 64 MiB writes from one page-aligned block
+    (made before the clock starts), fsynced when ``sync``; with ``direct``, the aligned
+    part through ``O_DIRECT``.  Records (start, end) of this writer in ``times``."""
+    import mmap
+
+    block = mmap.mmap(-1, _BLOCK)
+    block.write(os.urandom(1 << 20) * (_BLOCK >> 20))
+    view = memoryview(block)
     fd = os.open(path, os.O_WRONLY)
+    dfd = os.open(path, os.O_WRONLY | os.O_DIRECT) if direct else fd
+    start.wait()
+    begin_s = time.perf_counter()
     try:
+        # Direct: the page-aligned part through O_DIRECT (begin is aligned), the tail not.
+        middle = end - (end - begin) % _ALIGN if direct else end
         done = begin
         while done < end:
-            done += os.pwrite(fd, block[: min(_BLOCK, end - done)], done)
+            use, stop = (dfd, middle) if done < middle else (fd, end)
+            done += os.pwrite(use, view[: min(_BLOCK, stop - done)], done)
         if sync:
             os.fsync(fd)
     finally:
+        if dfd != fd:
+            os.close(dfd)
         os.close(fd)
+    times.put((begin_s, time.perf_counter()))
 
 
-def _limit(nbytes: int, scratch: Path, writers: int, sync: bool) -> float:
+def _limit(nbytes: int, scratch: Path, writers: int, sync: bool, direct: bool = False) -> float:
     """Seconds to write ``nbytes`` into one new file from ``writers`` processes, each its
-    contiguous part in 64 MiB writes (fsynced when ``sync``)."""
+    contiguous part (aligned to a page) in 64 MiB writes (fsynced when ``sync``), from the
+    first writer's start to the last one's end: process start and buffer set-up are not
+    timed, the file is fresh each time (created empty, removed after)."""
     path = scratch / "limit"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     os.close(fd)
     context = multiprocessing.get_context("fork")
-    begin = time.perf_counter()
-    if writers == 1:
-        _write_part(str(path), 0, nbytes, sync)
-    else:
-        parts = [
-            context.Process(
-                target=_write_part,
-                args=(str(path), nbytes * k // writers, nbytes * (k + 1) // writers, sync),
-            )
-            for k in range(writers)
-        ]
-        for part in parts:
-            part.start()
-        for part in parts:
-            part.join()
-    seconds = time.perf_counter() - begin
+    start, times = context.Barrier(writers), context.Queue()
+    bounds = [nbytes * k // writers // _ALIGN * _ALIGN for k in range(writers)] + [nbytes]
+    parts = [
+        context.Process(
+            target=_write_part,
+            args=(str(path), bounds[k], bounds[k + 1], sync, direct, start, times),
+        )
+        for k in range(writers)
+    ]
+    for part in parts:
+        part.start()
+    spans = [times.get(timeout=600) for _ in parts]
+    for part in parts:
+        part.join()
     path.unlink()
-    return seconds
+    return max(e for _, e in spans) - min(b for b, _ in spans)
+
+
+#: The machine's limits, by name: (writers, fsync, direct I/O); ``{world}`` is each world.
+LIMITS = {
+    "durable write, 1 process": (1, True, False),
+    "durable write, {world} processes": (0, True, False),
+    "durable direct write, 1 process": (1, True, True),
+    "page-cache write, 1 process": (1, False, False),
+}
 
 
 def _limits(nbytes: int, scratch: Path, worlds: list[int], samples: dict[str, list[float]]) -> None:
-    figures: dict[str, Callable[[], float]] = {
-        "durable write, 1 process": lambda: _limit(nbytes, scratch, 1, True),
-        "page-cache write, 1 process": lambda: _limit(nbytes, scratch, 1, False),
-    }
-    for world in worlds:
-        figures[f"durable write, {world} processes"] = lambda w=world: _limit(
-            nbytes, scratch, w, True
-        )
-    for name, measure in figures.items():
-        samples.setdefault(name, []).append(measure())
+    for name, (writers, sync, direct) in LIMITS.items():
+        for world in worlds if "{world}" in name else [1]:
+            label = name.format(world=world)
+            count = writers or world
+            samples.setdefault(label, []).append(_limit(nbytes, scratch, count, sync, direct))
 
 
 def main() -> int:
@@ -364,8 +406,17 @@ def main() -> int:
     parser.add_argument("--size", type=float, default=0.3, help="checkpoint size in GB")
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=LAYOUTS)
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=1, help="spawns per row")
+    parser.add_argument(
+        "--saves",
+        type=int,
+        default=1,
+        help="saves in a row per spawn: the first (fresh processes) is reported apart",
+    )
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
+    parser.add_argument(
+        "--limit-samples", type=int, default=3, help="samples of each limit before and after"
+    )
     parser.add_argument("--scratch", default=None, help="directory to write into")
     parser.add_argument("--out", default=None, help="write the JSON results here")
     parser.add_argument(
@@ -384,7 +435,7 @@ def main() -> int:
     loads = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory(dir=args.scratch) as tmp:
         scratch = Path(tmp)
-        for _ in range(3):
+        for _ in range(args.limit_samples):
             _limits(nbytes, scratch, args.ranks, samples)
         for world in args.ranks:
             for layout in args.layouts:
@@ -392,33 +443,52 @@ def main() -> int:
                     columns = layout in ("tp", "cols", "fsdp_tp")
                     if case in ("hyperckpt per-row", "hyperckpt exchange") and not columns:
                         continue  # no column slices: the same path as "hyperckpt"
-                    times, extra, failure = [], [], ""
+                    first, later, cpu, extra, paired, failure = [], [], [], [], [], ""
                     for repeat in range(args.repeats):
+                        # The durable limit sampled right before each repeat, the same way
+                        # (fresh file, same bytes, ``world`` processes): the box drifts.
+                        paired.append(_limit(nbytes, scratch, world, True))
                         out = scratch / f"out-{world}-{layout}-{len(rows)}-{repeat}"
                         try:
-                            got = spawn_ranks(_case, world, case, layout, args.size, str(out))
+                            got = cast(
+                                list[list[dict[str, float]]],
+                                spawn_ranks(
+                                    _case, world, case, layout, args.size, str(out), args.saves
+                                ),
+                            )
                         except RankFailure as err:
                             failure = _first_error(str(err))
                             break
-                        times.append(max(r["seconds"] for r in got))  # type: ignore[index]
-                        extra.append(max(r["extra_bytes"] for r in got))  # type: ignore[index]
-                        if repeat == 0:
-                            _check(out, specs)
-                        shutil.rmtree(out, ignore_errors=True)
-                        shutil.rmtree(str(out) + ".scratch", ignore_errors=True)
+                        for k in range(args.saves):
+                            seconds = max(r[k]["seconds"] for r in got)
+                            (later if k else first).append(seconds)
+                            cpu.append(max(r[k]["cpu_seconds"] for r in got))
+                            extra.append(max(r[k]["extra_bytes"] for r in got))
+                            if repeat == 0 and k == 0:
+                                _check(Path(f"{out}-0"), specs)
+                            shutil.rmtree(f"{out}-{k}", ignore_errors=True)
+                            shutil.rmtree(f"{out}-{k}.scratch", ignore_errors=True)
+                    times = later or first
+                    limit = statistics.median(paired) if paired else None
                     rows.append(
                         {
                             "ranks": world,
                             "layout": layout,
                             "case": case,
                             "seconds": statistics.median(times) if times else None,
+                            "first_seconds": statistics.median(first) if first else None,
+                            "later_seconds": statistics.median(later) if later else None,
+                            "samples": {"first": first, "later": later, "cpu": cpu},
+                            "cpu_seconds": statistics.median(cpu) if cpu else None,
+                            "paired_limit_seconds": paired,
+                            "vs_limit": limit / statistics.median(times) if times else None,
                             "extra_mib": max(extra) / 2**20 if extra else None,
                             "failure": failure,
                         }
                     )
                     loads.append(os.getloadavg()[0])
                     _print_row(rows, nbytes)
-        for _ in range(3):
+        for _ in range(args.limit_samples):
             _limits(nbytes, scratch, args.ranks, samples)
     limits = {name: statistics.median(values) for name, values in samples.items()}
     print(f"checkpoint {nbytes / 1e9:.3f} GB; load average {min(loads):.1f}-{max(loads):.1f}")
@@ -466,7 +536,9 @@ def _print_row(rows: list[dict[str, Any]], nbytes: int) -> None:
     ratio = f"x{row['seconds'] / ours:5.2f} of ours" if ours else ""
     print(
         f"  {row['ranks']} ranks {row['layout']:8s} {row['case']:20s} {row['seconds']:7.2f} s"
-        f"  {nbytes / row['seconds'] / 1e9:6.2f} GB/s  {ratio}"
+        f" (first {row['first_seconds']:.2f}, later {row['later_seconds'] or 0:.2f},"
+        f" cpu {row['cpu_seconds']:.2f})  {nbytes / row['seconds'] / 1e9:6.2f} GB/s"
+        f"  {row['vs_limit']:.2f} of the paired durable limit  {ratio}"
         f"  peak extra {row['extra_mib']:7.1f} MiB/rank",
         flush=True,
     )

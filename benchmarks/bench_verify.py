@@ -122,17 +122,17 @@ def main() -> int:
         reference = _by_hand(directory)[0]
         cases: dict[str, Callable[[], object]] = {}
         for threads in args.threads:
-            cases[f"read limit, {threads} threads"] = (
-                lambda t=threads: _threaded(directory, t, hash_it=False)
+            cases[f"read limit, {threads} threads"] = lambda t=threads: _threaded(
+                directory, t, hash_it=False
             )
-            cases[f"read + sha256, {threads} threads"] = (
-                lambda t=threads: _threaded(directory, t, hash_it=True)
+            cases[f"read + sha256, {threads} threads"] = lambda t=threads: _threaded(
+                directory, t, hash_it=True
             )
-            cases[f"hyperckpt.verify, {threads} threads"] = (
-                lambda t=threads: hyperckpt.verify(directory, threads=t)
+            cases[f"hyperckpt.verify, {threads} threads"] = lambda t=threads: hyperckpt.verify(
+                directory, threads=t
             )
-        cases["by hand (hashlib, then safe_open + isnan/isinf), 1 thread"] = (
-            lambda: _by_hand(directory)
+        cases["by hand (hashlib, then safe_open + isnan/isinf), 1 thread"] = lambda: _by_hand(
+            directory
         )
         seconds: dict[str, list[float]] = {name: [] for name in cases}
         for _ in range(args.repeats):
@@ -146,10 +146,12 @@ def main() -> int:
     rows = []
     for name, values in seconds.items():
         median = statistics.median(values)
-        rows.append({"case": name, "seconds": values, "median_s": median,
-                     "gb_per_s": total / median / 1e9})
-    limits = {r["case"].split(", ")[-1]: r["gb_per_s"] for r in rows
-              if r["case"].startswith("read limit")}
+        rows.append(
+            {"case": name, "seconds": values, "median_s": median, "gb_per_s": total / median / 1e9}
+        )
+    limits = {
+        r["case"].split(", ")[-1]: r["gb_per_s"] for r in rows if r["case"].startswith("read limit")
+    }
     for row in rows:
         limit = limits.get(row["case"].split(", ")[-1])
         row["vs_read_limit"] = None if limit is None else row["gb_per_s"] / limit

@@ -81,7 +81,9 @@ def save(
             default the later name is dropped, as ``save_pretrained`` does, and reported.
         overwrite: Replace an existing ``path`` (the old one is removed once the new one is
             in place); without it an existing ``path`` is refused.
-        audit: Re-read every box after writing and compare its CRC-32 before publishing.
+        audit: Re-read every box from storage after writing and compare its CRC-32
+            before publishing (off by default: a device read costing about as much as
+            the write; see :class:`~hyperckpt.SaveOptions`).
         thread_count: Boxes written at the same time per rank (default up to 4).
         progress: Called with a :class:`~hyperckpt.Progress` of this rank's writing.
         no_dist: Save from this process alone, entering no collective even while a process

@@ -36,13 +36,25 @@ __all__ = ["Band", "ColumnCosts", "Piece", "plan_bands", "runs_of"]
 PIECE_ALIGN: Final = 16
 #: Seconds per run beyond its bytes, written row by row (and again re-read by the audit):
 #: 2-6 us per call on the 2-core dev VM (a TP ``Shard(1)`` save row by row took 0.3-0.5 s
-#: more than the same bytes in row shards, for 85k runs of 2 KiB per rank).
-CPU_RUN_SECONDS: Final = 3e-6
+#: more than the same bytes in row shards, for 85k runs of 2 KiB per rank); measured again
+#: once bands went straight to storage: 6-7 us of CPU and 26-41 us of wall time per run of
+#: 2-6 KiB on the busy box (``benchmarks/profile_save.py --layout cols``, with and without
+#: ``--exchange``), so 10 us, in the same busy units as the exchange's rate below.
+CPU_RUN_SECONDS: Final = 1e-5
+#: Seconds per byte a run written row by row costs beyond the same byte in a row band:
+#: short runs go through the page cache, bands of 1 MiB and more straight to storage
+#: (:mod:`hyperckpt._save.write`), and fresh page-cache pages cost a host page fault each
+#: on the dev VM (0.2-0.9 GB/s buffered against 1.2-2.8 GB/s direct into fresh files:
+#: about 1.5 ns per byte).
+BUFFERED_BYTE_SECONDS: Final = 1.5e-9
 #: Bytes per second the exchange moves end to end over gloo between local CPU ranks
 #: (packing, ``all_to_all_single``, assembling): about 0.1 GB/s per rank on the busy 2-core
-#: dev VM, where the bare collective reaches 0.6; so there only runs under ~600 bytes are
-#: exchanged (``benchmarks/bench_save.py``, rows ``hyperckpt`` and ``hyperckpt per-row``).
-GLOO_EXCHANGE_BYTES_PER_SECOND: Final = 0.1e9
+#: dev VM before the exchange reused its buffers, where the bare collective reaches 0.6.
+#: With reused buffers and bands written straight to storage, a 2-rank ``Shard(1)`` save
+#: (0.35 GB, 2-6 KiB runs, 0.09 GB moved per rank) took 0.97-1.16 s exchanged against
+#: 1.34-1.40 s with the 6 KiB runs left row by row and 2.3-3.5 s all row by row (busy box,
+#: ``benchmarks/profile_save.py --layout cols``): 0.2 GB/s.
+GLOO_EXCHANGE_BYTES_PER_SECOND: Final = 0.2e9
 #: Bytes per second assumed for NCCL between GPUs of one host (not measured here).
 NCCL_EXCHANGE_BYTES_PER_SECOND: Final = 20e9
 
@@ -52,18 +64,21 @@ class ColumnCosts:
     """The cost rule choosing between per-row writes and an exchange, per tensor.
 
     Per-row writing costs ``run_seconds`` per run beyond its bytes (one ``pwrite`` and,
-    with the audit, one re-read, from Python); the exchange costs the bytes that change rank
-    at ``exchange_bytes_per_second``, end to end (packing, the collective, assembling).
-    Writing the bytes themselves costs the same either way and is left out.  The defaults
-    are :meth:`for_device`'s CPU (gloo) figures.
+    with the audit, one re-read, from Python) and ``buffered_byte_seconds`` per byte (short
+    runs go through the page cache, bands straight to storage); the exchange costs the bytes
+    that change rank at ``exchange_bytes_per_second``, end to end (packing, the collective,
+    assembling).  The defaults are :meth:`for_device`'s CPU (gloo) figures.
 
     Attributes:
         run_seconds: Seconds per run written (and again per run re-read by the audit).
         exchange_bytes_per_second: Bytes per second moved between ranks by the exchange.
+        buffered_byte_seconds: Seconds per byte written row by row beyond the same byte
+            written in a band.
     """
 
     run_seconds: float = CPU_RUN_SECONDS
     exchange_bytes_per_second: float = GLOO_EXCHANGE_BYTES_PER_SECOND
+    buffered_byte_seconds: float = BUFFERED_BYTE_SECONDS
 
     @classmethod
     def for_device(cls, device_type: str) -> ColumnCosts:
@@ -73,9 +88,13 @@ class ColumnCosts:
             return cls(exchange_bytes_per_second=NCCL_EXCHANGE_BYTES_PER_SECOND)
         return cls()
 
-    def exchange_pays(self, runs: int, moved_bytes: int, *, audit: bool) -> bool:
-        """Whether exchanging ``moved_bytes`` beats writing ``runs`` runs one by one."""
+    def exchange_pays(
+        self, runs: int, moved_bytes: int, *, audit: bool, row_bytes: int = 0
+    ) -> bool:
+        """Whether exchanging ``moved_bytes`` beats writing ``runs`` runs of ``row_bytes``
+        bytes in all one by one."""
         per_row = runs * self.run_seconds * (2 if audit else 1)
+        per_row += row_bytes * self.buffered_byte_seconds
         return moved_bytes / self.exchange_bytes_per_second < per_row
 
 
@@ -171,7 +190,9 @@ def plan_bands(
         trial = list(loads)
         bands = _bands(boxes, world, cap, trial)
         moved = sum(b.moved for b in bands)
-        if rule.exchange_pays(sum(runs_of(b) for b in boxes), moved, audit=audit):
+        runs = sum(runs_of(b) for b in boxes)
+        row_bytes = sum(b.nbytes for b in boxes)
+        if rule.exchange_pays(runs, moved, audit=audit, row_bytes=row_bytes):
             chosen[boxes[0].tensor] = bands
             loads[:] = trial
         else:

@@ -5,7 +5,8 @@ same :class:`WritePlan`: the files, names and offsets as ``save_pretrained`` wou
 out (``_consolidate.assign`` decides them), the rank that creates each file and writes its
 header, and for every distinct box of every tensor the one rank that writes it.  A box
 several ranks hold (``Replicate``, HSDP, plain tensors) goes to the holder with the fewest
-bytes so far, largest boxes first, so replicated bytes are written once and spread evenly.
+bytes so far, largest boxes of all tensors first, so replicated bytes are written once and
+spread evenly.
 """
 
 from __future__ import annotations
@@ -138,32 +139,51 @@ def plan_writes(
         layouts[tensor.name] = TensorLayout(tensor.name, code, _code_shape(code, tensor.shape), ())
     output = plan_output(layouts, max_shard_size=max_shard_size, dtype=dtype)
     where = {t.name: (f.name, t.start, t.dtype) for f in output.files for t in f.tensors}
+    # Boxes one rank holds are its own; then every box several ranks hold, largest first
+    # across all tensors (ties in state-dict then row-major order), goes to its holder with
+    # the fewest bytes so far.  Tensor by tensor instead, a whole embedding went to one rank
+    # and the layers to the other: 131 MB against 219 MB at 2-rank HSDP.
     loads = [0] * world_size
+    pending: list[tuple[int, int, MergedTensor, Box, tuple[int, ...]]] = []
     boxes: list[BoxWrite] = []
-    for tensor in tensors:
-        file, start, target = where[tensor.name]
-        width = max(1, DTYPES[target].bits // 8)
-        held = sorted(tensor.holders, key=lambda item: (-math.prod(item[0][1]), item[0][0]))
-        for box, ranks in held:
-            writer = min(ranks, key=lambda r: (loads[r], r))
+    for position, tensor in enumerate(tensors):
+        width = max(1, DTYPES[where[tensor.name][2]].bits // 8)
+        for box, ranks in tensor.holders:
             nbytes = math.prod(box[1]) * width
-            loads[writer] += nbytes
-            boxes.append(
-                BoxWrite(
-                    tensor.name,
-                    file,
-                    start,
-                    tensor.shape,
-                    tensor.dtype,
-                    target,
-                    tensor.order,
-                    box,
-                    writer,
-                    nbytes,
-                )
-            )
+            if len(ranks) == 1:
+                loads[ranks[0]] += nbytes
+                boxes.append(_box_write(tensor, where, box, ranks[0], nbytes))
+            else:
+                pending.append((nbytes, position, tensor, box, ranks))
+    pending.sort(key=lambda item: (-item[0], item[1], item[3][0]))
+    for nbytes, _, tensor, box, ranks in pending:
+        writer = min(ranks, key=lambda r: (loads[r], r))
+        loads[writer] += nbytes
+        boxes.append(_box_write(tensor, where, box, writer, nbytes))
     boxes.sort(key=lambda b: (b.file, b.start, b.box[0]))
     return WritePlan(output, assign_ranks(output.files, world_size), tuple(boxes))
+
+
+def _box_write(
+    tensor: MergedTensor,
+    where: dict[str, tuple[str, int, str]],
+    box: Box,
+    writer: int,
+    nbytes: int,
+) -> BoxWrite:
+    file, start, target = where[tensor.name]
+    return BoxWrite(
+        tensor.name,
+        file,
+        start,
+        tensor.shape,
+        tensor.dtype,
+        target,
+        tensor.order,
+        box,
+        writer,
+        nbytes,
+    )
 
 
 def _code_shape(code: str, shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -62,10 +62,12 @@ def create_new(path: str | os.PathLike[str]) -> int:
     return os.open(path, CREATE_FLAGS, 0o644)
 
 
-def open_output(path: str | os.PathLike[str], *, write: bool) -> int:
+def open_output(path: str | os.PathLike[str], *, write: bool, direct: bool = False) -> int:
     """A descriptor on an output file this package created: for positional writes, or for
-    the audit's re-read; never through a link."""
-    return os.open(path, (os.O_WRONLY if write else os.O_RDONLY) | _NOFOLLOW | _CLOEXEC)
+    the audit's re-read; never through a link.  ``direct`` adds ``O_DIRECT`` (the caller
+    handles the file system's refusal)."""
+    flags = (os.O_WRONLY if write else os.O_RDONLY) | _NOFOLLOW | _CLOEXEC
+    return os.open(path, flags | (getattr(os, "O_DIRECT", 0) if direct else 0))
 
 
 def sync_directory(path: str | os.PathLike[str]) -> None:

@@ -10,7 +10,7 @@ import ctypes
 import ctypes.util
 from typing import Any
 
-__all__ = ["LIBC", "MAP_FAILED", "preadv2"]
+__all__ = ["LIBC", "MAP_FAILED", "fallocate", "preadv2"]
 
 LIBC = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 LIBC.mmap.argtypes = [
@@ -38,6 +38,12 @@ preadv2: Any = getattr(LIBC, "preadv2", None)
 if preadv2 is not None:
     preadv2.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int]
     preadv2.restype = ctypes.c_ssize_t
+
+#: ``fallocate`` (Linux), or ``None`` on a C library without it.
+fallocate: Any = getattr(LIBC, "fallocate", None)
+if fallocate is not None:
+    fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    fallocate.restype = ctypes.c_int
 
 #: What ``mmap`` returns on failure, as ctypes gives a ``c_void_p`` result.
 MAP_FAILED = ctypes.c_void_p(-1).value

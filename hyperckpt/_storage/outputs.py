@@ -4,11 +4,22 @@ markers, positional writes into output files, and the one rename that publishes 
 ``hyperckpt._save`` asks this module, never ``os`` directly.  Outputs are created exclusively
 and never through a symlink; a temporary directory is removed only when its marker proves
 this package made it for that target; nothing of an input is ever removed.
+
+Output files are created at their final size with their blocks reserved (``fallocate``)
+where the file system can, so that writers never extend a file nor allocate its blocks
+while writing.  Large aligned spans may be written and re-read with direct I/O
+(``O_DIRECT``, through page-aligned buffers, :class:`AlignedBuffer`): on a virtual machine
+whose fresh page-cache pages cost a host page fault each, buffered writes of fresh files
+ran at a fraction of the disk's speed (``docs/benchmarks/bench_save.md``).  A file system
+that refuses direct I/O is written through the page cache instead.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
+import mmap
 import os
 import re
 import shutil
@@ -17,10 +28,13 @@ import uuid
 from pathlib import Path
 from typing import Final
 
+from hyperckpt._storage import libc
 from hyperckpt._storage.files import create_new, open_output, sync_directory
 
 __all__ = [
+    "DIRECT_ALIGN",
     "TEMP_MARK",
+    "AlignedBuffer",
     "close",
     "create_sized",
     "exists",
@@ -28,11 +42,14 @@ __all__ = [
     "make_temp_dir",
     "mark_rank",
     "marked_ranks",
+    "open_direct",
     "open_for_reading",
     "open_for_writing",
+    "pread_direct",
     "pread_exact",
     "publish",
     "pwrite_all",
+    "pwrite_direct",
     "remove_leftovers",
     "remove_tree",
     "sync_and_close",
@@ -48,6 +65,11 @@ TEMP_MARK: Final = ".hyperckpt-save-"
 MARKER: Final = ".hyperckpt-save-in-progress"
 _MARKER_TEXT: Final = "hyperckpt save in progress for {name}\n"
 _RANK_MARK: Final = ".hyperckpt-rank-"
+#: Alignment of direct I/O, in bytes: of the file offset, the length and the memory (a page,
+#: a multiple of every file system block and device sector in use).
+DIRECT_ALIGN: Final = 4096
+#: What a file system answers when it refuses direct I/O on a file or a request.
+_NO_DIRECT: Final = frozenset({errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP})
 
 
 def make_temp_dir(target: Path) -> Path:
@@ -156,13 +178,66 @@ def _marked(directory: Path, target: Path) -> bool:
 
 
 def create_sized(path: Path, size: int, header: bytes) -> None:
-    """Create ``path`` exclusively (no symlink followed), ``size`` bytes long, ``header`` first."""
+    """Create ``path`` exclusively (no symlink followed), ``size`` bytes long, ``header`` first.
+
+    Its blocks are reserved (``fallocate``) where the file system can, else the file is
+    only extended (a sparse file).
+    """
     fd = create_new(path)
     try:
-        os.ftruncate(fd, size)
+        reserved = False
+        if libc.fallocate is not None and size > 0:
+            reserved = libc.fallocate(fd, 0, 0, size) == 0
+            if not reserved and ctypes.get_errno() not in (*_NO_DIRECT, errno.ENOSYS):
+                error = ctypes.get_errno()
+                raise OSError(error, f"{path}: fallocate: {os.strerror(error)}")
+        if not reserved:
+            os.ftruncate(fd, size)
         pwrite_all(fd, header, 0)
     finally:
         os.close(fd)
+
+
+def open_direct(path: Path, *, write: bool) -> int | None:
+    """A direct-I/O descriptor (``O_DIRECT``) on an output file, or ``None`` where the file
+    system refuses direct I/O (no symlink followed)."""
+    if not hasattr(os, "O_DIRECT"):
+        return None
+    try:
+        return open_output(path, write=write, direct=True)
+    except OSError as err:
+        if err.errno in _NO_DIRECT:
+            return None
+        raise
+
+
+class AlignedBuffer:
+    """``size`` bytes of page-aligned anonymous memory for direct I/O, reused request after
+    request and unmapped by :meth:`close`.
+
+    Attributes:
+        address: The first byte's address (a multiple of :data:`DIRECT_ALIGN`).
+        size: Its length in bytes, a multiple of :data:`DIRECT_ALIGN`.
+    """
+
+    __slots__ = ("address", "size", "view")
+
+    def __init__(self, size: int) -> None:
+        self.size = -(-size // DIRECT_ALIGN) * DIRECT_ALIGN
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+        address = libc.LIBC.mmap(None, self.size, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0)
+        if address in (None, libc.MAP_FAILED):
+            error = ctypes.get_errno()
+            raise OSError(error, f"mmap of {self.size} bytes: {os.strerror(error)}")
+        self.address: int = address
+        self.view = memoryview((ctypes.c_char * self.size).from_address(address)).cast("B")
+
+    def close(self) -> None:
+        """Unmap the buffer; no view of it may be used afterwards."""
+        if self.address:
+            self.view.release()
+            libc.LIBC.munmap(self.address, self.size)
+            self.address = 0
 
 
 def open_for_writing(path: Path) -> int:
@@ -194,6 +269,53 @@ def pread_exact(fd: int, length: int, offset: int) -> bytes:
         parts.append(chunk)
         done += len(chunk)
     return b"".join(parts)
+
+
+def pwrite_direct(fd: int, data: memoryview, offset: int) -> bool:
+    """Write ``data`` (aligned: address, length and ``offset``) at ``offset`` through the
+    direct descriptor ``fd``.
+
+    Returns:
+        ``False`` when the file system refused the request (``EINVAL``): nothing was
+        written; the caller writes the bytes through the page cache instead.
+    """
+    done = 0
+    try:
+        while done < len(data):
+            written = os.pwrite(fd, data[done:], offset + done)
+            if written % DIRECT_ALIGN and done + written < len(data):
+                # A short direct write that ends unaligned cannot be continued directly.
+                raise OSError(errno.EIO, f"short direct write ({written} bytes) at {offset}")
+            done += written
+    except OSError as err:
+        if err.errno in _NO_DIRECT and done == 0:
+            return False
+        raise
+    return True
+
+
+def pread_direct(fd: int, buffer: AlignedBuffer, length: int, offset: int) -> memoryview | None:
+    """Read ``length`` bytes (aligned, at most ``buffer.size``) at the aligned ``offset``
+    through the direct descriptor ``fd`` into ``buffer``.
+
+    Returns:
+        The bytes read (fewer only when the file ends first), or ``None`` when the file
+        system refused the request; the caller reads through the page cache instead.
+    """
+    done = 0
+    try:
+        while done < length:
+            got = os.preadv(fd, [buffer.view[done:length]], offset + done)
+            if not got:
+                break
+            done += got
+            if done % DIRECT_ALIGN and done < length:
+                raise OSError(errno.EIO, f"short direct read ({got} bytes) at {offset}")
+    except OSError as err:
+        if err.errno in _NO_DIRECT and done == 0:
+            return None
+        raise
+    return buffer.view[:done]
 
 
 def close(fd: int) -> None:
