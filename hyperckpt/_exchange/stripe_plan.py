@@ -699,7 +699,10 @@ def columns_of_requests(requests: Requests) -> StripeColumns:
         chunk_rows=r.chunk_rows,
         chunk_row_bytes=r.chunk_row_bytes,
         chunks=r.chunks,
-        **_key_table(r.raw_keys, len(r.chunks)),
+        key_chunk=r.raw_keys.key_chunk,
+        key_offsets=r.raw_keys.key_offsets,
+        key_lengths=r.raw_keys.key_lengths,
+        chunk_ndim=r.raw_keys.chunk_ndim,
     )
 
 

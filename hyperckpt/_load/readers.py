@@ -17,7 +17,7 @@ from typing import ClassVar
 
 import torch.distributed as dist
 from torch.distributed.checkpoint.filesystem import FileSystemReader
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
@@ -25,9 +25,10 @@ from hyperckpt._arguments import check_path, check_type
 from hyperckpt._dist.headers import HeaderReads, reader_layout
 from hyperckpt._exchange.costs import CostModel
 from hyperckpt._exchange.exchange import ExchangeStats, load_exchanged
+from hyperckpt._exchange.rank_requests import ChunkOrder, RankRequests, rank_requests
 from hyperckpt._exchange.schedule import ReplicatedSchedule
 from hyperckpt._exchange.strategy import Exchange
-from hyperckpt._exchange.stripe_plan import StripeShare, chunk_table
+from hyperckpt._exchange.stripe_plan import StripeShare
 from hyperckpt._exchange.stripes import ChunkKey, StripeSchedule
 from hyperckpt._layout.directory import huggingface_layout, torch_sharded_layout
 from hyperckpt._layout.mapping import MappedLayout, Mapping, MappingLike
@@ -81,6 +82,7 @@ class _SafetensorsReader(FileSystemReader):
     layout = PerThread()
     mapped = PerThread()
     metadata = PerThread()
+    chunks = PerThread()
 
     def __init__(
         self,
@@ -164,6 +166,7 @@ class _SafetensorsReader(FileSystemReader):
         self.mapped = None
         self.layout = None
         self.metadata = None
+        self.chunks = None
         self.last_stats: LoadStats | None = None
         self.last_broadcast: ExchangeStats | None = None
         self._per_thread = threading.local()  # from here on, a load's state is per thread
@@ -263,6 +266,7 @@ class _SafetensorsReader(FileSystemReader):
         """Keep the metadata DCP plans with: ``read_data`` re-plans from it."""
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
         self.metadata = metadata
+        self.chunks = None
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         """Read this rank's sub-boxes into the planner's destinations and commit them.
@@ -345,16 +349,34 @@ class _SafetensorsReader(FileSystemReader):
             return plan
         if not (dist.is_available() and dist.is_initialized()):
             return plan
-        return mark_plan(plan, self._group(), getattr(self, "rank", None))
+
+        def columns() -> RankRequests:
+            return rank_requests(plan.items, self._chunk_order().ids, self._info)
+
+        # Under "off" nobody exchanges: the coordinator never looks at the requests.
+        wanted = None if self.options.exchange == "off" else columns
+        return mark_plan(plan, self._group(), getattr(self, "rank", None), wanted)
 
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
         """On the coordinator: choose the exchange and give each rank its part of it
         (see :func:`~hyperckpt._load.exchange_plan.share_plans`)."""
-        return share_plans(plans, self.options, self._info, self._chunk_table)
+        return share_plans(plans, self.options, self._info, self._chunk_table, self._chunk_info)
+
+    def _chunk_order(self) -> ChunkOrder:
+        """The checkpoint's stored chunks in the order every rank computes alike, made
+        once a load."""
+        found: ChunkOrder | None = self.chunks
+        if found is None:
+            found = self.chunks = ChunkOrder.of(self.storage_data)
+        return found
 
     def _chunk_table(self) -> tuple[ChunkKey, ...]:
         """The checkpoint's stored chunks in the order every rank computes alike."""
-        return chunk_table((i.fqn, tuple(i.offset or ())) for i in self.storage_data)
+        return self._chunk_order().table
+
+    def _chunk_info(self, chunk: ChunkKey) -> StorageInfo:
+        info: StorageInfo = self.storage_data[MetadataIndex(chunk[0], chunk[1])]
+        return info
 
     def _info(self, item: ReadItem) -> StorageInfo:
         info: StorageInfo = self.storage_data[item.storage_index]

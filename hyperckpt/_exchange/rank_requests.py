@@ -1,0 +1,237 @@
+"""One rank's read requests as columns, made by the rank, joined by the coordinator.
+
+Under ``dcp.load`` the coordinator receives every rank's plan; walking the ``ReadItem``s of
+1,024 ranks into :class:`~hyperckpt._exchange.requests.Requests` costs about 3 us an item
+(740k items: 2 s) on one core while every other rank waits.  Instead each rank turns its
+own items into a few narrow integer arrays in ``prepare_local_plan`` (its own items only,
+all ranks at once) and the coordinator joins the arrays with numpy
+(:func:`requests_of_ranks`), giving the very same ``Requests`` as
+:func:`~hyperckpt._exchange.requests.requests_of`.  Stored chunks are named by their index
+in the checkpoint's chunk table (sorted by tensor name and offsets,
+:func:`~hyperckpt._exchange.stripe_plan.chunk_table`), which every rank computes from the
+metadata it already holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+from torch.distributed.checkpoint.metadata import MetadataIndex
+from torch.distributed.checkpoint.planner import ReadItem
+
+from hyperckpt._exchange.requests import KeyTable, Requests, chunk_facts, request_cost
+from hyperckpt._exchange.stripe_plan import chunk_table
+from hyperckpt._read.storage_info import StorageInfo
+
+__all__ = ["ChunkOrder", "RankRequests", "rank_requests", "requests_of_ranks"]
+
+Ints = NDArray[np.int64]
+ChunkKey = tuple[str, tuple[int, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkOrder:
+    """The checkpoint's chunk table and each chunk's place in it.
+
+    Attributes:
+        table: Every stored chunk's ``(tensor name, offsets)``, sorted: the order every
+            rank computes alike from the metadata (:func:`~hyperckpt._exchange.stripe_plan.
+            chunk_table`).
+        ids: Each chunk's index in ``table``, by its DCP ``MetadataIndex``.
+    """
+
+    table: tuple[ChunkKey, ...]
+    ids: Mapping[object, int]
+
+    @classmethod
+    def of(cls, indices: Iterable[MetadataIndex]) -> ChunkOrder:
+        """The order of the chunks named by ``indices`` (the metadata's storage keys)."""
+        named = {(i.fqn, tuple(i.offset or ())): i for i in indices}
+        table = chunk_table(named)
+        return cls(table, {named[key]: number for number, key in enumerate(table)})
+
+
+@dataclass(frozen=True, slots=True)
+class RankRequests:
+    """One rank's read items as columns, in plan order; each array in the narrowest
+    signed integer type that holds it (they travel pickled to the coordinator).
+
+    Attributes:
+        chunk: Each item's stored chunk, by index in the checkpoint's chunk table.
+        offsets: Each item's sub-box offsets in its chunk, one row an item, zero-padded
+            past the chunk's dimensions to ``width`` columns.
+        lengths: Each item's sub-box lengths, padded the same way.
+        nbytes: Each item's bytes in the stored dtype.
+        calls: Read calls the engine spends on each item alone.
+    """
+
+    chunk: NDArray[np.signedinteger]
+    offsets: NDArray[np.signedinteger]
+    lengths: NDArray[np.signedinteger]
+    nbytes: NDArray[np.signedinteger]
+    calls: NDArray[np.signedinteger]
+
+    @property
+    def items(self) -> int:
+        """The rank's read items."""
+        return len(self.chunk)
+
+    @property
+    def width(self) -> int:
+        """Columns of ``offsets`` and ``lengths``: the most dimensions of any item."""
+        return int(self.offsets.shape[1])
+
+
+def rank_requests(
+    items: Iterable[ReadItem],
+    chunk_ids: Mapping[object, int],
+    storage: Callable[[ReadItem], StorageInfo],
+) -> RankRequests:
+    """The columns of one rank's ``items``.
+
+    Args:
+        items: The rank's read items, in plan order.
+        chunk_ids: Each stored chunk's index in the chunk table, by its DCP
+            ``MetadataIndex`` (an item's ``storage_index`` looks it up).
+        storage: The stored chunk of an item (asked once per chunk and request shape).
+    """
+    chunk_col: list[int] = []
+    boxes: list[tuple[int, ...]] = []
+    costs: dict[tuple[int, object], tuple[int, int]] = {}
+    bytes_col: list[int] = []
+    calls_col: list[int] = []
+    width = 0
+    for item in items:
+        cid = chunk_ids[item.storage_index]
+        lengths = item.lengths
+        cost = costs.get((cid, lengths))
+        if cost is None:
+            cost = costs[cid, lengths] = request_cost(storage(item), tuple(lengths))
+        chunk_col.append(cid)
+        boxes.append((*item.storage_offsets, *lengths))
+        width = max(width, len(lengths))
+        bytes_col.append(cost[0])
+        calls_col.append(cost[1])
+    offsets = np.zeros((len(boxes), width), np.int64)
+    lengths_ = np.zeros((len(boxes), width), np.int64)
+    for ndim in sorted({len(box) // 2 for box in boxes}):
+        rows = [i for i, box in enumerate(boxes) if len(box) == 2 * ndim]
+        if ndim:
+            both = np.asarray([boxes[i] for i in rows], dtype=np.int64).reshape(-1, 2 * ndim)
+            offsets[rows, :ndim] = both[:, :ndim]
+            lengths_[rows, :ndim] = both[:, ndim:]
+    return RankRequests(
+        chunk=_small(np.asarray(chunk_col, dtype=np.int64)),
+        offsets=_small(offsets),
+        lengths=_small(lengths_),
+        nbytes=_small(np.asarray(bytes_col, dtype=np.int64)),
+        calls=_small(np.asarray(calls_col, dtype=np.int64)),
+    )
+
+
+def requests_of_ranks(
+    ranks: Sequence[RankRequests],
+    table: Sequence[ChunkKey],
+    storage: Callable[[ChunkKey], StorageInfo],
+) -> Requests:
+    """Every rank's requests joined: equal, field by field, to
+    :func:`~hyperckpt._exchange.requests.requests_of` of the same items (chunks and keys
+    numbered in order of first appearance, rank after rank).
+
+    Args:
+        ranks: Each rank's columns, by rank.
+        table: The checkpoint's chunk table the columns index.
+        storage: A stored chunk by its ``(tensor name, offsets)``; asked once per chunk
+            any rank reads.
+    """
+    counts = np.asarray([r.items for r in ranks], dtype=np.int64).reshape(-1)
+    width = max((r.width for r in ranks), default=0)
+    by_table = _join([r.chunk for r in ranks])
+    offsets = _join_padded([r.offsets for r in ranks], width)
+    lengths = _join_padded([r.lengths for r in ranks], width)
+    # Chunks, then keys, numbered as they first appear (what the item walk does).
+    used, first_seen = np.unique(by_table, return_index=True)
+    order = used[np.argsort(first_seen, kind="stable")]
+    renumber = np.zeros(len(table), np.int64)
+    renumber[order] = np.arange(len(order))
+    chunk = renumber[by_table]
+    key = _first_seen_ids(np.column_stack([chunk, offsets, lengths]))
+    keys = int(key.max(initial=-1)) + 1
+    key_chunk = np.zeros(keys, np.int64)
+    key_offsets = np.zeros((keys, width), np.int64)
+    key_lengths = np.zeros((keys, width), np.int64)
+    key_chunk[key] = chunk
+    key_offsets[key] = offsets
+    key_lengths[key] = lengths
+    chunks = tuple(table[int(t)] for t in order.tolist())
+    infos = [storage(c) for c in chunks]
+    facts = chunk_facts(infos)
+    has_dims = facts.ndim[chunk] > 0
+    first = np.where(has_dims, offsets[:, 0] if width else 0, 0)
+    stop = np.where(has_dims, first + (lengths[:, 0] if width else 0), 1)
+    return Requests(
+        world=len(ranks),
+        rank=np.repeat(np.arange(len(ranks), dtype=np.int64), counts),
+        chunk=chunk,
+        key=key,
+        first=first.astype(np.int64),
+        stop=stop.astype(np.int64),
+        nbytes=_join([r.nbytes for r in ranks]),
+        calls=_join([r.calls for r in ranks]),
+        chunks=chunks,
+        chunk_file=facts.file,
+        chunk_offset=facts.offset,
+        chunk_rows=facts.rows,
+        chunk_row_bytes=facts.row_bytes,
+        files=facts.files,
+        raw_keys=KeyTable(key_chunk, key_offsets, key_lengths, facts.ndim),
+    )
+
+
+def _first_seen_ids(rows: Ints) -> Ints:
+    """For each row of ``rows``, the index of its distinct value in order of first
+    appearance (``0 .. distinct - 1``)."""
+    count = len(rows)
+    if not count:
+        return np.zeros(0, np.int64)
+    order = np.lexsort(rows.T[::-1]) if rows.shape[1] else np.arange(count)
+    ordered = rows[order]
+    starts = np.ones(count, dtype=bool)
+    starts[1:] = np.any(ordered[1:] != ordered[:-1], axis=1)
+    group = np.cumsum(starts) - 1
+    first = np.minimum.reduceat(order, np.flatnonzero(starts))
+    rank = np.empty(len(first), np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+    ids = np.empty(count, np.int64)
+    ids[order] = rank[group]
+    return ids
+
+
+def _join(parts: Sequence[NDArray[np.signedinteger]]) -> Ints:
+    if not parts:
+        return np.zeros(0, np.int64)
+    return np.concatenate([p.astype(np.int64, copy=False) for p in parts])
+
+
+def _join_padded(parts: Sequence[NDArray[np.signedinteger]], width: int) -> Ints:
+    out = np.zeros((sum(len(p) for p in parts), width), np.int64)
+    at = 0
+    for part in parts:
+        out[at : at + len(part), : part.shape[1]] = part
+        at += len(part)
+    return out
+
+
+def _small(values: Ints) -> NDArray[np.signedinteger]:
+    """``values`` in the narrowest signed integer type that holds them."""
+    if not values.size:
+        return values.astype(np.int8)
+    low, high = int(values.min()), int(values.max())
+    for kind in (np.int8, np.int16, np.int32):
+        info = np.iinfo(kind)
+        if info.min <= low and high <= info.max:
+            return values.astype(kind)
+    return values
