@@ -40,18 +40,19 @@ class ChunkOrder:
         table: Every stored chunk's ``(tensor name, offsets)``, sorted: the order every
             rank computes alike from the metadata (:func:`~hyperckpt._exchange.stripe_plan.
             chunk_table`).
-        ids: Each chunk's index in ``table``, by its DCP ``MetadataIndex``.
+        ids: Each chunk's index in ``table``, by ``(tensor name, offsets)``; a DCP
+            ``MetadataIndex``'s ``(fqn, offset)`` finds it (``torch.Size`` hashes and
+            compares as a tuple).
     """
 
     table: tuple[ChunkKey, ...]
-    ids: Mapping[object, int]
+    ids: Mapping[ChunkKey, int]
 
     @classmethod
     def of(cls, indices: Iterable[MetadataIndex]) -> ChunkOrder:
         """The order of the chunks named by ``indices`` (the metadata's storage keys)."""
-        named = {(i.fqn, tuple(i.offset or ())): i for i in indices}
-        table = chunk_table(named)
-        return cls(table, {named[key]: number for number, key in enumerate(table)})
+        table = chunk_table((i.fqn, tuple(i.offset or ())) for i in indices)
+        return cls(table, {key: number for number, key in enumerate(table)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,42 +88,56 @@ class RankRequests:
 
 def rank_requests(
     items: Iterable[ReadItem],
-    chunk_ids: Mapping[object, int],
+    chunk_ids: Mapping[ChunkKey, int],
     storage: Callable[[ReadItem], StorageInfo],
 ) -> RankRequests:
-    """The columns of one rank's ``items``.
+    """The columns of one rank's ``items`` (about 1 us an item).
 
     Args:
         items: The rank's read items, in plan order.
-        chunk_ids: Each stored chunk's index in the chunk table, by its DCP
-            ``MetadataIndex`` (an item's ``storage_index`` looks it up).
+        chunk_ids: Each stored chunk's index in the chunk table, by ``(tensor name,
+            offsets)`` (:attr:`ChunkOrder.ids`).
         storage: The stored chunk of an item (asked once per chunk and request shape).
     """
     chunk_col: list[int] = []
     boxes: list[tuple[int, ...]] = []
     costs: dict[tuple[int, object], tuple[int, int]] = {}
+    # A request's cost depends on the chunk's shape and dtype, not on where it starts.
+    shaped: dict[tuple[object, ...], tuple[int, int]] = {}
     bytes_col: list[int] = []
     calls_col: list[int] = []
-    width = 0
     for item in items:
-        cid = chunk_ids[item.storage_index]
+        index = item.storage_index
+        cid = chunk_ids[index.fqn, index.offset]
         lengths = item.lengths
         cost = costs.get((cid, lengths))
         if cost is None:
-            cost = costs[cid, lengths] = request_cost(storage(item), tuple(lengths))
+            info = storage(item)
+            like = (info.shape, info.dtype, lengths)
+            cost = shaped.get(like)
+            if cost is None:
+                cost = shaped[like] = request_cost(info, tuple(lengths))
+            costs[cid, lengths] = cost
         chunk_col.append(cid)
         boxes.append((*item.storage_offsets, *lengths))
-        width = max(width, len(lengths))
         bytes_col.append(cost[0])
         calls_col.append(cost[1])
+    sizes = np.fromiter(map(len, boxes), dtype=np.int64, count=len(boxes))
+    width = int(sizes.max(initial=0)) // 2
     offsets = np.zeros((len(boxes), width), np.int64)
     lengths_ = np.zeros((len(boxes), width), np.int64)
-    for ndim in sorted({len(box) // 2 for box in boxes}):
-        rows = [i for i, box in enumerate(boxes) if len(box) == 2 * ndim]
-        if ndim:
-            both = np.asarray([boxes[i] for i in rows], dtype=np.int64).reshape(-1, 2 * ndim)
-            offsets[rows, :ndim] = both[:, :ndim]
-            lengths_[rows, :ndim] = both[:, ndim:]
+    for ndim in (np.unique(sizes) // 2).tolist():
+        if not ndim:
+            continue
+        if ndim == width and int(sizes.min()) == 2 * width:  # every item alike
+            rows: object = slice(None)
+            both = np.asarray(boxes, dtype=np.int64).reshape(-1, 2 * ndim)
+        else:
+            picked = np.flatnonzero(sizes == 2 * ndim)
+            rows = picked
+            both = np.asarray([boxes[i] for i in picked.tolist()], dtype=np.int64)
+        offsets[rows, :ndim] = both[:, :ndim]  # type: ignore[index]
+        lengths_[rows, :ndim] = both[:, ndim:]  # type: ignore[index]
     return RankRequests(
         chunk=_small(np.asarray(chunk_col, dtype=np.int64)),
         offsets=_small(offsets),

@@ -9,6 +9,7 @@ shared between ranks as :mod:`hyperckpt._load.exchange_plan` planned them.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -83,6 +84,7 @@ class _SafetensorsReader(FileSystemReader):
     mapped = PerThread()
     metadata = PerThread()
     chunks = PerThread()
+    kept_items = PerThread()
 
     def __init__(
         self,
@@ -167,6 +169,10 @@ class _SafetensorsReader(FileSystemReader):
         self.layout = None
         self.metadata = None
         self.chunks = None
+        self.kept_items = None
+        #: Set by :func:`hyperckpt.load` when its planner's global step leaves the items
+        #: alone: each rank then keeps its read items and DCP gathers only the marks.
+        self._items_stay = False
         self.last_stats: LoadStats | None = None
         self.last_broadcast: ExchangeStats | None = None
         self._per_thread = threading.local()  # from here on, a load's state is per thread
@@ -267,6 +273,7 @@ class _SafetensorsReader(FileSystemReader):
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
         self.metadata = metadata
         self.chunks = None
+        self.kept_items = None
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         """Read this rank's sub-boxes into the planner's destinations and commit them.
@@ -290,6 +297,9 @@ class _SafetensorsReader(FileSystemReader):
             self.options.dtype_policy,
             where=str(layout.root),
         )
+        kept, self.kept_items = self.kept_items, None
+        if kept is not None and not plan.items:  # kept here in prepare_local_plan
+            plan = dataclasses.replace(plan, items=kept)
         schedule = plan.storage_data
         if isinstance(schedule, StripeShare):
             schedule = schedule.schedule(self._chunk_table())  # this rank's part, from arrays
@@ -344,7 +354,15 @@ class _SafetensorsReader(FileSystemReader):
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
         """Mark the plan with this rank and host: for an exchange between ranks, and so
-        that the coordinator can tell each rank how many ranks share its host."""
+        that the coordinator can tell each rank how many ranks share its host.
+
+        Unless the exchange is ``"off"`` the mark carries the rank's requests as columns
+        (:func:`~hyperckpt._exchange.rank_requests.rank_requests`), which the coordinator
+        joins instead of walking every rank's items.  Under :func:`hyperckpt.load` (whose
+        planner leaves the gathered items alone) the items then stay on the rank: DCP
+        gathers and scatters the marks and schedules only, and ``read_data`` takes the
+        kept items back.
+        """
         if plan.storage_data is not None:
             return plan
         if not (dist.is_available() and dist.is_initialized()):
@@ -355,7 +373,12 @@ class _SafetensorsReader(FileSystemReader):
 
         # Under "off" nobody exchanges: the coordinator never looks at the requests.
         wanted = None if self.options.exchange == "off" else columns
-        return mark_plan(plan, self._group(), getattr(self, "rank", None), wanted)
+        marked = mark_plan(plan, self._group(), getattr(self, "rank", None), wanted)
+        if self._items_stay and marked is not plan:
+            # The coordinator plans from the marks alone: the items need not travel.
+            self.kept_items = plan.items
+            return dataclasses.replace(marked, items=[])
+        return marked
 
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
         """On the coordinator: choose the exchange and give each rank its part of it
