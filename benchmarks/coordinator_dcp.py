@@ -65,9 +65,7 @@ def _cpu(work: Callable[[], object], repeats: int) -> tuple[object, float]:
     return result, statistics.median(spent)
 
 
-def measure(
-    model: str, layout: str, world: int, exchange: str, repeats: int
-) -> dict[str, object]:
+def measure(model: str, layout: str, world: int, exchange: str, repeats: int) -> dict[str, object]:
     """One model x layout x world, both coordinator paths."""
     shapes, files = MODELS[model]
     checkpoint = synthetic_layout(shapes(), files)
@@ -114,6 +112,10 @@ def measure(
         pickle.dumps(p.storage_data)
         for p in joined  # type: ignore[attr-defined]
     ]
+    # Under hyperckpt.load the items stay on their ranks: DCP moves marks and schedules.
+    kept = [dataclasses.replace(p, items=[]) for p in carried]
+    _, kept_seconds = _cpu(lambda: coordinator(kept), repeats)
+    shares = coordinator(kept)
     kind = type(joined[0].storage_data).__name__  # type: ignore[index]
     return {
         "model": model,
@@ -132,6 +134,11 @@ def measure(
         "columns_bytes": columns_bytes,
         "unpickle_gathered_seconds": unpickle_seconds,
         "same_plans": same,
+        "scattered_bytes_dcp": sum(len(pickle.dumps(p)) for p in joined),  # type: ignore[attr-defined]
+        "gathered_bytes_load": sum(len(pickle.dumps(p)) for p in kept),
+        "scattered_bytes_load": sum(len(pickle.dumps(p)) for p in shares),
+        "largest_share_bytes": max(len(pickle.dumps(p)) for p in shares),
+        "coordinator_load_seconds": kept_seconds,
     }
 
 
@@ -142,6 +149,11 @@ def _table(rows: list[dict[str, object]]) -> str:
         "coordinator, columns | per rank: columns (max / median) | gathered plans | "
         "of which columns | torch: unpickle gathered | same plans |",
         "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    messages = [
+        "| model | layout | ranks | `dcp.load`: gathered + scattered | `hyperckpt.load`: "
+        "gathered + scattered = total | largest share | `hyperckpt.load` coordinator |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
@@ -155,7 +167,21 @@ def _table(rows: list[dict[str, object]]) -> str:
             f"{r['columns_bytes'] / mib:.1f} MiB | "  # type: ignore[operator]
             f"{r['unpickle_gathered_seconds']:.2f} s | {'yes' if r['same_plans'] else 'NO'} |"
         )
-    return "\n".join(lines) + "\n"
+        g, sc = r["gathered_bytes_load"], r["scattered_bytes_load"]
+        messages.append(
+            f"| {r['model']} | {r['layout']} | {r['world']:,} | "
+            f"{r['gathered_bytes_with_columns'] / mib:.1f} + "  # type: ignore[operator]
+            f"{r['scattered_bytes_dcp'] / mib:.1f} MiB | "  # type: ignore[operator]
+            f"{g / mib:.1f} + {sc / mib:.1f} = {(g + sc) / mib:.1f} MiB | "  # type: ignore[operator]
+            f"{r['largest_share_bytes'] / 2**10:.0f} KiB | "  # type: ignore[operator]
+            f"{r['coordinator_load_seconds']:.2f} s |"
+        )
+    return (
+        "\n".join(lines)
+        + "\n\nPlanning messages (all ranks together):\n\n"
+        + "\n".join(messages)
+        + "\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
