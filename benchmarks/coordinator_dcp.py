@@ -37,6 +37,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import torch
 from simulate_scale import MODELS, RANKS_PER_HOST, synthetic_layout
@@ -76,10 +77,10 @@ def measure(model: str, layout: str, world: int, exchange: str, repeats: int) ->
     order = ChunkOrder.of(infos)
 
     def storage(item: ReadItem) -> StorageInfo:
-        return infos[item.storage_index]  # type: ignore[no-any-return]
+        return infos[item.storage_index]
 
     def chunk_info(chunk: tuple[str, tuple[int, ...]]) -> StorageInfo:
-        return infos[MetadataIndex(chunk[0], torch.Size(chunk[1]))]  # type: ignore[no-any-return]
+        return infos[MetadataIndex(chunk[0], torch.Size(chunk[1]))]
 
     per_rank = []
     columns = []
@@ -87,7 +88,7 @@ def measure(model: str, layout: str, world: int, exchange: str, repeats: int) ->
         gc.collect()
         begin = time.process_time()
         with without_gc():
-            columns.append(rank_requests(plan.items, order.ids, storage))
+            columns.append(rank_requests(plan.items, order))
         per_rank.append(time.process_time() - begin)
     bare = [
         dataclasses.replace(p, storage_data=ExchangeReady(r, world, names[r]))
@@ -106,17 +107,17 @@ def measure(model: str, layout: str, world: int, exchange: str, repeats: int) ->
     def coordinator(marked: list[LoadPlan]) -> list[LoadPlan]:
         return share_plans(marked, options, storage, lambda: order.table, chunk_info)
 
-    walked, walk_seconds = _cpu(lambda: coordinator(bare), repeats)
-    joined, join_seconds = _cpu(lambda: coordinator(carried), repeats)
-    same = [pickle.dumps(p.storage_data) for p in walked] == [  # type: ignore[attr-defined]
-        pickle.dumps(p.storage_data)
-        for p in joined  # type: ignore[attr-defined]
+    walked_, walk_seconds = _cpu(lambda: coordinator(bare), repeats)
+    joined_, join_seconds = _cpu(lambda: coordinator(carried), repeats)
+    walked, joined = cast(list[LoadPlan], walked_), cast(list[LoadPlan], joined_)
+    same = [pickle.dumps(p.storage_data) for p in walked] == [
+        pickle.dumps(p.storage_data) for p in joined
     ]
     # Under hyperckpt.load the items stay on their ranks: DCP moves marks and schedules.
     kept = [dataclasses.replace(p, items=[]) for p in carried]
     _, kept_seconds = _cpu(lambda: coordinator(kept), repeats)
     shares = coordinator(kept)
-    kind = type(joined[0].storage_data).__name__  # type: ignore[index]
+    kind = type(joined[0].storage_data).__name__
     return {
         "model": model,
         "layout": layout,
@@ -134,7 +135,7 @@ def measure(model: str, layout: str, world: int, exchange: str, repeats: int) ->
         "columns_bytes": columns_bytes,
         "unpickle_gathered_seconds": unpickle_seconds,
         "same_plans": same,
-        "scattered_bytes_dcp": sum(len(pickle.dumps(p)) for p in joined),  # type: ignore[attr-defined]
+        "scattered_bytes_dcp": sum(len(pickle.dumps(p)) for p in joined),
         "gathered_bytes_load": sum(len(pickle.dumps(p)) for p in kept),
         "scattered_bytes_load": sum(len(pickle.dumps(p)) for p in shares),
         "largest_share_bytes": max(len(pickle.dumps(p)) for p in shares),

@@ -43,16 +43,25 @@ class ChunkOrder:
         ids: Each chunk's index in ``table``, by ``(tensor name, offsets)``; a DCP
             ``MetadataIndex``'s ``(fqn, offset)`` finds it (``torch.Size`` hashes and
             compares as a tuple).
+        infos: Each chunk's storage info, by index in ``table``.
+        kinds: Each chunk's (shape, dtype) as a small number, by index in ``table``:
+            what a request's cost depends on besides its lengths.
     """
 
     table: tuple[ChunkKey, ...]
     ids: Mapping[ChunkKey, int]
+    infos: tuple[StorageInfo, ...]
+    kinds: tuple[int, ...]
 
     @classmethod
-    def of(cls, indices: Iterable[MetadataIndex]) -> ChunkOrder:
-        """The order of the chunks named by ``indices`` (the metadata's storage keys)."""
-        table = chunk_table((i.fqn, tuple(i.offset or ())) for i in indices)
-        return cls(table, {key: number for number, key in enumerate(table)})
+    def of(cls, storage: Mapping[MetadataIndex, StorageInfo]) -> ChunkOrder:
+        """The order of the chunks of ``storage`` (the metadata's storage data)."""
+        named = {(i.fqn, tuple(i.offset or ())): info for i, info in storage.items()}
+        table = chunk_table(named)
+        infos = tuple(named[key] for key in table)
+        kind_ids: dict[tuple[object, ...], int] = {}
+        kinds = tuple(kind_ids.setdefault((i.shape, i.dtype), len(kind_ids)) for i in infos)
+        return cls(table, {key: number for number, key in enumerate(table)}, infos, kinds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,38 +95,28 @@ class RankRequests:
         return int(self.offsets.shape[1])
 
 
-def rank_requests(
-    items: Iterable[ReadItem],
-    chunk_ids: Mapping[ChunkKey, int],
-    storage: Callable[[ReadItem], StorageInfo],
-) -> RankRequests:
+def rank_requests(items: Iterable[ReadItem], order: ChunkOrder) -> RankRequests:
     """The columns of one rank's ``items`` (about 1 us an item).
 
     Args:
         items: The rank's read items, in plan order.
-        chunk_ids: Each stored chunk's index in the chunk table, by ``(tensor name,
-            offsets)`` (:attr:`ChunkOrder.ids`).
-        storage: The stored chunk of an item (asked once per chunk and request shape).
+        order: The checkpoint's chunk table (:meth:`ChunkOrder.of` its storage data).
     """
+    ids, kinds, infos = order.ids, order.kinds, order.infos
     chunk_col: list[int] = []
     boxes: list[tuple[int, ...]] = []
-    costs: dict[tuple[int, object], tuple[int, int]] = {}
     # A request's cost depends on the chunk's shape and dtype, not on where it starts.
-    shaped: dict[tuple[object, ...], tuple[int, int]] = {}
+    costs: dict[tuple[int, object], tuple[int, int]] = {}
     bytes_col: list[int] = []
     calls_col: list[int] = []
     for item in items:
         index = item.storage_index
-        cid = chunk_ids[index.fqn, index.offset]
+        cid = ids[index.fqn, index.offset or ()]
         lengths = item.lengths
-        cost = costs.get((cid, lengths))
+        like = (kinds[cid], lengths)
+        cost = costs.get(like)
         if cost is None:
-            info = storage(item)
-            like = (info.shape, info.dtype, lengths)
-            cost = shaped.get(like)
-            if cost is None:
-                cost = shaped[like] = request_cost(info, tuple(lengths))
-            costs[cid, lengths] = cost
+            cost = costs[like] = request_cost(infos[cid], tuple(lengths))
         chunk_col.append(cid)
         boxes.append((*item.storage_offsets, *lengths))
         bytes_col.append(cost[0])

@@ -369,7 +369,7 @@ class _SafetensorsReader(FileSystemReader):
             return plan
 
         def columns() -> RankRequests:
-            return rank_requests(plan.items, self._chunk_order().ids, self._info)
+            return rank_requests(plan.items, self._chunk_order())
 
         # Under "off" nobody exchanges: the coordinator never looks at the requests.
         wanted = None if self.options.exchange == "off" else columns

@@ -89,7 +89,7 @@ def _plans(draw: st.DrawFn) -> list[LoadPlan]:
 
 def _joined(plans: list[LoadPlan]) -> Requests:
     order = ChunkOrder.of(STORAGE)
-    ranks = [rank_requests(plan.items, order.ids, _storage) for plan in plans]
+    ranks = [rank_requests(plan.items, order) for plan in plans]
     ranks = [pickle.loads(pickle.dumps(r)) for r in ranks]  # as DCP gathers them
     return requests_of_ranks(ranks, order.table, _chunk_info)
 
@@ -118,7 +118,7 @@ def test_the_columns_carried_are_narrow_integers() -> None:
         LoadPlan([_item(("a", (0, 0)), (8 * r, 0), (8, 6)) for _ in range(3)]) for r in range(4)
     ]
     order = ChunkOrder.of(STORAGE)
-    columns = rank_requests(plans[1].items, order.ids, _storage)
+    columns = rank_requests(plans[1].items, order)
     assert columns.items == 3
     assert columns.width == 2
     assert {a.dtype for a in (columns.chunk, columns.offsets, columns.lengths)} == {
