@@ -206,22 +206,51 @@ def requests_of_ranks(
 
 
 def _first_seen_ids(rows: Ints) -> Ints:
-    """For each row of ``rows``, the index of its distinct value in order of first
-    appearance (``0 .. distinct - 1``)."""
+    """For each row of ``rows`` (non-negative integers), the index of its distinct value in
+    order of first appearance (``0 .. distinct - 1``)."""
     count = len(rows)
     if not count:
         return np.zeros(0, np.int64)
-    order = np.lexsort(rows.T[::-1]) if rows.shape[1] else np.arange(count)
-    ordered = rows[order]
-    starts = np.ones(count, dtype=bool)
-    starts[1:] = np.any(ordered[1:] != ordered[:-1], axis=1)
+    keys = _packed(rows)
+    # Stable: the first row of each run of equal rows is the one that appears first.
+    order = np.argsort(keys[0], kind="stable") if len(keys) == 1 else np.lexsort(keys[::-1])
+    starts = np.zeros(count, dtype=bool)
+    starts[0] = True
+    for key in keys:
+        ordered = key[order]
+        starts[1:] |= ordered[1:] != ordered[:-1]
     group = np.cumsum(starts) - 1
-    first = np.minimum.reduceat(order, np.flatnonzero(starts))
-    rank = np.empty(len(first), np.int64)
-    rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+    first = order[starts]
+    seen = np.zeros(count, dtype=bool)
+    seen[first] = True
+    number = np.cumsum(seen) - 1  # a first row's place among the first rows, by index
     ids = np.empty(count, np.int64)
-    ids[order] = rank[group]
+    ids[order] = number[first][group]
     return ids
+
+
+def _packed(rows: Ints) -> list[Ints]:
+    """``rows``' columns packed into as few int64 keys as hold them, in column order
+    (keys compare as the rows do); constant columns are left out."""
+    keys: list[Ints] = []
+    key: Ints | None = None
+    bits = 0
+    for column in rows.T:
+        low, high = int(column.min()), int(column.max())
+        if low == high:
+            continue
+        width = (high - low).bit_length()
+        shifted = column - low
+        if key is None or bits + width > 62:
+            if key is not None:
+                keys.append(key)
+            key, bits = shifted.copy(), width
+        else:
+            key = (key << width) | shifted
+            bits += width
+    if key is not None:
+        keys.append(key)
+    return keys or [np.zeros(len(rows), np.int64)]
 
 
 def _join(parts: Sequence[NDArray[np.signedinteger]]) -> Ints:
