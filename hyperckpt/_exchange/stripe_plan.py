@@ -242,7 +242,6 @@ class StripePlan:
                 self.message_round[messages],
                 self.message_source[messages],
                 self.message_receiver[messages],
-                self.message_nbytes[messages],
                 counts,
             ),
             slots=_columns(
@@ -250,7 +249,6 @@ class StripePlan:
                 self.slot_part[slots],
                 self.slot_first[slots],
                 self.slot_stop[slots],
-                self.slot_offset[slots],
                 self.slot_nbytes[slots],
             ),
         )
@@ -282,10 +280,13 @@ class StripeShare:
         key_lengths: Its lengths, likewise.
         parts: Columns (round, chunk index into ``chunks``, first row, stop row), one entry
             per part, in the rank's reading order.
-        messages: Columns (round, source, receiver, bytes, slots), one entry per message
-            this rank sends or receives, by (round, source, receiver).
-        slots: Columns (key index, source's part, first row, stop row, offset, bytes), one
-            entry per slot, message after message.
+        messages: Columns (round, source, receiver, slots), one entry per message this
+            rank sends or receives, by (round, source, receiver); a message's bytes follow
+            from its slots.
+        slots: Columns (key index, source's part, first row, stop row, bytes), one entry
+            per slot, message after message; each slot starts at the next multiple of
+            ``ALIGN`` after the previous one's end (the planner's layout, rebuilt here
+            rather than sent: ~15 % of a share).
         local_ranks: Ranks of the group on this rank's host (they share its cores).
     """
 
@@ -328,20 +329,20 @@ class StripeShare:
             StripePart(round_, self.rank, names[chunk], (first, stop))
             for round_, chunk, first, stop in zip(*(a.tolist() for a in self.parts), strict=True)
         )
-        slots = [
-            StripeSlot(keys[key], part, (first, stop), offset, nbytes)
-            for key, part, first, stop, offset, nbytes in zip(
-                *(a.tolist() for a in self.slots), strict=True
-            )
-        ]
+        columns = [a.tolist() for a in self.slots]
         messages = []
         start = 0
-        for round_, source, receiver, nbytes, count in zip(
+        for round_, source, receiver, count in zip(
             *(a.tolist() for a in self.messages), strict=True
         ):
-            messages.append(
-                StripeMessage(round_, source, receiver, tuple(slots[start : start + count]), nbytes)
-            )
+            slots = []
+            offset = nbytes = 0
+            for at in range(start, start + count):
+                key, part, first, stop, nbytes = (column[at] for column in columns)
+                slots.append(StripeSlot(keys[key], part, (first, stop), offset, nbytes))
+                offset += -(-nbytes // ALIGN) * ALIGN
+            end = slots[-1].offset + nbytes if slots else 0
+            messages.append(StripeMessage(round_, source, receiver, tuple(slots), end))
             start += count
         return StripeSchedule(
             self.rank, self.world_size, self.rounds, parts, tuple(messages), self.local_ranks
