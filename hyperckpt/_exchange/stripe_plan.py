@@ -13,6 +13,7 @@ the stripes, and over stripe parts to place them in rounds.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -329,21 +330,18 @@ class StripeShare:
             StripePart(round_, self.rank, names[chunk], (first, stop))
             for round_, chunk, first, stop in zip(*(a.tolist() for a in self.parts), strict=True)
         )
-        columns = [a.tolist() for a in self.slots]
+        rows = zip(*(a.tolist() for a in self.slots), strict=True)
         messages = []
-        start = 0
         for round_, source, receiver, count in zip(
             *(a.tolist() for a in self.messages), strict=True
         ):
             slots = []
-            offset = nbytes = 0
-            for at in range(start, start + count):
-                key, part, first, stop, nbytes = (column[at] for column in columns)
+            offset = end = 0
+            for key, part, first, stop, nbytes in itertools.islice(rows, count):
                 slots.append(StripeSlot(keys[key], part, (first, stop), offset, nbytes))
+                end = offset + nbytes
                 offset += -(-nbytes // ALIGN) * ALIGN
-            end = slots[-1].offset + nbytes if slots else 0
             messages.append(StripeMessage(round_, source, receiver, tuple(slots), end))
-            start += count
         return StripeSchedule(
             self.rank, self.world_size, self.rounds, parts, tuple(messages), self.local_ranks
         )
