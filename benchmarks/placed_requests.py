@@ -15,44 +15,18 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import numpy as np
 
 from hyperckpt import CheckpointLayout
 from hyperckpt._cli.dryrun import _placed, mesh_shape, placements_for
-from hyperckpt._exchange.requests import Requests, request_cost
+from hyperckpt._exchange.rank_requests import RankRequests, _small
+from hyperckpt._exchange.requests import KeyTable, Requests, request_cost
 from hyperckpt._exchange.stripe_plan import StripeColumns
 from hyperckpt._read.storage_info import StorageInfo
 
 Ints = np.ndarray
-
-
-@dataclass(frozen=True)
-class _KeyTable(Sequence[tuple[int, tuple[int, ...], tuple[int, ...]]]):
-    """``Requests.raw_keys`` built on demand from the key arrays (millions of keys)."""
-
-    key_chunk: Ints
-    key_offsets: Ints
-    key_lengths: Ints
-    chunk_ndim: Ints
-
-    def __len__(self) -> int:
-        return len(self.key_chunk)
-
-    def __getitem__(self, index):  # type: ignore[no-untyped-def, override]
-        chunk = int(self.key_chunk[index])
-        ndim = int(self.chunk_ndim[chunk])
-        return (
-            chunk,
-            tuple(self.key_offsets[index, :ndim].tolist()),
-            tuple(self.key_lengths[index, :ndim].tolist()),
-        )
-
-    def __iter__(self) -> Iterator[tuple[int, tuple[int, ...], tuple[int, ...]]]:
-        for index in range(len(self)):
-            yield self[index]
 
 
 def placed_requests(
@@ -140,7 +114,7 @@ def placed_requests(
     chunk_file = np.asarray([file_ids[t.pieces[0].file] for t in tensors_], dtype=np.int64)
     chunk_offset = np.asarray([t.pieces[0].start for t in tensors_], dtype=np.int64)
     chunks = tuple((t.name, (0,) * len(t.shape)) for t in tensors_)
-    table = _KeyTable(
+    table = KeyTable(
         np.concatenate(key_chunk),
         np.concatenate(key_offsets),
         np.concatenate(key_lengths),
@@ -161,7 +135,7 @@ def placed_requests(
         chunk_rows=chunk_rows,
         chunk_row_bytes=chunk_row_bytes,
         files=tuple(files),
-        raw_keys=table,  # type: ignore[arg-type]
+        raw_keys=table,
     )
     stripe_columns = StripeColumns(
         world=len(coordinates),
@@ -183,3 +157,31 @@ def placed_requests(
         chunk_ndim=chunk_ndim,
     )
     return requests, stripe_columns
+
+
+def rank_columns(
+    requests: Requests, table: Sequence[tuple[str, tuple[int, ...]]]
+) -> list[RankRequests]:
+    """What each rank's ``prepare_local_plan`` carries to the coordinator for these
+    requests (``rank_requests`` of its items): its columns, chunks named by their index
+    in ``table``."""
+    where = {chunk: number for number, chunk in enumerate(table)}
+    in_table = np.asarray([where[c] for c in requests.chunks], dtype=np.int64)
+    keys = requests.raw_keys
+    bounds = np.searchsorted(requests.rank, np.arange(requests.world + 1))
+    out = []
+    for rank in range(requests.world):
+        span = slice(int(bounds[rank]), int(bounds[rank + 1]))
+        key = requests.key[span]
+        chunk = requests.chunk[span]
+        width = int(keys.chunk_ndim[chunk].max(initial=0))
+        out.append(
+            RankRequests(
+                chunk=_small(in_table[chunk]),
+                offsets=_small(keys.key_offsets[key, :width]),
+                lengths=_small(keys.key_lengths[key, :width]),
+                nbytes=_small(requests.nbytes[span]),
+                calls=_small(requests.calls[span]),
+            )
+        )
+    return out

@@ -29,18 +29,22 @@ import tracemalloc
 from collections.abc import Callable
 
 import numpy as np
-from placed_requests import placed_requests
+from placed_requests import placed_requests, rank_columns
+from torch.distributed.checkpoint.planner import LoadPlan
 
 from hyperckpt import CheckpointLayout, CostModel
 from hyperckpt._cli.dryrun import _placed, _rank_items, hosts_of, mesh_shape
 from hyperckpt._exchange.costs import STRATEGIES, pick
 from hyperckpt._exchange.pricing import price
-from hyperckpt._exchange.schedule import plan_replicated_columns
+from hyperckpt._exchange.rank_requests import requests_of_ranks
+from hyperckpt._exchange.requests import Requests
+from hyperckpt._exchange.schedule import ExchangeReady, plan_replicated_columns
 from hyperckpt._exchange.strategy import _receivers_at_source
 from hyperckpt._exchange.stripe_plan import chunk_table, plan_stripe_arrays
 from hyperckpt._exchange.stripes import StripesTooLarge
 from hyperckpt._planner.gc_hold import without_gc
 from hyperckpt._read.engine import DEFAULT_STAGING_BYTES
+from hyperckpt._read.storage_info import StorageInfo
 
 BATCH_BYTES = 4 * 2**20
 #: Ranks whose DCP read items are built to simulate torch's plan exchange.
@@ -142,6 +146,19 @@ def simulate_columns(
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
     torch_exchange = _torch_exchange(checkpoint, layout, world, tp=tp, replicas=hosts)
+    # What hyperckpt.load gathers instead of plans: each rank's mark with its columns.
+    carried = rank_columns(requests, table)
+    marks = [ExchangeReady(r, world, names[r], c) for r, c in enumerate(carried)]
+    gathered = sum(len(pickle.dumps(LoadPlan([], storage_data=m))) for m in marks)
+
+    def chunk_info(chunk: tuple[str, tuple[int, ...]]) -> StorageInfo:
+        return infos[chunk]
+
+    infos = _chunk_infos(checkpoint)
+    joined, join_seconds = _cpu(lambda: requests_of_ranks(carried, table, chunk_info))
+    assert isinstance(joined, Requests)
+    assert joined.keys == requests.keys
+    assert int(joined.nbytes.sum()) == int(requests.nbytes.sum())
     row: dict[str, object] = {
         "model": model,
         "layout": layout,
@@ -159,9 +176,22 @@ def simulate_columns(
         "shares_bytes": sum(share_bytes),
         "share_bytes_max": max(share_bytes, default=0),
         "share_to_schedule_seconds": per_rank_seconds,
+        "load_gathered_bytes": gathered,
+        "join_columns_seconds": join_seconds,
         **torch_exchange,
     }
     return row
+
+
+def _chunk_infos(checkpoint: CheckpointLayout) -> dict[tuple[str, tuple[int, ...]], StorageInfo]:
+    """Each stored chunk's storage info by (tensor name, offsets), one piece a tensor."""
+    out = {}
+    for t in checkpoint.tensors.values():
+        piece = t.pieces[0]
+        out[t.name, tuple(piece.offsets)] = StorageInfo(
+            piece.file, piece.start, piece.nbytes, t.dtype, tuple(piece.shape)
+        )
+    return out
 
 
 def _torch_exchange(
@@ -172,8 +202,6 @@ def _torch_exchange(
     placed = _placed(checkpoint, layout, mesh)
     step = max(1, world // SAMPLED_RANKS)
     ranks = list(range(0, world, step))[:SAMPLED_RANKS]
-    from torch.distributed.checkpoint.planner import LoadPlan
-
     sizes: dict[tuple[object, ...], tuple[int, str, int]] = {}
     items_seconds = 0.0
     blobs = []
@@ -201,8 +229,9 @@ def table(rows: list[dict[str, object]]) -> str:
         "| model | layout | ranks | read items | auto | coordinator: price + plan + shares "
         "| of which pricing | replicated planner alone | striped planner alone | coordinator peak | shares scattered, all "
         "| largest share | share -> schedule (rank) | torch: gathered plans | torch: "
-        "coordinator unpickles | torch: one rank's items |",
-        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "coordinator unpickles | torch: one rank's items | hyperckpt.load: gathered marks "
+        "with columns | join of the columns |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
@@ -215,6 +244,8 @@ def table(rows: list[dict[str, object]]) -> str:
             f"| {r['share_to_schedule_seconds'] * 1e3:.0f} ms "
             f"| {r['torch_gather_bytes'] / 2**20:.0f} MiB "
             f"| {r['torch_coordinator_unpickle_seconds']:.2f} s "
-            f"| {r['torch_rank_items_seconds'] * 1e3:.0f} ms |"
+            f"| {r['torch_rank_items_seconds'] * 1e3:.0f} ms "
+            f"| {r.get('load_gathered_bytes', float('nan')) / 2**20:.1f} MiB "  # type: ignore[operator]
+            f"| {r.get('join_columns_seconds', float('nan')):.2f} s |"
         )
     return "\n".join(lines) + "\n"

@@ -126,7 +126,7 @@ def _schedule_entries(plans: list[object]) -> tuple[int, int]:
         if isinstance(schedule, StripeShare):
             mine_s = schedule.messages[1] == rank
             messages += int(mine_s.sum())
-            slots += int(schedule.messages[4][mine_s].sum())
+            slots += int(schedule.messages[3][mine_s].sum())
         elif isinstance(schedule, StripeSchedule):
             mine = [m for m in schedule.messages if m.source == rank]
             messages += len(mine)

@@ -29,7 +29,7 @@ from typing import Final
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
 from hyperckpt._arguments import Limits, check_number
-from hyperckpt._exchange.requests import request_cost
+from hyperckpt._exchange.requests import Requests, request_cost, requests_of
 from hyperckpt._exchange.schedule import ReplicatedSchedule, item_key
 from hyperckpt._exchange.strategy import Strategy, plan_exchange
 from hyperckpt._exchange.stripe_plan import StripeShare
@@ -184,6 +184,7 @@ def choose_exchange(
     round_bytes: int,
     batch_bytes: int,
     table: Callable[[], Sequence[ChunkKey]] | None = None,
+    requests: Callable[[], Requests | None] | None = None,
 ) -> tuple[Strategy, list[LoadPlan]]:
     """What ``exchange="auto"`` does: ``"off"`` on one host, else the fastest prediction.
 
@@ -191,7 +192,9 @@ def choose_exchange(
     (:func:`hyperckpt._exchange.pricing.price`) and only the winner is planned.  Ties go to
     the simpler strategy (``off``, then ``replicated``, then ``striped``).
 
-    ``table``: as for :func:`~hyperckpt._exchange.strategy.plan_exchange`.
+    ``table``: as for :func:`~hyperckpt._exchange.strategy.plan_exchange`.  ``requests``,
+    when given, makes ``plans``' items as columns without walking them (the ranks sent them
+    as arrays), or gives ``None`` when it cannot; asked only across hosts.
 
     Returns:
         The strategy and the plans carrying its schedules.
@@ -202,12 +205,12 @@ def choose_exchange(
         )
     # Imported here: pricing builds on this module's model and timing.
     from hyperckpt._exchange.pricing import price
-    from hyperckpt._exchange.requests import requests_of
 
     with without_gc():
-        requests = requests_of(plans, storage)
+        joined = None if requests is None else requests()
+        found = joined if joined is not None else requests_of(plans, storage)
         costs = price(
-            requests,
+            found,
             hosts,
             model,
             round_bytes=round_bytes,
@@ -223,7 +226,7 @@ def choose_exchange(
                 storage,
                 round_bytes=round_bytes,
                 batch_bytes=batch_bytes,
-                requests=requests,
+                requests=found,
                 table=table,
             )
         except StripesTooLarge as err:

@@ -11,8 +11,9 @@ share the walk instead of repeating it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 import numpy as np
 from numpy.typing import NDArray
@@ -23,9 +24,69 @@ from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.engine import CHUNK_BYTES, MAX_GAP
 from hyperckpt._read.storage_info import StorageInfo
 
-__all__ = ["Requests", "request_cost", "requests_of"]
+__all__ = ["ChunkFacts", "KeyTable", "Requests", "chunk_facts", "request_cost", "requests_of"]
 
 Ints = NDArray[np.int64]
+RawKey = tuple[int, tuple[int, ...], tuple[int, ...]]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class KeyTable(Sequence[RawKey]):
+    """Each key's (chunk index, sub-box offsets, lengths) as arrays, one row a key; read
+    as a sequence of tuples, each built when asked for (there may be millions).
+
+    Attributes:
+        key_chunk: Each key's chunk index.
+        key_offsets: Each key's sub-box offsets, zero-padded past its chunk's dimensions
+            to the widest chunk's.
+        key_lengths: Each key's sub-box lengths, padded the same way.
+        chunk_ndim: Each chunk's dimensions, by chunk index.
+    """
+
+    key_chunk: Ints
+    key_offsets: Ints
+    key_lengths: Ints
+    chunk_ndim: Ints
+
+    def __len__(self) -> int:
+        return len(self.key_chunk)
+
+    @overload
+    def __getitem__(self, index: int) -> RawKey: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[RawKey]: ...
+    def __getitem__(self, index: int | slice) -> RawKey | Sequence[RawKey]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        chunk = int(self.key_chunk[index])
+        ndim = int(self.chunk_ndim[chunk])
+        return (
+            chunk,
+            tuple(self.key_offsets[index, :ndim].tolist()),
+            tuple(self.key_lengths[index, :ndim].tolist()),
+        )
+
+    def __iter__(self) -> Iterator[RawKey]:
+        for index in range(len(self)):
+            yield self[index]
+
+    @classmethod
+    def of(cls, raw_keys: Sequence[RawKey], chunk_ndim: Ints) -> KeyTable:
+        """The table of ``raw_keys`` (each key's chunk, offsets, lengths)."""
+        count = len(raw_keys)
+        key_chunk = np.fromiter((k[0] for k in raw_keys), dtype=np.int64, count=count)
+        key_ndim = np.fromiter((len(k[2]) for k in raw_keys), dtype=np.int64, count=count)
+        width = int(key_ndim.max(initial=0))
+        offsets = np.zeros((count, width), np.int64)
+        lengths = np.zeros((count, width), np.int64)
+        for ndim in np.unique(key_ndim).tolist():
+            if not ndim:
+                continue
+            rows = np.flatnonzero(key_ndim == ndim)
+            picked = [raw_keys[i] for i in rows.tolist()]
+            offsets[rows, :ndim] = np.asarray([k[1] for k in picked], dtype=np.int64)
+            lengths[rows, :ndim] = np.asarray([k[2] for k in picked], dtype=np.int64)
+        return cls(key_chunk, offsets, lengths, chunk_ndim)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +110,8 @@ class Requests:
         chunk_rows: Each chunk's rows (1 for a 0-d chunk).
         chunk_row_bytes: Bytes of one row of each chunk (the whole chunk when 0-d).
         files: The files, sorted by name (so file indices order as names do).
-        raw_keys: Each key's (chunk index, sub-box offsets, lengths), by key index.
+        raw_keys: Each key's (chunk index, sub-box offsets, lengths), by key index, as
+            arrays.
     """
 
     world: int
@@ -66,7 +128,7 @@ class Requests:
     chunk_rows: Ints
     chunk_row_bytes: Ints
     files: tuple[str, ...]
-    raw_keys: tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...]
+    raw_keys: KeyTable
 
     @property
     def keys(self) -> int:
@@ -123,6 +185,49 @@ def requests_of(plans: Sequence[LoadPlan], storage: Callable[[ReadItem], Storage
                 stop_col.append(1)
             bytes_col.append(cost[0])
             calls_col.append(cost[1])
+    facts = chunk_facts(infos)
+    return Requests(
+        world=len(plans),
+        rank=_ints(rank_col),
+        chunk=_ints(chunk_col),
+        key=_ints(key_col),
+        first=_ints(first_col),
+        stop=_ints(stop_col),
+        nbytes=_ints(bytes_col),
+        calls=_ints(calls_col),
+        chunks=tuple(chunk_names),
+        chunk_file=facts.file,
+        chunk_offset=facts.offset,
+        chunk_rows=facts.rows,
+        chunk_row_bytes=facts.row_bytes,
+        files=facts.files,
+        raw_keys=KeyTable.of(tuple(key_ids), facts.ndim),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkFacts:
+    """What pricing and the planners need of each stored chunk, by chunk index.
+
+    Attributes:
+        files: The chunks' files, sorted by name.
+        file: Index of each chunk's file in ``files``.
+        offset: Each chunk's first byte, absolute in its file.
+        rows: Each chunk's rows (1 for a 0-d chunk).
+        row_bytes: Bytes of one row of each chunk (the whole chunk when 0-d).
+        ndim: Each chunk's dimensions.
+    """
+
+    files: tuple[str, ...]
+    file: Ints
+    offset: Ints
+    rows: Ints
+    row_bytes: Ints
+    ndim: Ints
+
+
+def chunk_facts(infos: Sequence[StorageInfo]) -> ChunkFacts:
+    """The :class:`ChunkFacts` of ``infos``, by index."""
     files = sorted({info.file for info in infos})
     file_ids = {name: number for number, name in enumerate(files)}
     rows, row_bytes = [], []
@@ -134,22 +239,13 @@ def requests_of(plans: Sequence[LoadPlan], storage: Callable[[ReadItem], Storage
         else:
             rows.append(1)
             row_bytes.append(info.length)
-    return Requests(
-        world=len(plans),
-        rank=_ints(rank_col),
-        chunk=_ints(chunk_col),
-        key=_ints(key_col),
-        first=_ints(first_col),
-        stop=_ints(stop_col),
-        nbytes=_ints(bytes_col),
-        calls=_ints(calls_col),
-        chunks=tuple(chunk_names),
-        chunk_file=_ints([file_ids[info.file] for info in infos]),
-        chunk_offset=_ints([info.offset for info in infos]),
-        chunk_rows=_ints(rows),
-        chunk_row_bytes=_ints(row_bytes),
+    return ChunkFacts(
         files=tuple(files),
-        raw_keys=tuple(key_ids),
+        file=_ints([file_ids[info.file] for info in infos]),
+        offset=_ints([info.offset for info in infos]),
+        rows=_ints(rows),
+        row_bytes=_ints(row_bytes),
+        ndim=_ints([len(info.shape) for info in infos]),
     )
 
 

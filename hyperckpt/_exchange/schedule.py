@@ -14,10 +14,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
+
+if TYPE_CHECKING:
+    from hyperckpt._exchange.rank_requests import RankRequests
 
 __all__ = [
     "ALIGN",
@@ -59,11 +63,14 @@ class ExchangeReady:
         world_size: The size of that group.
         host: The host the rank runs on (``socket.gethostname()``), so the coordinator can
             tell whether the ranks span several nodes.
+        requests: The rank's read items as columns, which the coordinator joins instead
+            of walking every rank's items; ``None`` when the rank did not make them.
     """
 
     rank: int
     world_size: int
     host: str = ""
+    requests: RankRequests | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import LoadPlanner as DcpLoadPlanner
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
@@ -218,6 +219,9 @@ def load(
         agree(failure, process_group, _refused)
     # Described, validated and mapped above: read_metadata reads no header and maps nothing.
     reader = reader_for(layout.kind)(path, options=options, layout=mapped)
+    # A planner whose global step and finish leave the plans as they are never needs the
+    # items on the coordinator: they stay on their rank (see prepare_local_plan).
+    reader._items_stay = _leaves_plans_alone(planner)
     with warnings.catch_warnings():
         # One process without a process group is a supported use here, not a mistake.
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
@@ -310,6 +314,16 @@ def _check_arguments(path: object, planner: object, allow_missing: object) -> No
     check_path("path", path)
     check_type("planner", planner, (DcpLoadPlanner, type(None)), "a DCP LoadPlanner or None")
     check_allow_missing(allow_missing)
+
+
+def _leaves_plans_alone(planner: DcpLoadPlanner) -> bool:
+    """Whether ``planner``'s ``create_global_plan`` and ``finish_plan`` are torch's
+    default load planner's, which return the plans unchanged."""
+    kind = type(planner)
+    return (
+        kind.create_global_plan is DefaultLoadPlanner.create_global_plan
+        and kind.finish_plan is DefaultLoadPlanner.finish_plan
+    )
 
 
 def _refused(failure: Failure) -> CheckpointError:

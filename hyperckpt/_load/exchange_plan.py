@@ -12,6 +12,8 @@ from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
 from hyperckpt._dist.headers import host_name
 from hyperckpt._exchange.costs import CostModel, choose_exchange
+from hyperckpt._exchange.rank_requests import RankRequests, requests_of_ranks
+from hyperckpt._exchange.requests import Requests
 from hyperckpt._exchange.schedule import ExchangeReady
 from hyperckpt._exchange.strategy import plan_exchange
 from hyperckpt._exchange.stripes import ChunkKey
@@ -28,14 +30,23 @@ logger = logging.getLogger("hyperckpt._load.readers")
 BATCH_BYTES = 4 * 2**20
 
 
-def mark_plan(plan: LoadPlan, group: dist.ProcessGroup, dcp_rank: object) -> LoadPlan:
+def mark_plan(
+    plan: LoadPlan,
+    group: dist.ProcessGroup,
+    dcp_rank: object,
+    requests: Callable[[], RankRequests] | None = None,
+) -> LoadPlan:
     """``plan`` marked with this rank and host, unless ``group`` has one rank or is not the
-    group DCP runs (``dcp_rank``, DCP's own rank or ``None``, is not this rank in it)."""
+    group DCP runs (``dcp_rank``, DCP's own rank or ``None``, is not this rank in it).
+
+    ``requests``, when given, makes the rank's items as columns to carry in the mark (the
+    coordinator then joins arrays instead of walking every rank's items).
+    """
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     # DCP's rank is its own group's; a different group than dcp.load's disables broadcast.
     if size < 2 or dcp_rank not in (None, rank):
         return plan
-    ready = ExchangeReady(rank, size, host_name())
+    ready = ExchangeReady(rank, size, host_name(), None if requests is None else requests())
     return dataclasses.replace(plan, storage_data=ready)
 
 
@@ -44,6 +55,7 @@ def share_plans(
     options: ReadOptions,
     info: Callable[[ReadItem], StorageInfo],
     table: Callable[[], Sequence[ChunkKey]] | None = None,
+    chunk_info: Callable[[ChunkKey], StorageInfo] | None = None,
 ) -> list[LoadPlan]:
     """On the coordinator: choose the exchange and give each rank its part of it.
 
@@ -52,7 +64,9 @@ def share_plans(
     Either way a marked plan comes back with the number of ranks on its host.  ``table``
     gives the checkpoint's stored chunks in the order every rank computes
     (:func:`~hyperckpt._exchange.stripe_plan.chunk_table`), so striped shares name chunks
-    by index.
+    by index.  When every mark carries the rank's requests as columns (and ``table`` and
+    ``chunk_info``, a stored chunk by name and offsets, are given) they are joined instead
+    of walking the items.
     """
     marked = all(
         isinstance(plan.storage_data, ExchangeReady)
@@ -62,7 +76,8 @@ def share_plans(
     )
     if not marked:
         return plan_exchange(plans, "off", info, round_bytes=1, batch_bytes=1)
-    hosts = [cast(ExchangeReady, plan.storage_data).host for plan in plans]
+    marks = [cast(ExchangeReady, plan.storage_data) for plan in plans]
+    hosts = [mark.host for mark in marks]
     if options.exchange == "auto":
         strategy, planned = choose_exchange(
             plans,
@@ -72,6 +87,7 @@ def share_plans(
             round_bytes=options.staging_bytes,
             batch_bytes=BATCH_BYTES,
             table=table,
+            requests=lambda: _joined(marks, table, chunk_info),
         )
         logger.info("hyperckpt: exchange='auto' chose %r for %d ranks", strategy, len(plans))
     else:
@@ -82,6 +98,7 @@ def share_plans(
             round_bytes=options.staging_bytes,
             batch_bytes=BATCH_BYTES,
             table=table,
+            requests=_joined(marks, table, chunk_info),
         )
     return [
         dataclasses.replace(
@@ -92,3 +109,16 @@ def share_plans(
         )
         for plan, share in zip(planned, ranks_per_host(hosts), strict=True)
     ]
+
+
+def _joined(
+    marks: Sequence[ExchangeReady],
+    table: Callable[[], Sequence[ChunkKey]] | None,
+    chunk_info: Callable[[ChunkKey], StorageInfo] | None,
+) -> Requests | None:
+    """Every rank's requests joined from the columns in their marks; ``None`` when a mark
+    lacks them (the planners then walk the items)."""
+    columns = [mark.requests for mark in marks]
+    if table is None or chunk_info is None or any(c is None for c in columns):
+        return None
+    return requests_of_ranks(cast(list[RankRequests], columns), table(), chunk_info)

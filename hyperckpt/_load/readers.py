@@ -9,6 +9,7 @@ shared between ranks as :mod:`hyperckpt._load.exchange_plan` planned them.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -17,7 +18,7 @@ from typing import ClassVar
 
 import torch.distributed as dist
 from torch.distributed.checkpoint.filesystem import FileSystemReader
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
@@ -25,9 +26,10 @@ from hyperckpt._arguments import check_path, check_type
 from hyperckpt._dist.headers import HeaderReads, reader_layout
 from hyperckpt._exchange.costs import CostModel
 from hyperckpt._exchange.exchange import ExchangeStats, load_exchanged
+from hyperckpt._exchange.rank_requests import ChunkOrder, RankRequests, rank_requests
 from hyperckpt._exchange.schedule import ReplicatedSchedule
 from hyperckpt._exchange.strategy import Exchange
-from hyperckpt._exchange.stripe_plan import StripeShare, chunk_table
+from hyperckpt._exchange.stripe_plan import StripeShare
 from hyperckpt._exchange.stripes import ChunkKey, StripeSchedule
 from hyperckpt._layout.directory import huggingface_layout, torch_sharded_layout
 from hyperckpt._layout.mapping import MappedLayout, Mapping, MappingLike
@@ -81,6 +83,8 @@ class _SafetensorsReader(FileSystemReader):
     layout = PerThread()
     mapped = PerThread()
     metadata = PerThread()
+    chunks = PerThread()
+    kept_items = PerThread()
 
     def __init__(
         self,
@@ -164,6 +168,11 @@ class _SafetensorsReader(FileSystemReader):
         self.mapped = None
         self.layout = None
         self.metadata = None
+        self.chunks = None
+        self.kept_items = None
+        #: Set by :func:`hyperckpt.load` when its planner's global step leaves the items
+        #: alone: each rank then keeps its read items and DCP gathers only the marks.
+        self._items_stay = False
         self.last_stats: LoadStats | None = None
         self.last_broadcast: ExchangeStats | None = None
         self._per_thread = threading.local()  # from here on, a load's state is per thread
@@ -263,6 +272,8 @@ class _SafetensorsReader(FileSystemReader):
         """Keep the metadata DCP plans with: ``read_data`` re-plans from it."""
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
         self.metadata = metadata
+        self.chunks = None
+        self.kept_items = None
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         """Read this rank's sub-boxes into the planner's destinations and commit them.
@@ -286,6 +297,9 @@ class _SafetensorsReader(FileSystemReader):
             self.options.dtype_policy,
             where=str(layout.root),
         )
+        kept, self.kept_items = self.kept_items, None
+        if kept is not None and not plan.items:  # kept here in prepare_local_plan
+            plan = dataclasses.replace(plan, items=kept)
         schedule = plan.storage_data
         if isinstance(schedule, StripeShare):
             schedule = schedule.schedule(self._chunk_table())  # this rank's part, from arrays
@@ -340,21 +354,52 @@ class _SafetensorsReader(FileSystemReader):
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
         """Mark the plan with this rank and host: for an exchange between ranks, and so
-        that the coordinator can tell each rank how many ranks share its host."""
+        that the coordinator can tell each rank how many ranks share its host.
+
+        Unless the exchange is ``"off"`` the mark carries the rank's requests as columns
+        (:func:`~hyperckpt._exchange.rank_requests.rank_requests`), which the coordinator
+        joins instead of walking every rank's items.  Under :func:`hyperckpt.load` (whose
+        planner leaves the gathered items alone) the items then stay on the rank: DCP
+        gathers and scatters the marks and schedules only, and ``read_data`` takes the
+        kept items back.
+        """
         if plan.storage_data is not None:
             return plan
         if not (dist.is_available() and dist.is_initialized()):
             return plan
-        return mark_plan(plan, self._group(), getattr(self, "rank", None))
+
+        def columns() -> RankRequests:
+            return rank_requests(plan.items, self._chunk_order())
+
+        # Under "off" nobody exchanges: the coordinator never looks at the requests.
+        wanted = None if self.options.exchange == "off" else columns
+        marked = mark_plan(plan, self._group(), getattr(self, "rank", None), wanted)
+        if self._items_stay and marked is not plan:
+            # The coordinator plans from the marks alone: the items need not travel.
+            self.kept_items = plan.items
+            return dataclasses.replace(marked, items=[])
+        return marked
 
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
         """On the coordinator: choose the exchange and give each rank its part of it
         (see :func:`~hyperckpt._load.exchange_plan.share_plans`)."""
-        return share_plans(plans, self.options, self._info, self._chunk_table)
+        return share_plans(plans, self.options, self._info, self._chunk_table, self._chunk_info)
+
+    def _chunk_order(self) -> ChunkOrder:
+        """The checkpoint's stored chunks in the order every rank computes alike, made
+        once a load."""
+        found: ChunkOrder | None = self.chunks
+        if found is None:
+            found = self.chunks = ChunkOrder.of(self.storage_data)
+        return found
 
     def _chunk_table(self) -> tuple[ChunkKey, ...]:
         """The checkpoint's stored chunks in the order every rank computes alike."""
-        return chunk_table((i.fqn, tuple(i.offset or ())) for i in self.storage_data)
+        return self._chunk_order().table
+
+    def _chunk_info(self, chunk: ChunkKey) -> StorageInfo:
+        info: StorageInfo = self.storage_data[MetadataIndex(chunk[0], chunk[1])]
+        return info
 
     def _info(self, item: ReadItem) -> StorageInfo:
         info: StorageInfo = self.storage_data[item.storage_index]

@@ -14,8 +14,10 @@ the reader's statistics.  ``exchange="auto"`` is checked to keep ``"off"`` on on
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +27,13 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from helpers import device_mesh, mismatch, poison_, run_ranks, sample_tensor, write_hf_checkpoint
 from safetensors.torch import save_file
+from torch.distributed.checkpoint.planner import LoadPlan
 from torch.distributed.tensor import Placement, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.placement_types import _StridedShard
 
 import hyperckpt
 from hyperckpt import HuggingFaceStorageReader, LoadPlanner, TorchShardedSafetensorsReader
+from hyperckpt._load.readers import _SafetensorsReader
 
 WORLD = 4
 # name -> (shape, stored dtype, loaded dtype)
@@ -124,18 +128,42 @@ def _load(root: Path, case: str, exchange: str) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def _gathered_plans() -> Iterator[list[tuple[int, bool]]]:
+    """Records, on the coordinator, each gathered plan's (read items, carries columns)."""
+    seen: list[tuple[int, bool]] = []
+    original = _SafetensorsReader.prepare_global_plan
+
+    def recording(reader: Any, plans: list[LoadPlan]) -> list[LoadPlan]:
+        for plan in plans:
+            mark = plan.storage_data
+            seen.append((len(plan.items), getattr(mark, "requests", None) is not None))
+        return original(reader, plans)
+
+    _SafetensorsReader.prepare_global_plan = recording  # type: ignore[method-assign]
+    try:
+        yield seen
+    finally:
+        _SafetensorsReader.prepare_global_plan = original  # type: ignore[method-assign]
+
+
 def _run_ranks(rank: int, world_size: int, root: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     os.environ["HYPERCKPT_HOST"] = f"host{rank // 2}"
     for case in CASES:
         out[case] = _load(Path(root), case, "striped")
     state, expected = _state("hsdp")
-    report = hyperckpt.load(state, Path(root, "hf"), exchange="striped")
+    with _gathered_plans() as gathered:
+        report = hyperckpt.load(state, Path(root, "hf"), exchange="striped")
     out["hyperckpt.load"] = {
         "problems": [n for n, v in state.items() if mismatch(v.to_local(), expected[n])],
         "bytes_read": sum(report.bytes_read),
         "bytes_received": report.bytes_received,
+        "gathered": gathered,
     }
+    with _gathered_plans() as gathered:
+        _load(Path(root), "hsdp", "striped")
+    out["dcp.load gathered"] = gathered
     del os.environ["HYPERCKPT_HOST"]
     out["auto one host"] = _load(Path(root), "fsdp", "auto")
     dist.barrier()
@@ -215,6 +243,24 @@ def test_hyperckpt_load_takes_the_striped_exchange_too(ranks: list[dict[str, Any
     assert [out["hyperckpt.load"]["problems"] for out in ranks] == [[]] * WORLD
     assert outcome["bytes_read"] == _data_bytes()
     assert all(received > 0 for received in outcome["bytes_received"])
+
+
+@pytest.mark.distributed
+def test_under_hyperckpt_load_the_coordinator_gets_columns_and_no_read_items(
+    ranks: list[dict[str, Any]],
+) -> None:
+    # Only the coordinator runs the global step; every rank's mark carries its columns.
+    assert ranks[0]["hyperckpt.load"]["gathered"] == [(0, True)] * WORLD
+    assert all(out["hyperckpt.load"]["gathered"] == [] for out in ranks[1:])
+
+
+@pytest.mark.distributed
+def test_under_plain_dcp_load_the_items_travel_with_their_columns(
+    ranks: list[dict[str, Any]],
+) -> None:
+    gathered = ranks[0]["dcp.load gathered"]
+    assert len(gathered) == WORLD
+    assert all(items > 0 and columns for items, columns in gathered), gathered
 
 
 @pytest.mark.distributed
