@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import ReadItem
 
 from hyperckpt._exchange.requests import KeyTable, Requests, chunk_facts, request_cost
-from hyperckpt._exchange.stripe_plan import chunk_table
+from hyperckpt._exchange.stripe_plan import chunk_table, narrowest_ints
 from hyperckpt._read.storage_info import StorageInfo
 
 __all__ = ["ChunkOrder", "RankRequests", "rank_requests", "requests_of_ranks"]
@@ -138,11 +138,11 @@ def rank_requests(items: Iterable[ReadItem], order: ChunkOrder) -> RankRequests:
         offsets[rows, :ndim] = both[:, :ndim]  # type: ignore[index]
         lengths_[rows, :ndim] = both[:, ndim:]  # type: ignore[index]
     return RankRequests(
-        chunk=_small(np.asarray(chunk_col, dtype=np.int64)),
-        offsets=_small(offsets),
-        lengths=_small(lengths_),
-        nbytes=_small(np.asarray(bytes_col, dtype=np.int64)),
-        calls=_small(np.asarray(calls_col, dtype=np.int64)),
+        chunk=narrowest_ints(np.asarray(chunk_col, dtype=np.int64)),
+        offsets=narrowest_ints(offsets),
+        lengths=narrowest_ints(lengths_),
+        nbytes=narrowest_ints(np.asarray(bytes_col, dtype=np.int64)),
+        calls=narrowest_ints(np.asarray(calls_col, dtype=np.int64)),
     )
 
 
@@ -266,15 +266,3 @@ def _join_padded(parts: Sequence[NDArray[np.signedinteger]], width: int) -> Ints
         out[at : at + len(part), : part.shape[1]] = part
         at += len(part)
     return out
-
-
-def _small(values: Ints) -> NDArray[np.signedinteger]:
-    """``values`` in the narrowest signed integer type that holds them."""
-    if not values.size:
-        return values.astype(np.int8)
-    low, high = int(values.min()), int(values.max())
-    for kind in (np.int8, np.int16, np.int32):
-        info = np.iinfo(kind)
-        if info.min <= low and high <= info.max:
-            return values.astype(kind)
-    return values

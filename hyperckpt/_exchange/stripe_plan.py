@@ -22,7 +22,7 @@ import numpy as np
 from numpy.typing import NDArray
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
-from hyperckpt._exchange.requests import Requests
+from hyperckpt._exchange.requests import KeyTable, RawKey, Requests
 from hyperckpt._exchange.schedule import ALIGN, ItemKey, item_key
 from hyperckpt._exchange.stripes import (
     ROUTED_BASE,
@@ -45,6 +45,7 @@ __all__ = [
     "columns_of_plans",
     "columns_of_requests",
     "cut_stripes",
+    "narrowest_ints",
     "plan_stripe_arrays",
     "plan_stripes",
     "ramps",
@@ -222,17 +223,17 @@ class StripePlan:
         named: tuple[ChunkKey, ...] | Ints = (
             tuple(c.chunks[int(i)] for i in chunks)
             if in_table is None
-            else _small(in_table[chunks])
+            else narrowest_ints(in_table[chunks])
         )
         return StripeShare(
             rank=rank,
             world_size=self.world,
             rounds=self.rounds,
             chunks=named,
-            chunk_ndim=_small(ndim),
-            key_chunk=_small(chunk_local[len(parts) :]),
-            key_offsets=_small(c.key_offsets[keys, :width]),
-            key_lengths=_small(c.key_lengths[keys, :width]),
+            chunk_ndim=narrowest_ints(ndim),
+            key_chunk=narrowest_ints(chunk_local[len(parts) :]),
+            key_offsets=narrowest_ints(c.key_offsets[keys, :width]),
+            key_lengths=narrowest_ints(c.key_lengths[keys, :width]),
             parts=_columns(
                 self.part_round[parts],
                 chunk_local[: len(parts)],
@@ -661,10 +662,10 @@ def _ints(values: list[int]) -> Ints:
 
 
 def _columns(*values: Ints) -> tuple[Ints, ...]:
-    return tuple(_small(np.asarray(v, dtype=np.int64).reshape(-1)) for v in values)
+    return tuple(narrowest_ints(np.asarray(v, dtype=np.int64).reshape(-1)) for v in values)
 
 
-def _small(values: Ints) -> Ints:
+def narrowest_ints(values: Ints) -> Ints:
     """``values`` in the narrowest signed integer type that holds them (smaller pickles)."""
     if not values.size:
         return values.astype(np.int8)
@@ -763,9 +764,7 @@ def columns_of_plans(
     )
 
 
-def _key_table(
-    raw_keys: Sequence[tuple[int, Sequence[int], Sequence[int]]], chunks: int
-) -> dict[str, Ints]:
+def _key_table(raw_keys: Sequence[RawKey], chunks: int) -> dict[str, Ints]:
     """Each key's chunk, offsets and lengths as arrays (rows zero-padded to the widest
     chunk), and each chunk's dimensions: the ``key_*`` and ``chunk_ndim`` columns."""
     count = len(raw_keys)
@@ -773,21 +772,12 @@ def _key_table(
     key_ndim = np.fromiter((len(k[2]) for k in raw_keys), dtype=np.int64, count=count)
     chunk_ndim = np.zeros(chunks, np.int64)
     chunk_ndim[key_chunk] = key_ndim
-    width = int(key_ndim.max(initial=0))
-    offsets = np.zeros((count, width), np.int64)
-    lengths = np.zeros((count, width), np.int64)
-    for ndim in np.unique(key_ndim).tolist():
-        if not ndim:
-            continue
-        rows = np.flatnonzero(key_ndim == ndim)
-        picked = [raw_keys[i] for i in rows.tolist()]
-        offsets[rows, :ndim] = np.asarray([k[1] for k in picked], dtype=np.int64)
-        lengths[rows, :ndim] = np.asarray([k[2] for k in picked], dtype=np.int64)
+    table = KeyTable.of(raw_keys, chunk_ndim)
     return {
-        "key_chunk": key_chunk,
-        "key_offsets": offsets,
-        "key_lengths": lengths,
-        "chunk_ndim": chunk_ndim,
+        "key_chunk": table.key_chunk,
+        "key_offsets": table.key_offsets,
+        "key_lengths": table.key_lengths,
+        "chunk_ndim": table.chunk_ndim,
     }
 
 
