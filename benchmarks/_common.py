@@ -8,7 +8,7 @@ import os
 import platform
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,23 +150,24 @@ def _ranges(directory: Path, part: int, parts: int, chunk: int) -> Iterator[tupl
         position += size
 
 
-def pread_seconds(
-    directory: Path, destination: torch.Tensor, *, part: int, parts: int, threads: int
+def _timed_chunks(
+    directory: Path,
+    *,
+    part: int,
+    parts: int,
+    threads: int,
+    move: Callable[[int, int, int, int], None],
 ) -> tuple[float, int]:
-    """Read part ``part`` of ``parts`` of the files into ``destination`` with ``threads``
-    threads of 8 MiB ``preadv`` calls: the machine's positional-read limit.
-
-    Returns:
-        Seconds and bytes read.
-    """
+    """Seconds ``threads`` threads take to ``move(fd, offset, length, at)`` every 8 MiB
+    chunk of part ``part`` of ``parts`` of the files (``at``: the chunk's place in the
+    destination), and the bytes moved."""
     chunks = list(_ranges(directory, part, parts, 8 * 2**20))
-    view = memoryview(destination.numpy()).cast("B")
     fds = {path: os.open(path, os.O_RDONLY) for path in {path for path, _, _ in chunks}}
     lock = threading.Lock()
     position = [0]
     work = iter(chunks)
 
-    def reader() -> None:
+    def worker() -> None:
         while True:
             with lock:
                 item = next(work, None)
@@ -176,10 +177,10 @@ def pread_seconds(
             if item is None:
                 return
             path, offset, length = item
-            os.preadv(fds[path], [view[at : at + length]], offset)
+            move(fds[path], offset, length, at)
 
     begin = time.perf_counter()
-    pool = [threading.Thread(target=reader) for _ in range(threads)]
+    pool = [threading.Thread(target=worker) for _ in range(threads)]
     for thread in pool:
         thread.start()
     for thread in pool:
@@ -188,6 +189,23 @@ def pread_seconds(
     for fd in fds.values():
         os.close(fd)
     return seconds, sum(length for _, _, length in chunks)
+
+
+def pread_seconds(
+    directory: Path, destination: torch.Tensor, *, part: int, parts: int, threads: int
+) -> tuple[float, int]:
+    """Read part ``part`` of ``parts`` of the files into ``destination`` with ``threads``
+    threads of 8 MiB ``preadv`` calls: the machine's positional-read limit.
+
+    Returns:
+        Seconds and bytes read.
+    """
+    view = memoryview(destination.numpy()).cast("B")
+
+    def read(fd: int, offset: int, length: int, at: int) -> None:
+        os.preadv(fd, [view[at : at + length]], offset)
+
+    return _timed_chunks(directory, part=part, parts=parts, threads=threads, move=read)
 
 
 def map_copy_seconds(
@@ -205,40 +223,17 @@ def map_copy_seconds(
 
     from hyperckpt._storage.libc import LIBC as libc
 
-    chunks = list(_ranges(directory, part, parts, 8 * 2**20))
-    fds = {path: os.open(path, os.O_RDONLY) for path in {path for path, _, _ in chunks}}
-    lock = threading.Lock()
-    position = [0]
-    work = iter(chunks)
     base = destination.data_ptr()
     flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0x8000)
 
-    def copier() -> None:
-        while True:
-            with lock:
-                item = next(work, None)
-                at = position[0]
-                if item is not None:
-                    position[0] += item[2]
-            if item is None:
-                return
-            path, offset, length = item
-            start = offset - offset % mmap.PAGESIZE
-            size = offset + length - start
-            address = libc.mmap(None, size, mmap.PROT_READ, flags, fds[path], start)
-            libc.memcpy(base + at, address + offset - start, length)
-            libc.munmap(address, size)
+    def copy(fd: int, offset: int, length: int, at: int) -> None:
+        start = offset - offset % mmap.PAGESIZE
+        size = offset + length - start
+        address = libc.mmap(None, size, mmap.PROT_READ, flags, fd, start)
+        libc.memcpy(base + at, address + offset - start, length)
+        libc.munmap(address, size)
 
-    begin = time.perf_counter()
-    pool = [threading.Thread(target=copier) for _ in range(threads)]
-    for thread in pool:
-        thread.start()
-    for thread in pool:
-        thread.join()
-    seconds = time.perf_counter() - begin
-    for fd in fds.values():
-        os.close(fd)
-    return seconds, sum(length for _, _, length in chunks)
+    return _timed_chunks(directory, part=part, parts=parts, threads=threads, move=copy)
 
 
 def machine() -> dict[str, object]:
