@@ -360,7 +360,8 @@ class S3Storage:
             return S3File(self, name, self.stamp(name))
         with self._ahead_lock:
             ahead = self._ahead.pop((name, prefetch), None)
-            self._taken.add((name, prefetch))
+            if self._ahead_pool is not None:  # opens ahead may still name it
+                self._taken.add((name, prefetch))
         if ahead is not None:
             return ahead.result()  # opened ahead (or its error, raised here)
         return self._open_fetching(name, prefetch)
