@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from hyperckpt._layout.directory import huggingface_layout
 from hyperckpt._load.readers import to_metadata
 from hyperckpt._read import engine as engine_module
 from hyperckpt._read import pagecache
+from hyperckpt._read.calibrate import CALIBRATION
 from hyperckpt._read.columns import Runs, Strategy, choose, choose_run
 from hyperckpt._read.engine import CHUNK_BYTES, MAX_GAP, STAGE_BLOCK, ReadEngine
 from hyperckpt._read.stats import LoadStats
@@ -46,6 +48,16 @@ _ITEMS = {
     "converted whole": ("cols", (0, 0), (257, 129), torch.float64),
     "converted columns": ("whole", (0, 8), (300, 100), torch.float32),
 }
+
+
+@pytest.fixture(autouse=True)
+def _fitted_map_costs() -> Iterator[None]:
+    """The rule with its fitted constants: what a map costs on this host now is measured
+    in ``test_calibrate.py``; here the rule's choices are the subject."""
+    CALIBRATION.pin("strided", 1.0)
+    CALIBRATION.pin("run", 1.0)
+    yield
+    CALIBRATION.forget()
 
 
 def _write(root: Path) -> dict[str, torch.Tensor]:
