@@ -7,23 +7,27 @@ virtual machine whose memory the host balloons), and a rule that still chose the
 to ``preadv`` by 2x.  So before a load copies anything from a map, :func:`calibrate` times
 the two ways on the load's own bytes, each kind of request the rule wants to map once:
 
-* a column slice (``"strided"``): up to :data:`ROUNDS` blocks of the largest request the
-  rule maps, each spanning at most :data:`PROBE_SPAN` bytes of file, copied from the load's map
-  and read with the strategy the rule would take without a map (scatter, runs or staged);
-* a one-run request (``"run"``): up to :data:`ROUNDS` parts of :data:`PROBE_SPAN` bytes of
-  the longest run the rule maps, copied from the map and read with one ``preadv``.
+* a column slice (``"strided"``): blocks of the largest request the rule maps, each spanning
+  at most :data:`PROBE_SPAN` bytes of file (as the load's own jobs do), copied from the
+  load's map and read with the strategy the rule would take without a map (scatter, runs or
+  staged);
+* a one-run request (``"run"``): parts of :data:`PROBE_SPAN` bytes of the longest run the
+  rule maps, copied from the map and read with ``preadv``.
 
-Each round uses fresh pages of the file (a page mapped once costs no fault again, and the
-faults are the part that moved); the two ways alternate which goes first.  Both write into
-the request's own destination (pre-faulted, as a model's parameters are; a fresh buffer
-would cost a page fault per page, more than the copies): the load's own jobs write the
-same bytes there again.  Time is the calling thread's CPU
-time, which other processes on a busy host inflate far less than wall time.  The measured
-ratio (map over ``preadv``) divided by the ratio the fitted constants predict for the same
-blocks is the map's scale (:attr:`Costs.map_scale`, :attr:`Costs.run_map_scale`), bounded to
+Each of up to :data:`ROUNDS` rounds maps one block and reads the next (fresh pages of the
+file for each way: a page mapped once costs no fault again, the faults are the part that
+moved, and neither way finds the other's bytes in the core's cache); the two ways
+alternate which goes first, and the probe
+stops after the first round whose ratio is far from the rule's threshold (:data:`CLEAR`).
+Both write into the request's own destination (pre-faulted, as a model's parameters are; a
+fresh buffer would cost a page fault per page, more than the copies): the load's own jobs
+write the same bytes there again.  Time is the calling thread's CPU time, which other
+processes on a busy host inflate far less than wall time.  The measured ratio (map over
+``preadv``) divided by the ratio the fitted constants predict for the same blocks is the
+map's scale (:attr:`Costs.map_scale`, :attr:`Costs.run_map_scale`), bounded to
 [:data:`LOWEST`, :data:`HIGHEST`]; the load is then planned again with it.  The probe counts
-nothing in the load's statistics and costs a few milliseconds (at most
-``2 * ROUNDS * PROBE_SPAN`` bytes copied per kind).
+nothing in the load's statistics; it costs 2-6 ms of CPU on the development VM (at most
+``2 * ROUNDS * PROBE_SPAN`` bytes of file per kind), the second planning 1-2 ms more.
 
 A scale is kept for the process (:data:`CALIBRATION`) for :data:`LIFETIME` seconds, so a
 process loading many times probes once every few minutes.  Ranks of one host probe each
@@ -39,7 +43,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Literal
+from typing import Literal, NamedTuple, TypeVar
 
 from torch.distributed.checkpoint.planner import ReadItem
 
@@ -62,6 +66,7 @@ from hyperckpt._read.routes import Budget, Routes
 
 __all__ = [
     "CALIBRATION",
+    "CLEAR",
     "HIGHEST",
     "LEAST",
     "LIFETIME",
@@ -70,6 +75,7 @@ __all__ = [
     "ROUNDS",
     "Calibration",
     "Kind",
+    "Round",
     "calibrate",
 ]
 
@@ -77,6 +83,8 @@ __all__ = [
 PROBE_SPAN = CHUNK_BYTES
 #: Rounds of a probe, each on fresh pages.
 ROUNDS = 2
+#: How far a round's ratio must be from the rule's threshold for the probe to stop there.
+CLEAR = 1.4
 #: Fewest bytes a request must deliver to be probed: below it, the calls around the copies
 #: outweigh them and the ratio says little (the load keeps the fitted constants).
 LEAST = 256 * 2**10
@@ -89,6 +97,18 @@ LOWEST, HIGHEST = 1 / 16, 16.0
 Kind = Literal["strided", "run"]
 #: Does one job on the calling thread, counting nothing in the load's statistics.
 Do = Callable[[Job], None]
+
+
+class Round(NamedTuple):
+    """One round of a probe: the jobs of each way, and the bytes each delivers."""
+
+    mapped: list[Job]
+    read: list[Job]
+    mapped_bytes: int
+    read_bytes: int
+
+
+_Part = TypeVar("_Part")
 
 
 class Calibration:
@@ -223,13 +243,13 @@ def _largest_mapped_run(
 
 
 def _probe_strided(request: Request, budget: Budget, ranks: int, scratch: int, do: Do) -> float:
-    """The strided scale from up to :data:`ROUNDS` blocks of ``request``."""
+    """The strided scale from up to ``2 * ROUNDS`` blocks of ``request``."""
     probes = []
     for offsets, lengths in blocks_within(request.box, PROBE_SPAN):
         target = narrow(request.target, offsets, lengths)
         if target.is_contiguous():
             probes.append(replace(request, box=request.box.sub(offsets, lengths), target=target))
-        if len(probes) == ROUNDS:
+        if len(probes) == 2 * ROUNDS:
             break
     first = probes[0].box
     other = strided_strategy(first, budget, None, ranks, False)
@@ -243,11 +263,13 @@ def _probe_strided(request: Request, budget: Budget, ranks: int, scratch: int, d
         map_part=CHUNK_BYTES,
     )
     rounds = [
-        (
-            _jobs(_only(strided=[probe]), budget, scratch, Strategy.MAP, ranks),
-            _jobs(_only(strided=[probe]), budget, scratch, other, ranks),
+        Round(
+            _jobs(_only(strided=[mapped]), budget, scratch, Strategy.MAP, ranks),
+            _jobs(_only(strided=[read]), budget, scratch, other, ranks),
+            mapped.box.nbytes,
+            read.box.nbytes,
         )
-        for probe in probes
+        for mapped, read in _pairs(probes)
     ]
     return _scale(_time(rounds, do), model[Strategy.MAP] / model[other])
 
@@ -255,24 +277,35 @@ def _probe_strided(request: Request, budget: Budget, ranks: int, scratch: int, d
 def _probe_run(
     extent: tuple[str, int, int, int, ReadItem], budget: Budget, ranks: int, scratch: int, do: Do
 ) -> float:
-    """The one-run scale from up to :data:`ROUNDS` parts of the run ``extent`` (file,
+    """The one-run scale from up to ``2 * ROUNDS`` parts of the run ``extent`` (file,
     offset, length, destination address, read item)."""
     name, offset, length, address, item = extent
     size = min(length, PROBE_SPAN)
-    rounds = []
-    for index in range(min(ROUNDS, max(1, length // size))):
+    parts = []
+    for index in range(min(2 * ROUNDS, max(1, length // size))):
         at, into = offset + index * size, address + index * size
-        routes = _only(direct={name: [(at, size, into)]}, owners={name: [(into, size, item)]})
-        rounds.append(
-            (
-                _jobs(routes, budget, scratch, Strategy.MAP, ranks),
-                _jobs(routes, budget, scratch, None, ranks),
-            )
+        parts.append(_only(direct={name: [(at, size, into)]}, owners={name: [(into, size, item)]}))
+    rounds = [
+        Round(
+            _jobs(mapped, budget, scratch, Strategy.MAP, ranks),
+            _jobs(read, budget, scratch, None, ranks),
+            size,
+            size,
         )
-    read, mapped = _run_estimates(
+        for mapped, read in _pairs(parts)
+    ]
+    read_cost, map_cost = _run_estimates(
         size, ranks=ranks, chunk=CHUNK_BYTES, map_part=CHUNK_BYTES, threads=1
     )
-    return _scale(_time(rounds, do), mapped / read)
+    return _scale(_time(rounds, do), map_cost / read_cost)
+
+
+def _pairs(parts: Sequence[_Part]) -> list[tuple[_Part, _Part]]:
+    """Each round's part to map and part to read: different parts where there are enough
+    (no way finds the other's bytes in the core's cache), else the same."""
+    if len(parts) == 1:
+        return [(parts[0], parts[0])]
+    return [(parts[index], parts[index + 1]) for index in range(0, len(parts) - 1, 2)]
 
 
 def _only(
@@ -311,18 +344,28 @@ def _never(name: str, offset: int, length: int) -> bool:
     return False
 
 
-def _time(rounds: Sequence[tuple[list[Job], list[Job]]], do: Do) -> float:
-    """Thread CPU time of the map's jobs over that of the others, summed over the rounds;
-    the two ways alternate which goes first."""
+def _time(rounds: Sequence[Round], do: Do) -> float:
+    """Thread CPU time per byte of the map's jobs over that of the others, summed over the
+    rounds; the two ways alternate which goes first.  Stops after a round whose running
+    ratio is clear by :data:`CLEAR` either way of the rule's margin (the probed block would
+    go the same way however the next rounds came out, within that much noise)."""
     spent = [0, 0]
-    for index, ways in enumerate(rounds):
+    done = [0, 0]
+    margin = DEFAULT_COSTS.map_margin
+    ratio = 1.0
+    for index, probe in enumerate(rounds):
         order = (0, 1) if index % 2 == 0 else (1, 0)
         for way in order:
             begin = time.thread_time_ns()
-            for job in ways[way]:
+            for job in probe.mapped if way == 0 else probe.read:
                 do(job)
             spent[way] += time.thread_time_ns() - begin
-    return spent[0] / max(1, spent[1])
+        done[0] += probe.mapped_bytes
+        done[1] += probe.read_bytes
+        ratio = (spent[0] / max(1, done[0])) / max(1e-12, spent[1] / max(1, done[1]))
+        if ratio * margin * CLEAR < 1 or ratio * margin > CLEAR:
+            break
+    return ratio
 
 
 def _scale(measured: float, model: float) -> float:

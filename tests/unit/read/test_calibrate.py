@@ -17,7 +17,15 @@ from hyperckpt import ReadOptions
 from hyperckpt._layout.directory import huggingface_layout
 from hyperckpt._load.readers import to_metadata
 from hyperckpt._read import calibrate
-from hyperckpt._read.calibrate import CALIBRATION, HIGHEST, LIFETIME, LOWEST, Calibration, Kind
+from hyperckpt._read.calibrate import (
+    CALIBRATION,
+    HIGHEST,
+    LIFETIME,
+    LOWEST,
+    Calibration,
+    Kind,
+    Round,
+)
 from hyperckpt._read.columns import (
     DEFAULT_COSTS,
     Costs,
@@ -121,8 +129,9 @@ def test_the_probe_decides_counts_nothing_and_lets_go_of_files_it_will_not_map(
     values = _write(tmp_path)
     timed: list[int] = []
 
-    def measured(rounds: Sequence[tuple[list[Job], list[Job]]], do: Callable[[Job], None]) -> float:
-        assert all(mapped and read for mapped, read in rounds)
+    def measured(rounds: Sequence[Round], do: Callable[[Job], None]) -> float:
+        assert all(probe.mapped and probe.read for probe in rounds)
+        assert all(probe.mapped_bytes == probe.read_bytes > 0 for probe in rounds)
         timed.append(len(rounds))
         calibrate_time(rounds, do)  # the probe's copies run, their timing is replaced
         return ratio
