@@ -304,10 +304,15 @@ _VICTIM = """
 import sys, time
 from pathlib import Path
 import hyperckpt._read.jobs as jobs
+from hyperckpt._read.calibrate import CALIBRATION
 from hyperckpt._read.mapped import MappedFiles
 from hyperckpt.errors import CheckpointChangedError
 sys.path.insert(0, {tests!r})
 from test_mapped import _load
+
+if {pinned!r}:  # the load's own map copies; else the first is the calibration probe's
+    CALIBRATION.pin("strided", 1.0)
+    CALIBRATION.pin("run", 1.0)
 
 jobs.CHUNK_BYTES = 2**18
 done = MappedFiles._done
@@ -339,13 +344,14 @@ _CHANGES = {
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("pinned", [True, False], ids=["load's copy", "probe's copy"])
 @pytest.mark.parametrize("change", sorted(_CHANGES))
 def test_a_file_changed_by_another_process_during_a_mapped_read_raises_not_sigbus(
-    tmp_path: Path, change: str
+    tmp_path: Path, change: str, pinned: bool
 ) -> None:
     _write(tmp_path)
     tests = str(Path(__file__).parent)
-    script = _VICTIM.format(tests=tests, root=str(tmp_path))
+    script = _VICTIM.format(tests=tests, root=str(tmp_path), pinned=pinned)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), tests])}
     victim = subprocess.Popen(
         [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
