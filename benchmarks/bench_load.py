@@ -29,6 +29,7 @@ import json
 import logging
 import math
 import os
+import resource
 import shlex
 import statistics
 import sys
@@ -60,6 +61,7 @@ import hyperckpt
 from hyperckpt._dist import spawn as _spawn
 from hyperckpt._load import readers as _readers
 from hyperckpt._load.readers import HuggingFaceStorageReader
+from hyperckpt._read.calibrate import CALIBRATION
 from hyperckpt._read.engine import ReadEngine
 
 logger = logging.getLogger("bench_load")
@@ -251,6 +253,7 @@ def _rank(
                             drop_cache(directory)
                     before = proc_io()
                     dist.barrier()
+                    cpu = _cpu_seconds()
                     begin = time.perf_counter()
                     stats = None
                     if reader == "hyperckpt":
@@ -308,6 +311,7 @@ def _rank(
                         pread_seconds(
                             directory, limit_buffer, part=rank, parts=world, threads=threads
                         )
+                    cpu = _cpu_seconds() - cpu  # before the barrier: this rank's own work
                     dist.barrier()
                     seconds = time.perf_counter() - begin
                     after = proc_io()
@@ -316,7 +320,8 @@ def _rank(
                     moved = {key: after[key] - before[key] for key in ("rchar", "read_bytes")}
                     gathered: list[object] = [None] * world
                     engine = None if stats is None else (stats.bytes_read, stats.mapped_bytes)
-                    dist.all_gather_object(gathered, (moved, engine))
+                    scales = (CALIBRATION.scale("strided"), CALIBRATION.scale("run"))
+                    dist.all_gather_object(gathered, (moved, engine, cpu, scales))
                     rows.append(
                         {
                             "ranks": world,
@@ -331,10 +336,18 @@ def _rank(
                             "read_bytes": [g[0]["read_bytes"] for g in gathered],  # type: ignore[index]
                             "engine_bytes": [g[1] and g[1][0] for g in gathered],  # type: ignore[index]
                             "mapped_bytes": [g[1] and g[1][1] for g in gathered],  # type: ignore[index]
+                            "cpu_seconds": [g[2] for g in gathered],  # type: ignore[index]
+                            "map_scales": [g[3] for g in gathered],  # type: ignore[index]
                         }
                     )
         del state
     return rows if rank == 0 else []
+
+
+def _cpu_seconds() -> float:
+    """User and system CPU seconds of this process, all its threads."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _summary(rows: list[dict[str, object]]) -> list[dict[str, object]]:

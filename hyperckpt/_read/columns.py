@@ -19,10 +19,19 @@ of the host, which read at the same time and share its memory bandwidth; calls a
 they cost each rank its own core.  The outcome without a map: runs of a few hundred bytes
 or less in short rows favour ``STAGE`` (one copy beats two ``iovec`` entries a row), wide
 runs far apart ``RUNS`` (no over-read, few calls), the rest ``SCATTER``.  Where a map is
-possible it wins every shape measured on the development VM (the kernel's copy into user
-memory is dearer per byte than a user copy from mapped pages, and a map needs no call per
-run), by 1.3x for whole tensors and 3x to 40x for column slices.  The rule is pure: the
-engine asks it once per request.
+possible it won every shape measured on the development VM when the constants were fitted
+(the kernel's copy into user memory was dearer per byte than a user copy from mapped pages,
+and a map needs no call per run), by 1.3x for whole tensors and 3x to 40x for column slices.
+
+What a map costs is not a constant of the machine: on the same VM, an hour apart, copies
+from fresh maps went from 1.2x to 1.7-2x the CPU time of ``preadv`` per byte (page faults
+on a virtual machine whose memory the host balloons).  So the map's estimate is scaled by
+a factor measured at run time (:mod:`hyperckpt._read.calibrate`: one mapped and one
+``preadv`` copy of a part of the load's own first mapped request, once per process and
+kind of request, renewed after a few minutes): :attr:`Costs.map_scale` for column slices,
+:attr:`Costs.run_map_scale` for one-run requests.  And a map must win by a margin
+(:attr:`Costs.map_margin`) so that a near tie, where the probe's noise could decide, stays
+on ``preadv``.  The rule is pure: the engine asks it once per request.
 """
 
 from __future__ import annotations
@@ -32,7 +41,16 @@ import math
 import mmap
 from dataclasses import dataclass, replace
 
-__all__ = ["DEFAULT_COSTS", "Costs", "Runs", "Strategy", "choose", "choose_run", "estimate"]
+__all__ = [
+    "DEFAULT_COSTS",
+    "Costs",
+    "Runs",
+    "Strategy",
+    "choose",
+    "choose_run",
+    "estimate",
+    "run_estimates",
+]
 
 
 _PAGE = mmap.PAGESIZE
@@ -104,6 +122,15 @@ class Costs:
         rank_share: How much dearer every byte gets per further rank of the host reading
             at the same time (they share its memory bandwidth; calls cost each rank its own
             core).  An assumption, not fitted: the benchmark runs one process.
+        map_scale: What a strided ``MAP`` copy costs on this host now against the constants
+            above (measured ratio of a map copy to the rule's ``preadv`` strategy for the
+            same block, divided by the ratio the constants predict); multiplies the whole
+            ``MAP`` estimate of a column slice.  1.0: the fitted constants.
+        run_map_scale: The same for one-run requests (a map copy against ``preadv`` in
+            place).
+        map_margin: ``MAP`` is chosen only when its estimate times this is below every other
+            strategy's: near ties stay on ``preadv`` (the calibration is a few milliseconds
+            of measurement, on a machine shared with other work).
     """
 
     call: float = 2000.0
@@ -119,6 +146,17 @@ class Costs:
     map_call: float = 20000.0
     map_threads: float = 8.0
     rank_share: float = 0.1
+    map_scale: float = 1.0
+    run_map_scale: float = 1.0
+    map_margin: float = 1.15
+
+    def calibrated(self, *, strided: float | None, run: float | None) -> Costs:
+        """These constants with the map's measured scales (``None`` keeps a scale)."""
+        return replace(
+            self,
+            map_scale=self.map_scale if strided is None else strided,
+            run_map_scale=self.run_map_scale if run is None else run,
+        )
 
 
 #: The constants measured on the development VM (see :class:`Costs`).
@@ -143,7 +181,8 @@ def estimate(
     * ``STAGE``: one call per block of whole rows, the span staged, the needed bytes
       copied row by row; feasible while one row's span fits ``block``;
     * ``MAP``: one map per ``map_part`` bytes of span, every page of the span mapped, the
-      needed bytes copied run by run; feasible when ``map_part`` is given.
+      needed bytes copied run by run, all times :attr:`Costs.map_scale`; feasible when
+      ``map_part`` is given.
 
     Args:
         runs: The sub-box's shape in the file.
@@ -176,7 +215,9 @@ def estimate(
             + runs.count * costs.copy_row
         )
     if map_part is not None:
-        result[Strategy.MAP] = _mapped(runs.span, runs.needed, runs.count, map_part, weight, costs)
+        result[Strategy.MAP] = costs.map_scale * _mapped(
+            runs.span, runs.needed, runs.count, map_part, weight, costs
+        )
     return result
 
 
@@ -200,7 +241,8 @@ def choose(
     map_part: int | None = None,
     costs: Costs = DEFAULT_COSTS,
 ) -> Strategy:
-    """The cheapest strategy by :func:`estimate`; ties go to the one reading fewer bytes.
+    """The cheapest strategy by :func:`estimate`, ``MAP`` only when it wins by
+    :attr:`Costs.map_margin`; ties go to the one reading fewer bytes.
 
     Args:
         runs: The sub-box's shape in the file.
@@ -219,8 +261,41 @@ def choose(
         map_part=map_part,
         costs=costs,
     )
-    order = (Strategy.MAP, Strategy.RUNS, Strategy.SCATTER, Strategy.STAGE)
-    return min(order, key=lambda strategy: estimates.get(strategy, math.inf))
+    order = (Strategy.RUNS, Strategy.SCATTER, Strategy.STAGE)
+    best = min(order, key=lambda strategy: estimates.get(strategy, math.inf))
+    mapped = estimates.get(Strategy.MAP, math.inf) * costs.map_margin
+    return Strategy.MAP if mapped <= estimates[best] else best
+
+
+def run_estimates(
+    length: int,
+    *,
+    ranks: int,
+    chunk: int,
+    map_part: int,
+    threads: int = 1,
+    costs: Costs = DEFAULT_COSTS,
+) -> tuple[float, float]:
+    """The estimated costs, in nanoseconds, of reading one run of ``length`` bytes with
+    ``preadv`` in place (one call per ``chunk`` bytes) and of copying it from a map (one map
+    per ``map_part`` bytes, every page dearer with each further copying thread, all times
+    :attr:`Costs.run_map_scale`).
+
+    Args:
+        length: Bytes of the run.
+        ranks: Ranks of this host reading at the same time.
+        chunk: Most bytes one ``preadv`` reads.
+        map_part: Most bytes one ``MAP`` copy maps.
+        threads: Threads copying on the host at the same time.
+
+    Returns:
+        ``(preadv, map)``.
+    """
+    weight = 1.0 + costs.rank_share * max(0, ranks - 1)
+    read = math.ceil(length / max(1, chunk)) * costs.call + length * costs.placed_byte * weight
+    shared = costs.mapped_page * (1.0 + costs.map_threads * max(0, threads - 1))
+    mapped = _mapped(length, length, 1, map_part, weight, replace(costs, mapped_page=shared))
+    return read, mapped * costs.run_map_scale
 
 
 def choose_run(
@@ -234,7 +309,8 @@ def choose_run(
 ) -> Strategy:
     """How to read one run of ``length`` bytes into a contiguous destination: ``RUNS``
     (``preadv`` in place, one call per ``chunk`` bytes) or ``MAP`` (one map per
-    ``map_part`` bytes, when given), whichever costs less; ties go to ``preadv``.
+    ``map_part`` bytes, when given), ``MAP`` only when it costs less by
+    :attr:`Costs.map_margin` (see :func:`run_estimates`).
 
     Args:
         length: Bytes of the run.
@@ -246,8 +322,7 @@ def choose_run(
     """
     if map_part is None:
         return Strategy.RUNS
-    weight = 1.0 + costs.rank_share * max(0, ranks - 1)
-    read = math.ceil(length / max(1, chunk)) * costs.call + length * costs.placed_byte * weight
-    shared = costs.mapped_page * (1.0 + costs.map_threads * max(0, threads - 1))
-    mapped = _mapped(length, length, 1, map_part, weight, replace(costs, mapped_page=shared))
-    return Strategy.MAP if mapped < read else Strategy.RUNS
+    read, mapped = run_estimates(
+        length, ranks=ranks, chunk=chunk, map_part=map_part, threads=threads, costs=costs
+    )
+    return Strategy.MAP if mapped * costs.map_margin < read else Strategy.RUNS

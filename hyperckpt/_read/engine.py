@@ -55,8 +55,9 @@ from typing import Protocol
 import torch
 from torch.distributed.checkpoint.planner import LoadPlanner, ReadItem
 
+from hyperckpt._read.calibrate import CALIBRATION, calibrate
 from hyperckpt._read.cold import COLD_THRESHOLD, COLD_WINDOW, ColdWindows, find_cold
-from hyperckpt._read.columns import Strategy
+from hyperckpt._read.columns import DEFAULT_COSTS, Costs, Strategy
 from hyperckpt._read.copies import RunsInto, fill, through_host
 from hyperckpt._read.device import DeviceRing
 from hyperckpt._read.jobs import (
@@ -273,7 +274,7 @@ class _Load:
 
             needed = sum(request.box.nbytes for request in requests)
 
-            def plan(mappable: Mappable) -> list[Job]:
+            def plan(mappable: Mappable, costs: Costs = DEFAULT_COSTS) -> list[Job]:
                 return make_jobs(
                     routes,
                     budget,
@@ -284,18 +285,46 @@ class _Load:
                     mappable=mappable,
                     over_read=REMOTE_OVER_READ if remote else None,
                     chunk=get_size(needed, budget.threads) if remote else None,
+                    costs=costs,
                 )
 
             if engine.memory_map and cold is not None:
                 # The rule first assumes every resident range may be mapped; only the files
                 # it chose a map for are leased (a lease makes writers wait), and where a
-                # lease is refused the jobs are planned again without it.
-                jobs = plan(cold.resident)
-                wanted = {job.name for job in jobs if isinstance(job, MappedRun | MappedPart)}
+                # lease is refused the jobs are planned again without it.  When the map's
+                # cost on this host now is not known, it is measured on the leased files
+                # first, and the jobs planned again with it (files no longer mapped lose
+                # their lease).
+                rule = engine.column_strategy is None
+                costs = CALIBRATION.costs() if rule else DEFAULT_COSTS
+                jobs = plan(cold.resident, costs)
+                wanted = _mapped_names(jobs)
                 sizes = {name: file.size for name, file in files.items()}
                 mapped = MappedFiles(fds, _leases(wanted, files), sizes)
-                if len(mapped) < len(wanted):
-                    jobs = plan(_mappable(mapped, cold))
+                again = len(mapped) < len(wanted)
+                if rule and len(mapped):
+                    probe = _Delivery(
+                        FileReads(fds, None),
+                        Staging(budget.host_block),
+                        budget.host_block,
+                        None,
+                        mapped.apart(),
+                        None,
+                    )
+                    measured = calibrate(
+                        routes,
+                        budget,
+                        costs=costs,
+                        mappable=_mappable(mapped, cold),
+                        ranks=engine.local_ranks,
+                        scratch=address,
+                        do=probe.do,
+                    )
+                    if measured is not None:
+                        costs, again = measured, True
+                if again:
+                    jobs = plan(_mappable(mapped, cold), costs)
+                    mapped.keep(_mapped_names(jobs))
             else:
                 jobs = plan(lambda name, offset, length: False)
             if routes.device:
@@ -329,6 +358,11 @@ class _Load:
             cold_bytes=cold.cold_bytes if cold is not None else 0,
             mapped_bytes=mapped.bytes_copied if mapped is not None else 0,
         )
+
+
+def _mapped_names(jobs: Sequence[Job]) -> set[str]:
+    """The files some job copies from a map."""
+    return {job.name for job in jobs if isinstance(job, MappedRun | MappedPart)}
 
 
 def _leases(wanted: set[str], files: Mapping[str, StorageFile]) -> dict[str, ReadLease]:

@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.planner import ReadItem
 from hyperckpt._read import sysio as _sysio
 from hyperckpt._read.boxes import Box, narrow
 from hyperckpt._read.coalesce import coalesce
-from hyperckpt._read.columns import Runs, Strategy, choose, choose_run
+from hyperckpt._read.columns import DEFAULT_COSTS, Costs, Runs, Strategy, choose, choose_run
 from hyperckpt._read.requests import Request
 from hyperckpt._read.routes import Budget, Routes
 
@@ -35,7 +35,11 @@ __all__ = [
     "RunsRead",
     "ScatterRead",
     "StagedPart",
+    "blocks_within",
     "make_jobs",
+    "per_job",
+    "strided_runs",
+    "strided_strategy",
 ]
 
 #: Largest single read; longer ranges are split so that several threads share them.
@@ -199,6 +203,7 @@ def make_jobs(
     mappable: Mappable = _never,
     over_read: float | None = None,
     chunk: int | None = None,
+    costs: Costs = DEFAULT_COSTS,
 ) -> list[Job]:
     """The jobs that read every routed request, ordered by file and offset.
 
@@ -218,6 +223,7 @@ def make_jobs(
             ranges (objects in a store: 0.1); ``None``: the gap rule alone.
         chunk: Most bytes one read of a file that is not mostly cold spans (objects in a
             store: larger, a request costs a round trip); ``None``: :data:`CHUNK_BYTES`.
+        costs: The cost rule's constants (with the map's calibrated scales).
     """
     jobs: list[Job] = []
     for name, extents in routes.direct.items():
@@ -233,6 +239,7 @@ def make_jobs(
                 chunk=CHUNK_BYTES,
                 map_part=part,
                 threads=budget.threads * max(1, ranks),
+                costs=costs,
             )
             if usable and (strategy is Strategy.MAP or chosen is Strategy.MAP):
                 jobs.extend(_mapped_runs(name, offset, length, address, owner[2]))
@@ -255,7 +262,7 @@ def make_jobs(
     for request in routes.strided:
         offset, length = request.box.span()
         usable = mappable(request.name, offset, length)
-        chosen = _strategy(request.box, budget, strategy, ranks, usable)
+        chosen = strided_strategy(request.box, budget, strategy, ranks, usable, costs)
         if chosen is Strategy.MAP:
             jobs.extend(_mapped_parts(request))
         elif chosen is Strategy.STAGE:
@@ -304,7 +311,7 @@ def _mapped_parts(request: Request) -> list[Job]:
     """A strided request copied from a map in blocks whose spans fit :data:`CHUNK_BYTES`."""
     box, target = request.box, request.target
     jobs: list[Job] = []
-    for offsets, lengths in _blocks(box, CHUNK_BYTES):
+    for offsets, lengths in blocks_within(box, CHUNK_BYTES):
         part = box.sub(offsets, lengths)
         destination = narrow(target, offsets, lengths)
         parts = [(request.item, part.nbytes)]
@@ -312,34 +319,45 @@ def _mapped_parts(request: Request) -> list[Job]:
     return jobs
 
 
-def _strategy(
-    box: Box, budget: Budget, forced: Strategy | None, ranks: int, mappable: bool
+def strided_strategy(
+    box: Box,
+    budget: Budget,
+    forced: Strategy | None,
+    ranks: int,
+    mappable: bool,
+    costs: Costs = DEFAULT_COSTS,
 ) -> Strategy:
     """How to read a strided ``box`` into a contiguous destination of its dtype: the
     ``forced`` strategy where feasible, else the cost rule's choice (``MAP`` only where
     ``mappable``)."""
-    starts, run = box.run_starts()
-    gaps = starts[1:] - starts[:-1] - run
-    runs = Runs(
-        count=starts.numel(),
-        run=run,
-        span=int(starts[-1] - starts[0]) + run,
-        max_gap=int(gaps.max()) if gaps.numel() else 0,
-    )
+    runs = strided_runs(box)
     if forced is None:
         return choose(
             runs,
             ranks=ranks,
             scratch=budget.scratch_bytes,
             block=min(budget.host_block, STAGE_BLOCK),
-            per_call=_per_job(runs.span // runs.count),
+            per_call=per_job(runs.span // runs.count),
             map_part=CHUNK_BYTES if mappable else None,
+            costs=costs,
         )
     if forced is Strategy.SCATTER and runs.max_gap > budget.scratch_bytes:
         return Strategy.RUNS
     if forced is Strategy.MAP and not mappable:
         return Strategy.SCATTER if runs.max_gap <= budget.scratch_bytes else Strategy.RUNS
     return forced
+
+
+def strided_runs(box: Box) -> Runs:
+    """The shape of a strided ``box`` in its file, as the cost rule sees it."""
+    starts, run = box.run_starts()
+    gaps = starts[1:] - starts[:-1] - run
+    return Runs(
+        count=starts.numel(),
+        run=run,
+        span=int(starts[-1] - starts[0]) + run,
+        max_gap=int(gaps.max()) if gaps.numel() else 0,
+    )
 
 
 def _strided_jobs(request: Request, scratch: int, together: bool) -> list[Job]:
@@ -349,10 +367,10 @@ def _strided_jobs(request: Request, scratch: int, together: bool) -> list[Job]:
     starts, run = request.box.run_starts()
     address = request.target.data_ptr()
     span = run + (int(starts[1] - starts[0]) if starts.numel() > 1 else 0)
-    per_job = _per_job(span) if together else max(1, CHUNK_BYTES // max(1, run))
+    each = per_job(span) if together else max(1, CHUNK_BYTES // max(1, run))
     jobs: list[Job] = []
-    for first in range(0, starts.numel(), per_job):
-        part = starts[first : first + per_job]
+    for first in range(0, starts.numel(), each):
+        part = starts[first : first + each]
         parts = [(request.item, part.numel() * run)]
         jobs.append(
             RunsRead(
@@ -375,7 +393,7 @@ def _staged_jobs(request: Request, limit: int) -> list[Job]:
     box, target = request.box, request.target
     one_run = box.is_one_run()
     jobs: list[Job] = []
-    for offsets, lengths in _blocks(box, limit):
+    for offsets, lengths in blocks_within(box, limit):
         part = box.sub(offsets, lengths)
         destination = narrow(target, offsets, lengths)
         parts = [(request.item, part.nbytes)]
@@ -391,7 +409,7 @@ def _device_jobs(request: Request, budget: Budget) -> list[Job]:
     box = request.box
     limit = budget.slot_bytes if box.is_one_run() else min(budget.slot_bytes, budget.host_block)
     jobs: list[Job] = []
-    for offsets, lengths in _blocks(box, limit):
+    for offsets, lengths in blocks_within(box, limit):
         part = box.sub(offsets, lengths)
         destination = narrow(request.target, offsets, lengths)
         parts = [(request.item, part.nbytes)]
@@ -399,7 +417,7 @@ def _device_jobs(request: Request, budget: Budget) -> list[Job]:
     return jobs
 
 
-def _blocks(box: Box, limit: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+def blocks_within(box: Box, limit: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
     """Parts of ``box`` whose bytes fit ``limit``, and whose spans too when it is strided.
 
     A strided part's span exceeds its bytes about as the whole box's does, so the budget
@@ -417,7 +435,7 @@ def _blocks(box: Box, limit: int) -> list[tuple[tuple[int, ...], tuple[int, ...]
         budget //= 2
 
 
-def _per_job(pitch: int) -> int:
+def per_job(pitch: int) -> int:
     """Runs one scatter read carries: an ``iovec`` entry for each run and gap, and at most
     :data:`CHUNK_BYTES` of file for runs ``pitch`` bytes apart."""
     return max(1, min((_sysio.IOV_MAX + 1) // 2, CHUNK_BYTES // max(1, pitch)))

@@ -145,6 +145,27 @@ class MappedFiles:
                 self._broken.add(name)
             raise _changed(name, offset, length)
 
+    def apart(self) -> MappedFiles:
+        """The same files, maps and leases with counters of their own: the calibration's
+        copies (:mod:`hyperckpt._read.calibrate`) are not the load's.  Use it only before
+        :meth:`release`."""
+        view = MappedFiles(self._fds, self._leases, self._sizes)
+        view._maps, view._broken, view._lock = self._maps, self._broken, self._lock
+        return view
+
+    def keep(self, names: set[str]) -> None:
+        """Unmap and let go every file not in ``names`` (the calibrated rule maps none of
+        them: a lease makes writers wait); call before any copy of the load is in flight."""
+        with self._lock:
+            dropped = [name for name in self._leases if name not in names]
+            maps = [self._maps.pop(name) for name in dropped if name in self._maps]
+            leases = dict(self._leases)
+            self._leases = {name: leases[name] for name in leases if name in names}
+        for base, size in maps:
+            _libc.munmap(base, size)
+        for name in dropped:
+            leases[name].release()
+
     def release(self) -> None:
         """Unmap every file and let every lease go; call once no copy is in flight (the
         load's files still open)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from hyperckpt._layout.directory import huggingface_layout
 from hyperckpt._load.readers import to_metadata
 from hyperckpt._read import engine as engine_module
 from hyperckpt._read import pagecache
+from hyperckpt._read.calibrate import CALIBRATION
 from hyperckpt._read.columns import Runs, Strategy, choose, choose_run
 from hyperckpt._read.engine import CHUNK_BYTES, MAX_GAP, STAGE_BLOCK, ReadEngine
 from hyperckpt._read.stats import LoadStats
@@ -46,6 +48,16 @@ _ITEMS = {
     "converted whole": ("cols", (0, 0), (257, 129), torch.float64),
     "converted columns": ("whole", (0, 8), (300, 100), torch.float32),
 }
+
+
+@pytest.fixture(autouse=True)
+def _fitted_map_costs() -> Iterator[None]:
+    """The rule with its fitted constants: what a map costs on this host now is measured
+    in ``test_calibrate.py``; here the rule's choices are the subject."""
+    CALIBRATION.pin("strided", 1.0)
+    CALIBRATION.pin("run", 1.0)
+    yield
+    CALIBRATION.forget()
 
 
 def _write(root: Path) -> dict[str, torch.Tensor]:
@@ -292,10 +304,15 @@ _VICTIM = """
 import sys, time
 from pathlib import Path
 import hyperckpt._read.jobs as jobs
+from hyperckpt._read.calibrate import CALIBRATION
 from hyperckpt._read.mapped import MappedFiles
 from hyperckpt.errors import CheckpointChangedError
 sys.path.insert(0, {tests!r})
 from test_mapped import _load
+
+if {pinned!r}:  # the load's own map copies; else the first is the calibration probe's
+    CALIBRATION.pin("strided", 1.0)
+    CALIBRATION.pin("run", 1.0)
 
 jobs.CHUNK_BYTES = 2**18
 done = MappedFiles._done
@@ -327,13 +344,14 @@ _CHANGES = {
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("pinned", [True, False], ids=["load's copy", "probe's copy"])
 @pytest.mark.parametrize("change", sorted(_CHANGES))
 def test_a_file_changed_by_another_process_during_a_mapped_read_raises_not_sigbus(
-    tmp_path: Path, change: str
+    tmp_path: Path, change: str, pinned: bool
 ) -> None:
     _write(tmp_path)
     tests = str(Path(__file__).parent)
-    script = _VICTIM.format(tests=tests, root=str(tmp_path))
+    script = _VICTIM.format(tests=tests, root=str(tmp_path), pinned=pinned)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), tests])}
     victim = subprocess.Popen(
         [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
