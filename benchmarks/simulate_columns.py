@@ -6,9 +6,9 @@ placements (:mod:`placed_requests`), not built as ``ReadItem``s, so the sweep re
 
 * **coordinator** (CPU seconds, peak traced memory): pricing every exchange in closed form
   (``price``), planning the winner on columns (``plan_stripe_arrays`` or
-  ``plan_replicated_columns``) and cutting it into per-rank shares;
+  ``replicated_transfers``) and cutting it into per-rank shares;
 * **per rank**: the largest share's pickled bytes and the CPU time to turn it into the
-  rank's schedule (``StripeShare.schedule``), and every share's bytes together (what DCP
+  rank's schedule (``StripeShare.schedule``, ``ReplicatedShare.schedule``), and every share's bytes together (what DCP
   scatters on top of the plans);
 * **torch's plan exchange** (``dcp.load``'s gather of pickled local plans and scatter of
   the global ones), simulated on a sample of ranks whose read items are made as DCP's
@@ -37,9 +37,9 @@ from hyperckpt._cli.dryrun import _placed, _rank_items, hosts_of, mesh_shape
 from hyperckpt._exchange.costs import STRATEGIES, pick
 from hyperckpt._exchange.pricing import price
 from hyperckpt._exchange.rank_requests import requests_of_ranks
+from hyperckpt._exchange.replicated_share import replicated_shares
 from hyperckpt._exchange.requests import Requests
-from hyperckpt._exchange.schedule import ExchangeReady, plan_replicated_columns
-from hyperckpt._exchange.strategy import _receivers_at_source
+from hyperckpt._exchange.schedule import ExchangeReady, replicated_transfers
 from hyperckpt._exchange.stripe_plan import chunk_table, plan_stripe_arrays
 from hyperckpt._exchange.stripes import StripesTooLarge
 from hyperckpt._planner.gc_hold import without_gc
@@ -86,23 +86,20 @@ def simulate_columns(
             r = requests
             chunk_of_key = np.zeros(r.keys, np.int64)
             chunk_of_key[r.key] = r.chunk
-            return list(
-                _receivers_at_source(
-                    plan_replicated_columns(
-                        r.world,
-                        r.rank,
-                        r.key,
-                        r.nbytes,
-                        lambda k: (
-                            r.files[int(r.chunk_file[chunk_of_key[k]])],
-                            int(r.chunk_offset[chunk_of_key[k]]),
-                        ),
-                        r.item_key,
-                        round_bytes=DEFAULT_STAGING_BYTES,
-                        batch_bytes=BATCH_BYTES,
-                    )
-                )
+            transfers, key_of = replicated_transfers(
+                r.world,
+                r.rank,
+                r.key,
+                r.nbytes,
+                lambda k: (
+                    r.files[int(r.chunk_file[chunk_of_key[k]])],
+                    int(r.chunk_offset[chunk_of_key[k]]),
+                ),
+                r.item_key,
+                round_bytes=DEFAULT_STAGING_BYTES,
+                batch_bytes=BATCH_BYTES,
             )
+            return list(replicated_shares(r.world, transfers, key_of, r.raw_keys, r.chunks, table))
         return []
 
     def coordinator() -> tuple[str, list[object], object]:
