@@ -125,11 +125,17 @@ def simulate_columns(
     )
     # Every exchange planned on columns, for the "auto <= 2x cheapest planner" target.
     planners: dict[str, float] = {}
+    # The replicated shares' bytes even where "auto" picks another exchange (their growth).
+    replicated_bytes = 0
     for strategy in ("replicated", "striped") if world > 1 else ():
         try:
-            _, planners[strategy] = _cpu(lambda: _plan(strategy))  # noqa: B023
+            made, planners[strategy] = _cpu(lambda: _plan(strategy))  # noqa: B023
         except StripesTooLarge:
             planners[strategy] = float("nan")
+            continue
+        if strategy == "replicated":
+            replicated_bytes = sum(len(pickle.dumps(s)) for s in made)  # type: ignore[attr-defined]
+        del made
     share_bytes = [len(pickle.dumps(share)) for share in shares]
     largest = int(np.argmax(share_bytes)) if share_bytes else 0
     per_rank_seconds = 0.0
@@ -175,6 +181,7 @@ def simulate_columns(
         "share_to_schedule_seconds": per_rank_seconds,
         "load_gathered_bytes": gathered,
         "join_columns_seconds": join_seconds,
+        "replicated_shares_bytes": replicated_bytes,
         **torch_exchange,
     }
     return row
@@ -227,8 +234,8 @@ def table(rows: list[dict[str, object]]) -> str:
         "| of which pricing | replicated planner alone | striped planner alone | coordinator peak | shares scattered, all "
         "| largest share | share -> schedule (rank) | torch: gathered plans | torch: "
         "coordinator unpickles | torch: one rank's items | hyperckpt.load: gathered marks "
-        "with columns | join of the columns |",
-        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "with columns | join of the columns | replicated shares, all (planned alone) |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
@@ -243,6 +250,7 @@ def table(rows: list[dict[str, object]]) -> str:
             f"| {r['torch_coordinator_unpickle_seconds']:.2f} s "
             f"| {r['torch_rank_items_seconds'] * 1e3:.0f} ms "
             f"| {r.get('load_gathered_bytes', float('nan')) / 2**20:.1f} MiB "  # type: ignore[operator]
-            f"| {r.get('join_columns_seconds', float('nan')):.2f} s |"
+            f"| {r.get('join_columns_seconds', float('nan')):.2f} s "
+            f"| {r.get('replicated_shares_bytes', 0) / 2**20:.1f} MiB |"  # type: ignore[operator]
         )
     return "\n".join(lines) + "\n"
