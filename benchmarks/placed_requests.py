@@ -21,9 +21,9 @@ import numpy as np
 
 from hyperckpt import CheckpointLayout
 from hyperckpt._cli.dryrun import _placed, mesh_shape, placements_for
-from hyperckpt._exchange.rank_requests import RankRequests, _small
+from hyperckpt._exchange.rank_requests import RankRequests
 from hyperckpt._exchange.requests import KeyTable, Requests, request_cost
-from hyperckpt._exchange.stripe_plan import StripeColumns
+from hyperckpt._exchange.stripe_plan import StripeColumns, narrowest_ints
 from hyperckpt._read.storage_info import StorageInfo
 
 Ints = np.ndarray
@@ -177,11 +177,11 @@ def rank_columns(
         width = int(keys.chunk_ndim[chunk].max(initial=0))
         out.append(
             RankRequests(
-                chunk=_small(in_table[chunk]),
-                offsets=_small(keys.key_offsets[key, :width]),
-                lengths=_small(keys.key_lengths[key, :width]),
-                nbytes=_small(requests.nbytes[span]),
-                calls=_small(requests.calls[span]),
+                chunk=narrowest_ints(in_table[chunk]),
+                offsets=narrowest_ints(keys.key_offsets[key, :width]),
+                lengths=narrowest_ints(keys.key_lengths[key, :width]),
+                nbytes=narrowest_ints(requests.nbytes[span]),
+                calls=narrowest_ints(requests.calls[span]),
             )
         )
     return out

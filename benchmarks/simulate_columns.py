@@ -6,9 +6,9 @@ placements (:mod:`placed_requests`), not built as ``ReadItem``s, so the sweep re
 
 * **coordinator** (CPU seconds, peak traced memory): pricing every exchange in closed form
   (``price``), planning the winner on columns (``plan_stripe_arrays`` or
-  ``plan_replicated_columns``) and cutting it into per-rank shares;
+  ``replicated_transfers``) and cutting it into per-rank shares;
 * **per rank**: the largest share's pickled bytes and the CPU time to turn it into the
-  rank's schedule (``StripeShare.schedule``), and every share's bytes together (what DCP
+  rank's schedule (``StripeShare.schedule``, ``ReplicatedShare.schedule``), and every share's bytes together (what DCP
   scatters on top of the plans);
 * **torch's plan exchange** (``dcp.load``'s gather of pickled local plans and scatter of
   the global ones), simulated on a sample of ranks whose read items are made as DCP's
@@ -37,9 +37,9 @@ from hyperckpt._cli.dryrun import _placed, _rank_items, hosts_of, mesh_shape
 from hyperckpt._exchange.costs import STRATEGIES, pick
 from hyperckpt._exchange.pricing import price
 from hyperckpt._exchange.rank_requests import requests_of_ranks
+from hyperckpt._exchange.replicated_share import replicated_shares
 from hyperckpt._exchange.requests import Requests
-from hyperckpt._exchange.schedule import ExchangeReady, plan_replicated_columns
-from hyperckpt._exchange.strategy import _receivers_at_source
+from hyperckpt._exchange.schedule import ExchangeReady, replicated_transfers
 from hyperckpt._exchange.stripe_plan import chunk_table, plan_stripe_arrays
 from hyperckpt._exchange.stripes import StripesTooLarge
 from hyperckpt._planner.gc_hold import without_gc
@@ -86,23 +86,20 @@ def simulate_columns(
             r = requests
             chunk_of_key = np.zeros(r.keys, np.int64)
             chunk_of_key[r.key] = r.chunk
-            return list(
-                _receivers_at_source(
-                    plan_replicated_columns(
-                        r.world,
-                        r.rank,
-                        r.key,
-                        r.nbytes,
-                        lambda k: (
-                            r.files[int(r.chunk_file[chunk_of_key[k]])],
-                            int(r.chunk_offset[chunk_of_key[k]]),
-                        ),
-                        r.item_key,
-                        round_bytes=DEFAULT_STAGING_BYTES,
-                        batch_bytes=BATCH_BYTES,
-                    )
-                )
+            transfers, key_of = replicated_transfers(
+                r.world,
+                r.rank,
+                r.key,
+                r.nbytes,
+                lambda k: (
+                    r.files[int(r.chunk_file[chunk_of_key[k]])],
+                    int(r.chunk_offset[chunk_of_key[k]]),
+                ),
+                r.item_key,
+                round_bytes=DEFAULT_STAGING_BYTES,
+                batch_bytes=BATCH_BYTES,
             )
+            return list(replicated_shares(r.world, transfers, key_of, r.raw_keys, r.chunks, table))
         return []
 
     def coordinator() -> tuple[str, list[object], object]:
@@ -128,11 +125,17 @@ def simulate_columns(
     )
     # Every exchange planned on columns, for the "auto <= 2x cheapest planner" target.
     planners: dict[str, float] = {}
+    # The replicated shares' bytes even where "auto" picks another exchange (their growth).
+    replicated_bytes = 0
     for strategy in ("replicated", "striped") if world > 1 else ():
         try:
-            _, planners[strategy] = _cpu(lambda: _plan(strategy))  # noqa: B023
+            made, planners[strategy] = _cpu(lambda: _plan(strategy))  # noqa: B023
         except StripesTooLarge:
             planners[strategy] = float("nan")
+            continue
+        if strategy == "replicated":
+            replicated_bytes = sum(len(pickle.dumps(s)) for s in made)  # type: ignore[attr-defined]
+        del made
     share_bytes = [len(pickle.dumps(share)) for share in shares]
     largest = int(np.argmax(share_bytes)) if share_bytes else 0
     per_rank_seconds = 0.0
@@ -178,6 +181,7 @@ def simulate_columns(
         "share_to_schedule_seconds": per_rank_seconds,
         "load_gathered_bytes": gathered,
         "join_columns_seconds": join_seconds,
+        "replicated_shares_bytes": replicated_bytes,
         **torch_exchange,
     }
     return row
@@ -230,8 +234,8 @@ def table(rows: list[dict[str, object]]) -> str:
         "| of which pricing | replicated planner alone | striped planner alone | coordinator peak | shares scattered, all "
         "| largest share | share -> schedule (rank) | torch: gathered plans | torch: "
         "coordinator unpickles | torch: one rank's items | hyperckpt.load: gathered marks "
-        "with columns | join of the columns |",
-        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "with columns | join of the columns | replicated shares, all (planned alone) |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
@@ -246,6 +250,7 @@ def table(rows: list[dict[str, object]]) -> str:
             f"| {r['torch_coordinator_unpickle_seconds']:.2f} s "
             f"| {r['torch_rank_items_seconds'] * 1e3:.0f} ms "
             f"| {r.get('load_gathered_bytes', float('nan')) / 2**20:.1f} MiB "  # type: ignore[operator]
-            f"| {r.get('join_columns_seconds', float('nan')):.2f} s |"
+            f"| {r.get('join_columns_seconds', float('nan')):.2f} s "
+            f"| {r.get('replicated_shares_bytes', 0) / 2**20:.1f} MiB |"  # type: ignore[operator]
         )
     return "\n".join(lines) + "\n"

@@ -44,6 +44,7 @@ from hyperckpt import CheckpointLayout, CostModel, Piece, TensorLayout
 from hyperckpt._cli.dryrun import hosts_of, rank_plans
 from hyperckpt._exchange.costs import STRATEGIES, StrategyCost, estimate, pick
 from hyperckpt._exchange.pricing import price
+from hyperckpt._exchange.replicated_share import ReplicatedShare
 from hyperckpt._exchange.requests import requests_of
 from hyperckpt._exchange.schedule import ReplicatedSchedule
 from hyperckpt._exchange.strategy import plan_exchange
@@ -131,6 +132,10 @@ def _schedule_entries(plans: list[object]) -> tuple[int, int]:
             mine = [m for m in schedule.messages if m.source == rank]
             messages += len(mine)
             slots += sum(len(m.slots) for m in mine)
+        elif isinstance(schedule, ReplicatedShare):
+            mine_r = schedule.transfers[1] == rank
+            messages += int(mine_r.sum())
+            slots += int(schedule.transfers[2][mine_r].sum())
         elif isinstance(schedule, ReplicatedSchedule):
             mine_b = [t for t in schedule.transfers if t.source == rank]
             messages += len(mine_b)

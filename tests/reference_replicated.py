@@ -6,6 +6,7 @@ must give exactly what this gives on every drawn plan.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
@@ -13,12 +14,13 @@ from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from hyperckpt._exchange.schedule import (
     ItemKey,
     ReplicatedSchedule,
+    Transfer,
     _pack,
     choose_readers,
     item_key,
 )
 
-__all__ = ["reference_plan_replicated"]
+__all__ = ["receivers_at_source", "reference_plan_replicated"]
 
 
 def reference_plan_replicated(
@@ -83,4 +85,24 @@ def reference_plan_replicated(
             transfers=tuple(t for t in transfers if t.source == rank or rank in t.receivers),
         )
         for rank in range(len(plans))
+    ]
+
+
+def receivers_at_source(schedules: list[ReplicatedSchedule]) -> list[ReplicatedSchedule]:
+    """Each schedule with its receivers listed only where the rank sends: what a rank's
+    :class:`~hyperckpt._exchange.replicated_share.ReplicatedShare` must rebuild (a
+    receiving rank waits on the source alone)."""
+    bare: dict[int, Transfer] = {}
+
+    def trimmed(rank: int, transfer: Transfer) -> Transfer:
+        if transfer.source == rank or not transfer.receivers:
+            return transfer
+        found = bare.get(id(transfer))
+        if found is None:
+            found = bare[id(transfer)] = dataclasses.replace(transfer, receivers=())
+        return found
+
+    return [
+        dataclasses.replace(s, transfers=tuple(trimmed(s.rank, t) for t in s.transfers))
+        for s in schedules
     ]

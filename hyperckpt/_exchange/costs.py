@@ -29,6 +29,7 @@ from typing import Final
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
 from hyperckpt._arguments import Limits, check_number
+from hyperckpt._exchange.replicated_share import ReplicatedShare
 from hyperckpt._exchange.requests import Requests, request_cost, requests_of
 from hyperckpt._exchange.schedule import ReplicatedSchedule, item_key
 from hyperckpt._exchange.strategy import Strategy, plan_exchange
@@ -305,6 +306,8 @@ def estimate(
         if strategy == "replicated":
             for rank, plan in enumerate(plans):
                 schedule = plan.storage_data
+                if isinstance(schedule, ReplicatedShare):
+                    schedule = schedule.schedule()
                 if not isinstance(schedule, ReplicatedSchedule):
                     continue
                 rounds = schedule.rounds
@@ -332,6 +335,8 @@ def estimate(
         if strategy == "replicated":
             for rank, plan in enumerate(plans):
                 schedule = plan.storage_data
+                if isinstance(schedule, ReplicatedShare):
+                    schedule = schedule.schedule()
                 if isinstance(schedule, ReplicatedSchedule):
                     for transfer in schedule.transfers:
                         if transfer.source == rank:

@@ -34,6 +34,7 @@ __all__ = [
     "item_key",
     "plan_replicated",
     "plan_replicated_columns",
+    "replicated_transfers",
     "shared_slices",
 ]
 
@@ -281,15 +282,15 @@ def plan_replicated_columns(
     Returns:
         Each rank's schedule, by rank.
     """
-    found = shared_slices(world, rank, key, nbytes, place, item_key_of, batch_bytes)
-    shared = [item_key_of(k) for k in found.keys]
-    transfers = _pack(
-        shared,
-        dict(zip(shared, found.readers, strict=True)),
-        dict(zip(shared, found.holders, strict=True)),
-        dict(zip(shared, found.sizes, strict=True)),
-        round_bytes,
-        batch_bytes,
+    transfers, _ = replicated_transfers(
+        world,
+        rank,
+        key,
+        nbytes,
+        place,
+        item_key_of,
+        round_bytes=round_bytes,
+        batch_bytes=batch_bytes,
     )
     rounds = 1 + max((t.round for t in transfers), default=-1)
     mine: list[list[Transfer]] = [[] for _ in range(world)]
@@ -301,6 +302,37 @@ def plan_replicated_columns(
         ReplicatedSchedule(rank=r, world_size=world, rounds=rounds, transfers=tuple(mine[r]))
         for r in range(world)
     ]
+
+
+def replicated_transfers(
+    world: int,
+    rank: NDArray[np.int64],
+    key: NDArray[np.int64],
+    nbytes: NDArray[np.int64],
+    place: Callable[[int], tuple[str, int]],
+    item_key_of: Callable[[int], ItemKey],
+    *,
+    round_bytes: int,
+    batch_bytes: int,
+) -> tuple[list[Transfer], dict[ItemKey, int]]:
+    """The whole replicated plan, each message once with all its receivers (see
+    :func:`plan_replicated_columns` for the arguments and the rule).
+
+    Returns:
+        The messages in the order every rank walks them, and the key index of each
+        shared slice's :data:`ItemKey` (what a compact share names slices by).
+    """
+    found = shared_slices(world, rank, key, nbytes, place, item_key_of, batch_bytes)
+    shared = [item_key_of(k) for k in found.keys]
+    transfers = _pack(
+        shared,
+        dict(zip(shared, found.readers, strict=True)),
+        dict(zip(shared, found.holders, strict=True)),
+        dict(zip(shared, found.sizes, strict=True)),
+        round_bytes,
+        batch_bytes,
+    )
+    return transfers, dict(zip(shared, found.keys, strict=True))
 
 
 def choose_readers(

@@ -17,12 +17,11 @@ from typing import Literal
 import numpy as np
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
+from hyperckpt._exchange.replicated_share import replicated_shares
 from hyperckpt._exchange.requests import Requests, requests_of
 from hyperckpt._exchange.schedule import (
     ExchangeReady,
-    ReplicatedSchedule,
-    Transfer,
-    plan_replicated_columns,
+    replicated_transfers,
 )
 from hyperckpt._exchange.stripe_plan import columns_of_requests, plan_stripe_arrays
 from hyperckpt._exchange.stripes import ChunkKey, ChunkRows
@@ -80,12 +79,12 @@ def plan_exchange(
     """Every rank's plan with its part of ``strategy``'s schedule in ``storage_data``.
 
     ``"off"`` clears the readiness marks ``prepare_local_plan`` left.  A striped plan gives
-    each rank a :class:`~hyperckpt._exchange.stripe_plan.StripeShare` (arrays; the rank
-    builds its schedule from it), a replicated one a
-    :class:`~hyperckpt._exchange.schedule.ReplicatedSchedule`.  ``requests``, when given,
+    each rank a :class:`~hyperckpt._exchange.stripe_plan.StripeShare`, a replicated one
+    a :class:`~hyperckpt._exchange.replicated_share.ReplicatedShare` (arrays; the rank
+    builds its schedule from them).  ``requests``, when given,
     are ``plans``' items as columns (``"auto"`` has them from pricing), so the items are
     walked once.  ``table``, when given, makes the stored chunks every rank holds in one
-    order (:func:`~hyperckpt._exchange.stripe_plan.chunk_table`): striped shares then name
+    order (:func:`~hyperckpt._exchange.stripe_plan.chunk_table`): the shares then name
     chunks by index in it instead of by name.
     """
     if strategy == "off" or len(plans) < 2:
@@ -106,26 +105,6 @@ def plan_exchange(
             batch_bytes=batch_bytes,
             table=table,
         )
-
-
-def _receivers_at_source(schedules: list[ReplicatedSchedule]) -> list[ReplicatedSchedule]:
-    """Each schedule with its receivers listed only where the rank sends: a receiving
-    rank waits on the source alone, and under HSDP the receiver lists (every replica of
-    every shared slice) were most of the bytes DCP scatters back."""
-    bare: dict[int, Transfer] = {}
-
-    def trimmed(rank: int, transfer: Transfer) -> Transfer:
-        if transfer.source == rank or not transfer.receivers:
-            return transfer
-        found = bare.get(id(transfer))
-        if found is None:
-            found = bare[id(transfer)] = dataclasses.replace(transfer, receivers=())
-        return found
-
-    return [
-        dataclasses.replace(s, transfers=tuple(trimmed(s.rank, t) for t in s.transfers))
-        for s in schedules
-    ]
 
 
 def _plan(
@@ -149,7 +128,7 @@ def _plan(
             chunk = int(chunk_of_key[key])
             return r.files[int(r.chunk_file[chunk])], int(r.chunk_offset[chunk])
 
-        schedules = plan_replicated_columns(
+        transfers, key_of = replicated_transfers(
             r.world,
             r.rank,
             r.key,
@@ -159,7 +138,9 @@ def _plan(
             round_bytes=round_bytes,
             batch_bytes=batch_bytes,
         )
-        schedules = _receivers_at_source(schedules)
+        schedules = replicated_shares(
+            r.world, transfers, key_of, r.raw_keys, r.chunks, None if table is None else table()
+        )
     return [
         dataclasses.replace(plan, storage_data=schedule)
         for plan, schedule in zip(plans, schedules, strict=True)

@@ -27,6 +27,7 @@ from hyperckpt._dist.headers import HeaderReads, reader_layout
 from hyperckpt._exchange.costs import CostModel
 from hyperckpt._exchange.exchange import ExchangeStats, load_exchanged
 from hyperckpt._exchange.rank_requests import ChunkOrder, RankRequests, rank_requests
+from hyperckpt._exchange.replicated_share import ReplicatedShare
 from hyperckpt._exchange.schedule import ReplicatedSchedule
 from hyperckpt._exchange.strategy import Exchange
 from hyperckpt._exchange.stripe_plan import StripeShare
@@ -301,7 +302,7 @@ class _SafetensorsReader(FileSystemReader):
         if kept is not None and not plan.items:  # kept here in prepare_local_plan
             plan = dataclasses.replace(plan, items=kept)
         schedule = plan.storage_data
-        if isinstance(schedule, StripeShare):
+        if isinstance(schedule, (StripeShare, ReplicatedShare)):
             schedule = schedule.schedule(self._chunk_table())  # this rank's part, from arrays
         exchange = None
         # A schedule or a host share comes only from a coordinator that saw every rank of the

@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.planner_helpers import (
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from hyperckpt._planner.gc_hold import without_gc
-from hyperckpt._planner.local_items import flat_state_dict, local_read_items
+from hyperckpt._planner.local_items import flat_state_dict, scan_local
 from hyperckpt._planner.placements import is_strided
 from hyperckpt._planner.regions import DTENSOR, FSDP, Order, Region, local_regions, orders_differ
 from hyperckpt._planner.shapes import shape_mismatch
@@ -154,19 +154,23 @@ class LoadPlanner(DefaultLoadPlanner):
     def _local_plan(self) -> LoadPlan:
         assert self.metadata is not None, "set_up_planner runs before create_local_plan"
         known = self.metadata.state_dict_metadata
-        # Sizes are checked in the same pass, before DCP's own check, whose message cannot
-        # say a shard file is missing.
-        regions = strided_regions(self.state_dict, strided_layout=self.strided_layout, known=known)
         if self.flatten_state_dict and not known.keys() <= self.state_dict.keys():
+            # Sizes are checked in the same pass, before DCP's own check, whose message
+            # cannot say a shard file is missing.
+            regions = strided_regions(
+                self.state_dict, strided_layout=self.strided_layout, known=known
+            )
             # torch's planner may swap in a pre-2.4 flattening here: let it.
             plan = super().create_local_plan()
             items = [item for item in plan.items if item.dest_index.fqn not in regions]
         else:
-            # The same items as torch's, in time for this rank's own tensors.
-            strict = not self.allow_partial_load
-            items = local_read_items(
-                self.state_dict, self.metadata, strict=strict, skip=regions, sizes_checked=True
-            )
+            # The same items as torch's, in time for this rank's own tensors, and the
+            # strided DTensors found in the same pass (sizes checked there too).
+            scan = scan_local(self.state_dict, self.metadata, strict=not self.allow_partial_load)
+            regions = _checked_regions(scan.deferred, self.strided_layout)
+            if scan.missing is not None:  # torch's refusal, after every check of ours
+                raise RuntimeError(f"Missing key in checkpoint state_dict: {scan.missing}.")
+            items = scan.items
             plan = LoadPlan(items)
         if not regions:
             return plan
@@ -205,10 +209,8 @@ def strided_regions(
             DTensor is ``Partial``, or its regions do not tile its local
             tensor; the message names the key, placements and mesh.
     """
-    regions = {}
-    problems: list[CheckpointError] = []
     kinds: dict[object, tuple[bool, bool]] = {}  # placements -> (partial, strided)
-    marked: list[tuple[str, DTensor, bool, bool]] = []  # the DTensors to look at closer
+    marked: list[tuple[str, DTensor]] = []  # the DTensors to look at closer
     for fqn, value in state_dict.items():
         if known is not None:
             md = known.get(fqn)
@@ -232,8 +234,31 @@ def strided_regions(
                 any(is_strided(p) for p in placements),
             )
         if kind[0] or kind[1]:
-            marked.append((fqn, value, *kind))
-    for fqn, value, partial, strided in sorted(marked, key=_first):
+            marked.append((fqn, value))
+    return _checked_regions(marked, strided_layout, kinds=kinds)
+
+
+def _checked_regions(
+    marked: Sequence[tuple[str, DTensor]],
+    strided_layout: StridedLayout,
+    *,
+    kinds: dict[object, tuple[bool, bool]] | None = None,
+) -> dict[str, tuple[Region, ...]]:
+    """The regions of the ``Partial`` and ``_StridedShard`` DTensors ``marked``, in key
+    order (see :func:`strided_regions`); ``kinds`` caches each placements' (partial,
+    strided)."""
+    kinds = {} if kinds is None else kinds
+    regions = {}
+    problems: list[CheckpointError] = []
+    for fqn, value in sorted(marked, key=_first):
+        placements = value._spec.placements
+        kind = kinds.get(placements)
+        if kind is None:
+            kind = kinds[placements] = (
+                any(isinstance(p, Partial) for p in placements),
+                any(is_strided(p) for p in placements),
+            )
+        partial, strided = kind
         if partial:
             problems.append(
                 CheckpointError(
@@ -256,7 +281,7 @@ def strided_regions(
     return regions
 
 
-def _first(marked: tuple[str, DTensor, bool, bool]) -> str:
+def _first(marked: tuple[str, DTensor]) -> str:
     return marked[0]
 
 

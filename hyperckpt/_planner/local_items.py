@@ -12,6 +12,7 @@ torch's own functions; the items are equal, field by field, to torch's.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,10 +28,14 @@ from torch.distributed.checkpoint.planner_helpers import (
     _create_read_items,
     create_read_items_for_chunk_list,
 )
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Partial
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+from torch.distributed.tensor.placement_types import Placement
 
-__all__ = ["flat_state_dict", "local_read_items"]
+from hyperckpt._planner.placements import is_strided
+from hyperckpt._planner.shapes import shape_mismatch
+
+__all__ = ["LocalScan", "flat_state_dict", "local_read_items", "scan_local"]
 
 #: Values a state dict can hold that DCP's flattening keeps as they are (leaves).
 _LEAVES = frozenset({torch.Tensor, torch.nn.Parameter, DTensor})
@@ -78,30 +83,84 @@ def local_read_items(
         RuntimeError: A key is missing and ``strict`` (torch's message).
         ValueError: A size differs from the checkpoint's (torch's message).
     """
+    return _scan(state_dict, metadata, strict, set(skip), sizes_checked, None).items
+
+
+@dataclass(frozen=True, slots=True)
+class LocalScan:
+    """One pass over a rank's state dict: its read items, and what is planned elsewhere.
+
+    Attributes:
+        items: The read items of every tensor but the deferred ones, equal to torch's.
+        deferred: The DTensors with a ``Partial`` or ``_StridedShard`` placement, by key,
+            in key order (whether or not this rank is in their mesh).
+        missing: The first key the checkpoint lacks, when ``strict``; else ``None``.
+    """
+
+    items: list[ReadItem]
+    deferred: list[tuple[str, DTensor]]
+    missing: str | None
+
+
+def scan_local(state_dict: Mapping[str, object], metadata: Metadata, *, strict: bool) -> LocalScan:
+    """:func:`local_read_items` and the scan for ``_StridedShard`` and ``Partial`` DTensors
+    in one pass (two passes over a 92k-tensor state dict cost ~0.2 s more).
+
+    Sizes are checked here for every tensor the checkpoint holds, in key order, with our
+    error; a missing key is reported (``missing``), not raised, so the caller can keep the
+    order of its refusals.
+
+    Raises:
+        CheckpointError: A tensor's size differs from the checkpoint's (the first, in key
+            order).
+    """
+    return _scan(state_dict, metadata, strict, set(), False, [])
+
+
+def _scan(
+    state_dict: Mapping[str, object],
+    metadata: Metadata,
+    strict: bool,
+    skipped: set[str],
+    sizes_checked: bool,
+    deferred: list[tuple[str, DTensor]] | None,
+) -> LocalScan:
+    """The loop of :func:`local_read_items` and :func:`scan_local`: with ``deferred``, its
+    DTensors are collected there, sizes raise our error and a missing key is reported."""
     known = metadata.state_dict_metadata
-    skipped = set(skip)
-    cuts: dict[tuple[object, ...], _Cut] = {}  # (shape, mesh, placements) -> the rank's cut
+    # (shape, mesh, placements) -> the rank's cut, or None where the placements defer.
+    cuts: dict[tuple[object, ...], _Cut | None] = {}
     members: dict[int, bool] = {}  # id(mesh) -> whether this rank is in it
     items: list[ReadItem] = []
+    missing: str | None = None
+    scanning = deferred is not None
     for fqn, obj in state_dict.items():
         md = known.get(fqn)
         if md is None:
             if strict:
-                raise RuntimeError(f"Missing key in checkpoint state_dict: {fqn}.")
+                if not scanning:
+                    raise RuntimeError(f"Missing key in checkpoint state_dict: {fqn}.")
+                missing = fqn if missing is None else missing
             continue
         kind = type(obj)
-        if (
-            not sizes_checked
-            and isinstance(md, TensorStorageMetadata)
-            and getattr(obj, "size", None) is not None
-            and md.size != obj.size()  # type: ignore[attr-defined]
-        ):
-            raise ValueError(
-                f"Size mismatch between saved {md.size} and current: {obj.size()} for {fqn}",  # type: ignore[attr-defined]
-            )
+        stored = isinstance(md, TensorStorageMetadata)
         if isinstance(obj, DTensor):
             spec = obj._spec
+            shape = spec.shape  # the DTensor's size, without a call through torch
+            if stored and not sizes_checked and shape != md.size:  # type: ignore[union-attr]
+                raise _size_error(scanning, fqn, md.size, shape)  # type: ignore[union-attr]
             mesh = spec.mesh
+            # The mesh lives as long as the state dict that holds it: its id is stable here.
+            signature = (shape, id(mesh), spec.placements)
+            cut = cuts.get(signature, _UNSEEN)
+            if cut is None:
+                assert deferred is not None
+                deferred.append((fqn, obj))
+                continue
+            if cut is _UNSEEN and deferred is not None and _defers(spec.placements):
+                cuts[signature] = None
+                deferred.append((fqn, obj))
+                continue
             inside = members.get(id(mesh))
             if inside is None:
                 inside = members[id(mesh)] = mesh.get_coordinate() is not None
@@ -112,28 +171,54 @@ def local_read_items(
             ):
                 items += _create_read_items(fqn, md, obj)
                 continue
-            # The mesh lives as long as the state dict that holds it: its id is stable here.
-            signature = (spec.shape, id(mesh), spec.placements)
-            cut = cuts.get(signature)
-            if cut is None:
+            if cut is _UNSEEN:
                 obj._raise_if_contains_partial_placements()
                 sizes, offsets = compute_local_shape_and_global_offset(
                     obj.shape, mesh, spec.placements
                 )
                 box = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))
-                cut = cuts[signature] = _Cut(box, spec.shape)
+                cut = cuts[signature] = _Cut(box, shape)
             chunks = md.chunks
             if len(chunks) != 1 or chunks[0].sizes != md.size or any(chunks[0].offsets):
                 items += create_read_items_for_chunk_list(fqn, md, [cut.box])
             elif cut.lengths is not None:  # else the box misses the tensor: nothing to read
                 items.append(cut.item(fqn, chunks[0].offsets))
-        elif kind in _PLAIN and isinstance(md, TensorStorageMetadata):
+            continue
+        if stored and not sizes_checked:
+            # Ours looks at tensors only, torch's at anything with a size.
+            size = (
+                obj.size()
+                if isinstance(obj, torch.Tensor)
+                else None
+                if scanning or getattr(obj, "size", None) is None
+                else obj.size()  # type: ignore[attr-defined]
+            )
+            if size is not None and size != md.size:  # type: ignore[union-attr]
+                raise _size_error(scanning, fqn, md.size, size)  # type: ignore[union-attr]
+        if kind in _PLAIN and isinstance(md, TensorStorageMetadata):
             shape = obj.size()  # type: ignore[attr-defined]
             box = ChunkStorageMetadata(offsets=torch.Size([0] * len(shape)), sizes=shape)
             items += _items_for(fqn, md, box)
         else:
             items += _create_read_items(fqn, md, obj)
-    return items
+    return LocalScan(items, [] if deferred is None else deferred, missing)
+
+
+def _size_error(ours: bool, fqn: str, saved: torch.Size, current: object) -> Exception:
+    """A size that differs from the checkpoint's: our error, or torch's."""
+    if ours:
+        return shape_mismatch(fqn, tuple(saved), tuple(current))  # type: ignore[arg-type]
+    return ValueError(f"Size mismatch between saved {saved} and current: {current} for {fqn}")
+
+
+def _defers(placements: tuple[Placement, ...]) -> bool:
+    """Whether a DTensor with ``placements`` is planned elsewhere: ``Partial`` (refused)
+    or ``_StridedShard`` (planned by region)."""
+    return any(isinstance(p, Partial) or is_strided(p) for p in placements)
+
+
+#: A signature not looked at yet (``None`` in the cut cache means "deferred").
+_UNSEEN: Any = object()
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)

@@ -7,14 +7,20 @@ twice; sizes straddle the batching threshold and the round budget.
 
 from __future__ import annotations
 
+import pickle
+
 import torch
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
-from reference_replicated import reference_plan_replicated
+from reference_replicated import receivers_at_source, reference_plan_replicated
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
+from hyperckpt._exchange.replicated_share import ReplicatedShare
 from hyperckpt._exchange.schedule import plan_replicated
+from hyperckpt._exchange.strategy import plan_exchange
+from hyperckpt._exchange.stripe_plan import chunk_table
+from hyperckpt._read.storage_info import StorageInfo
 
 # chunk name -> (file, offset, rows, columns); 1-byte elements
 CHUNKS = {
@@ -68,3 +74,36 @@ def test_the_column_planner_gives_exactly_the_reference_planners_schedules(
     )
     got = plan_replicated(plans, _locate, round_bytes=round_bytes, batch_bytes=batch_bytes)
     assert got == expected
+
+
+def _storage(item: ReadItem) -> StorageInfo:
+    file, offset, rows, columns = CHUNKS[item.storage_index.fqn]
+    return StorageInfo(file, offset, rows * columns, "U8", (rows, columns))
+
+
+@given(_plans(), st.integers(1, 300), st.integers(1, 200), st.booleans())
+def test_each_ranks_compact_share_rebuilds_exactly_its_schedule(
+    plans: list[LoadPlan], round_bytes: int, batch_bytes: int, by_table: bool
+) -> None:
+    # What DCP scatters (the share, pickled) must come back as the schedule the rank
+    # would have got: every message, slot, offset, size and receiver list.
+    assume(len(plans) > 1)  # one rank exchanges nothing
+    expected = receivers_at_source(
+        plan_replicated(plans, _locate, round_bytes=round_bytes, batch_bytes=batch_bytes)
+    )
+    # Every chunk of the checkpoint, as every rank lists them, plus one nobody asks for.
+    table = chunk_table([*((name, (0, 0)) for name in CHUNKS), ("unasked", (0,))])
+    shared = plan_exchange(
+        plans,
+        "replicated",
+        _storage,
+        round_bytes=round_bytes,
+        batch_bytes=batch_bytes,
+        table=(lambda: table) if by_table else None,
+    )
+    for rank, plan in enumerate(shared):
+        share = pickle.loads(pickle.dumps(plan.storage_data))
+        assert isinstance(share, ReplicatedShare)
+        assert share.rank == rank
+        got = share.schedule(table if by_table else None)
+        assert got == expected[rank]

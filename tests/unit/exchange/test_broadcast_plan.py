@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import torch
+from reference_replicated import receivers_at_source
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
 from hyperckpt._exchange.schedule import ALIGN, item_key, plan_replicated
-from hyperckpt._exchange.strategy import _receivers_at_source
 
 MiB = 2**20
 
@@ -90,7 +90,7 @@ def test_a_receiving_rank_gets_its_transfers_without_the_receiver_lists() -> Non
     items = [_item(f"t{i}", 8 * 1024) for i in range(4)]  # 8 MiB each
     plans = [LoadPlan(items) for _ in range(4)]
     full = plan_replicated(plans, _locate, round_bytes=256 * MiB, batch_bytes=4 * MiB)
-    trimmed = _receivers_at_source(full)
+    trimmed = receivers_at_source(full)
     for schedule, whole in zip(trimmed, full, strict=True):
         assert len(schedule.transfers) == len(whole.transfers) == 4
         for transfer, original in zip(schedule.transfers, whole.transfers, strict=True):
