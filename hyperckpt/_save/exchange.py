@@ -7,6 +7,11 @@ aligned to :data:`~hyperckpt._save.bands.PIECE_ALIGN`, into one byte buffer; the
 knows the same offsets from the plan and copies each piece into its band (its own pieces
 come straight from its local tensor).  Messages are bytes, so every dtype travels (gloo has
 no bool or float8).  Buffers live where the process group moves data: CUDA for NCCL.
+
+Two sets of buffers alternate, so that round ``k + 1`` is exchanged while round ``k``'s bands
+are written: the consumer must have written round ``k - 1``'s bands before it asks for
+round ``k + 1``.  On the CPU each band starts on a page of its buffer, so that its direct
+writes go from there without a copy (:mod:`hyperckpt._save.write`).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from hyperckpt._exchange.rounds import transfer_device
 from hyperckpt._save.bands import PIECE_ALIGN, Band, Piece
 from hyperckpt._save.boxes import LocalTensor
 from hyperckpt._save.plan import BoxWrite
+from hyperckpt._storage.outputs import DIRECT_ALIGN
 
 __all__ = ["exchange_bands"]
 
@@ -36,7 +42,8 @@ def exchange_bands(
     """Run the rounds; yield, after each, this rank's bands of it by position in its boxes.
 
     The caller must exhaust the iterator on every rank (each step is a collective), even
-    after a write of its own failed.
+    after a write of its own failed.  A round's bands stay valid until the round after
+    next is asked for (two sets of buffers alternate).
 
     Args:
         rounds: The rounds of bands, the same on every rank.
@@ -50,12 +57,18 @@ def exchange_bands(
         return
     device = transfer_device(group if group is not None else dist.group.WORLD)  # type: ignore[arg-type]
     plans = [_sizes(bands, rank, world) for bands in rounds]
-    # One buffer of each kind for all rounds, reused: a fresh allocation of tens of MB per
+    # Two buffers of each kind for all rounds, reused: a fresh allocation of tens of MB per
     # round costs its page faults again (measured 0.3-0.5 s per 65 MB on the busy dev VM).
-    send_all = _buffer(max(sum(p[0]) for p in plans), device)
-    recv_all = _buffer(max(sum(p[1]) for p in plans), device)
-    band_all = _buffer(max(p[2] for p in plans), device)
-    for bands, (send_sizes, recv_sizes, _) in zip(rounds, plans, strict=True):
+    sets = min(2, len(rounds))
+    send_sets = [_buffer(max(sum(p[0]) for p in plans), device) for _ in range(sets)]
+    recv_sets = [_buffer(max(sum(p[1]) for p in plans), device) for _ in range(sets)]
+    band_sets = [_buffer(max(p[2] for p in plans), device) for _ in range(sets)]
+    for number, (bands, (send_sizes, recv_sizes, _)) in enumerate(zip(rounds, plans, strict=True)):
+        send_all, recv_all, band_all = (
+            send_sets[number % sets],
+            recv_sets[number % sets],
+            band_sets[number % sets],
+        )
         send = send_all.narrow(0, 0, sum(send_sizes))
         at = 0
         for writer in range(world):
@@ -75,7 +88,7 @@ def exchange_bands(
             if band.write.writer != rank:
                 continue
             buffer = _band(band_all, at, band)
-            at += _aligned(band.nbytes)
+            at += _paged(band.nbytes)
             _assemble(band, buffer, recv, cursors, tensors, rank)
             zero = tuple(0 for _ in band.write.box[0])
             local = {band.write.box: zero}
@@ -97,16 +110,22 @@ def _sizes(bands: Sequence[Band], rank: int, world: int) -> tuple[list[int], lis
                 send_sizes[writer] += _slot(piece)
             if writer == rank:
                 recv_sizes[sender] += _slot(piece)
-    held = sum(_aligned(b.nbytes) for b in bands if b.write.writer == rank)
+    held = sum(_paged(b.nbytes) for b in bands if b.write.writer == rank)
     return send_sizes, recv_sizes, held
 
 
 def _buffer(nbytes: int, device: torch.device) -> torch.Tensor:
-    return torch.empty(nbytes, dtype=torch.uint8, device=device)
+    """``nbytes`` of memory on ``device``, starting on a page."""
+    raw = torch.empty(nbytes + DIRECT_ALIGN, dtype=torch.uint8, device=device)
+    return raw.narrow(0, -raw.data_ptr() % DIRECT_ALIGN, nbytes)
 
 
 def _aligned(nbytes: int) -> int:
     return -(-nbytes // PIECE_ALIGN) * PIECE_ALIGN
+
+
+def _paged(nbytes: int) -> int:
+    return -(-nbytes // DIRECT_ALIGN) * DIRECT_ALIGN
 
 
 def _band(arena: torch.Tensor, at: int, band: Band) -> torch.Tensor:
