@@ -40,8 +40,11 @@ fresh file, the clock started once every writer is ready: the same bytes written
 sequentially from memory in 64 MiB writes and fsynced by one process and by ``world``
 processes into one file (durable write limit), the same through ``O_DIRECT`` (one
 process), and written without fsync (page cache); the ``world``-process durable limit is
-also sampled right before every repeat of every row (``paired_limit_seconds``), and each
-row's ``vs_limit`` is the median of those over the row's seconds.  Peak extra memory per
+also sampled right before every repeat of every row and once after its last
+(``paired_limit_seconds``; the direct one-process limit likewise,
+``paired_direct_limit_seconds``), and each row's ``vs_limit`` (``vs_direct_limit``) is
+the median of those over the median of the row's seconds: a ratio of medians taken in
+the same minutes; ``spread`` gives the lowest, median and highest of each.  Peak extra memory per
 rank is sampled RSS (every 2 ms) minus RSS just before the save.  Every row's output is checked with ``safe_open`` against the
 generator's values on its first repetition.
 
@@ -444,10 +447,14 @@ def main() -> int:
                     if case in ("hyperckpt per-row", "hyperckpt exchange") and not columns:
                         continue  # no column slices: the same path as "hyperckpt"
                     first, later, cpu, extra, paired, failure = [], [], [], [], [], ""
+                    direct: list[float] = []
                     for repeat in range(args.repeats):
-                        # The durable limit sampled right before each repeat, the same way
-                        # (fresh file, same bytes, ``world`` processes): the box drifts.
+                        # The durable limits sampled right before each repeat, the same way
+                        # (fresh file, same bytes, ``world`` processes buffered, one process
+                        # direct), and once more after the last: the box drifts, so the
+                        # row and its limits are interleaved and compared as medians.
                         paired.append(_limit(nbytes, scratch, world, True))
+                        direct.append(_limit(nbytes, scratch, 1, True, True))
                         out = scratch / f"out-{world}-{layout}-{len(rows)}-{repeat}"
                         try:
                             got = cast(
@@ -468,8 +475,12 @@ def main() -> int:
                                 _check(Path(f"{out}-0"), specs)
                             shutil.rmtree(f"{out}-{k}", ignore_errors=True)
                             shutil.rmtree(f"{out}-{k}.scratch", ignore_errors=True)
+                    if paired:
+                        paired.append(_limit(nbytes, scratch, world, True))
+                        direct.append(_limit(nbytes, scratch, 1, True, True))
                     times = later or first
                     limit = statistics.median(paired) if paired else None
+                    direct_limit = statistics.median(direct) if direct else None
                     rows.append(
                         {
                             "ranks": world,
@@ -481,7 +492,14 @@ def main() -> int:
                             "samples": {"first": first, "later": later, "cpu": cpu},
                             "cpu_seconds": statistics.median(cpu) if cpu else None,
                             "paired_limit_seconds": paired,
+                            "paired_direct_limit_seconds": direct,
                             "vs_limit": limit / statistics.median(times) if times else None,
+                            "vs_direct_limit": (
+                                direct_limit / statistics.median(times)
+                                if times and direct_limit
+                                else None
+                            ),
+                            "spread": _spread(times, paired, direct),
                             "extra_mib": max(extra) / 2**20 if extra else None,
                             "failure": failure,
                         }
@@ -511,6 +529,15 @@ def main() -> int:
     return 0
 
 
+def _spread(times: list[float], paired: list[float], direct: list[float]) -> dict[str, Any]:
+    """Lowest, median and highest of a row's seconds and of its interleaved limits."""
+
+    def three(values: list[float]) -> list[float] | None:
+        return [min(values), statistics.median(values), max(values)] if values else None
+
+    return {"seconds": three(times), "limit": three(paired), "direct_limit": three(direct)}
+
+
 def _first_error(text: str) -> str:
     lines = [ln.strip() for ln in text.splitlines() if "Error" in ln or "Exception" in ln]
     return (lines[-1] if lines else text.strip().splitlines()[0])[:300]
@@ -538,7 +565,11 @@ def _print_row(rows: list[dict[str, Any]], nbytes: int) -> None:
         f"  {row['ranks']} ranks {row['layout']:8s} {row['case']:20s} {row['seconds']:7.2f} s"
         f" (first {row['first_seconds']:.2f}, later {row['later_seconds'] or 0:.2f},"
         f" cpu {row['cpu_seconds']:.2f})  {nbytes / row['seconds'] / 1e9:6.2f} GB/s"
-        f"  {row['vs_limit']:.2f} of the paired durable limit  {ratio}"
+        f"  {row['vs_limit']:.2f} / {row['vs_direct_limit'] or 0:.2f} of the interleaved"
+        f" durable / direct limits (limit median {nbytes / statistics.median(row['paired_limit_seconds']) / 1e9:.2f}"
+        f" GB/s, {nbytes / max(row['paired_limit_seconds']) / 1e9:.2f}-"
+        f"{nbytes / min(row['paired_limit_seconds']) / 1e9:.2f}; row {row['spread']['seconds'][0]:.2f}-"
+        f"{row['spread']['seconds'][2]:.2f} s)  {ratio}"
         f"  peak extra {row['extra_mib']:7.1f} MiB/rank",
         flush=True,
     )

@@ -17,7 +17,8 @@ phases are timed by wrapping the functions ``hyperckpt._save.stage`` and
 * ``publish``: the index, directory sync and rename on the coordinator.
 
 Wall and CPU seconds (``time.process_time``, every thread of the rank) are given per save;
-busy boxes show as CPU well under wall.
+busy boxes show as CPU well under wall.  Each phase also has its CPU seconds (``(CPU)``:
+``time.thread_time`` of the thread in it, summed), the figure to trust on a busy box.
 
     python benchmarks/profile_save.py --size 0.35 --ranks 2 --layout fsdp --saves 4
 """
@@ -47,11 +48,12 @@ _PHASES: dict[str, float] = defaultdict(float)
 
 def _timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        begin = time.perf_counter()
+        begin, cpu = time.perf_counter(), time.thread_time()
         try:
             return fn(*args, **kwargs)
         finally:
             _PHASES[name] += time.perf_counter() - begin
+            _PHASES[f"{name} (CPU)"] += time.thread_time() - cpu
 
     return wrapper
 
@@ -67,6 +69,28 @@ def _agree_timed(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+class _Libc:
+    """``LIBC`` as ``write`` sees it, with ``memcpy`` (the copy into direct buffers) timed."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self.memcpy = _timed("memcpy", real.memcpy)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+class _Dist:
+    """``torch.distributed`` as the exchange sees it, with the collective timed."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self.all_to_all_single = _timed("exchange: all_to_all", real.all_to_all_single)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
 class _Zlib:
     """``zlib`` as ``write`` sees it, with ``crc32`` timed."""
 
@@ -79,7 +103,7 @@ class _Zlib:
 
 
 def _instrument() -> None:
-    from hyperckpt._save import stage, write
+    from hyperckpt._save import exchange, stage, write
     from hyperckpt._storage import outputs
 
     for name in ("flatten", "summarize", "merge", "plan_writes", "plan_bands"):
@@ -96,6 +120,10 @@ def _instrument() -> None:
     write.zlib = _Zlib(write.zlib)  # type: ignore[assignment]
     outputs.pwrite_all = _timed("pwrite", outputs.pwrite_all)  # type: ignore[assignment]
     outputs.sync_and_close = _timed("fsync", outputs.sync_and_close)  # type: ignore[assignment]
+    outputs.pwrite_direct = _timed("pwrite direct", outputs.pwrite_direct)  # type: ignore[assignment]
+    write.LIBC = _Libc(write.LIBC)  # type: ignore[assignment]
+    exchange.dist = _Dist(exchange.dist)  # type: ignore[assignment]
+    exchange._assemble = _timed("exchange: assemble", exchange._assemble)  # type: ignore[assignment]
 
 
 def _rank(
@@ -129,7 +157,26 @@ def _rank(
         row["wall"] = time.perf_counter() - wall
         row["cpu"] = time.process_time() - cpu
         results.append(row)
+    results[-1].update(_thread_cpu())
     return results
+
+
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds of this process's live threads by name, all saves together (threads of
+    the save's pools have ended: their time is in ``cpu`` only)."""
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK")
+    totals: dict[str, float] = defaultdict(float)
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            text = (task / "stat").read_text()
+        except OSError:
+            continue
+        name = text[text.index("(") + 1 : text.rindex(")")]
+        fields = text[text.rindex(")") + 2 :].split()
+        totals[f"threads, all saves: {name}"] += (int(fields[11]) + int(fields[12])) / tick
+    return dict(totals)
 
 
 def main() -> int:

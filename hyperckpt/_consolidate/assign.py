@@ -138,6 +138,7 @@ def plan_output(
     max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
     like: tuple[Mapping[str, str], bool] | None = None,
     dtype: str | None = None,
+    align: int = 8,
 ) -> OutputPlan:
     """Decide the output files of a consolidation: names, tensors, headers, offsets.
 
@@ -152,6 +153,8 @@ def plan_output(
         like: A checkpoint's weight map and whether it has an index (:func:`read_like`):
             reproduce its file names and assignment instead.
         dtype: A code of :data:`CONVERTIBLE` to write float tensors as, or ``None``.
+        align: Each file's data starts at a multiple of this many bytes (its header padded
+            with spaces, :func:`encode_header`): 8 as safetensors writes them.
 
     Raises:
         CheckpointError: ``like`` lacks some of the tensors or names tensors the input
@@ -169,7 +172,8 @@ def plan_output(
             groups.setdefault(assignment[name], []).append(name)
     else:
         entries = {name: entry_bound(name, out_dtype[name], t.shape) for name, t in tensors.items()}
-        shards = _greedy(sorted(tensors), sizes, max_shard_size, entries)
+        # A page of padding (a save's ``align``) counts against the header's limit too.
+        shards = _greedy(sorted(tensors), sizes, max_shard_size, entries, HEADER_BASE + align - 8)
         indexed = len(shards) > 1
         if not indexed:
             groups = {SINGLE_FILE_NAME: shards[0] if shards else []}
@@ -191,7 +195,7 @@ def plan_output(
         index = _index_bytes(weight_map, total_size, total_parameters)
         _check_index_length(len(index), len(weight_map))
     files = tuple(
-        _output_file(file, [(name, out_dtype[name], tensors[name]) for name in names])
+        _output_file(file, [(name, out_dtype[name], tensors[name]) for name in names], align)
         for file, names in sorted(groups.items())
     )
     for file in files:
@@ -208,16 +212,21 @@ def plan_output(
 
 
 def _greedy(
-    names: list[str], sizes: Mapping[str, int], limit: int, entries: Mapping[str, int]
+    names: list[str],
+    sizes: Mapping[str, int],
+    limit: int,
+    entries: Mapping[str, int],
+    base: int = HEADER_BASE,
 ) -> list[list[str]]:
     """Hugging Face's split: in order, a new file when the next tensor would pass ``limit``;
     a tensor over ``limit`` alone in a file, placed when it is met.  A file also ends
     before its header (``entries``: each tensor's header bytes at most) would pass the
-    format's limit, which no real checkpoint reaches."""
+    format's limit (``base``: a header's bytes besides its entries), which no real
+    checkpoint reaches."""
     shards: list[list[str]] = []
     current: list[str] = []
     filled = 0
-    header = HEADER_BASE
+    header = base
     for name in names:
         size = sizes[name]
         if size > limit:
@@ -225,7 +234,7 @@ def _greedy(
             continue
         if current and (filled + size > limit or header + entries[name] > MAX_HEADER_LENGTH):
             shards.append(current)
-            current, filled, header = [], 0, HEADER_BASE
+            current, filled, header = [], 0, base
         current.append(name)
         filled += size
         header += entries[name]
@@ -270,7 +279,9 @@ def _check_index_length(length: int, count: int, *, least: bool = False) -> None
         )
 
 
-def _output_file(name: str, members: list[tuple[str, str, TensorLayout]]) -> OutputFile:
+def _output_file(
+    name: str, members: list[tuple[str, str, TensorLayout]], align: int = 8
+) -> OutputFile:
     ordered = sorted(members, key=lambda m: (-DATA_ORDER[m[1]], m[0]))
     entries: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
     begin = 0
@@ -278,7 +289,7 @@ def _output_file(name: str, members: list[tuple[str, str, TensorLayout]]) -> Out
         end = begin + _nbytes(code, source.shape)
         entries[tensor] = (code, source.shape, begin, end)
         begin = end
-    header = encode_header(entries)
+    header = encode_header(entries, align=align)
     base = len(header)
     placed = tuple(
         OutputTensor(tensor, code, source, base + entries[tensor][2], base + entries[tensor][3])

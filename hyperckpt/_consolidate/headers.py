@@ -50,6 +50,7 @@ def encode_header(
     entries: Mapping[str, tuple[str, tuple[int, ...], int, int]],
     *,
     metadata: Mapping[str, str] | None = None,
+    align: int = 8,
 ) -> bytes:
     """A safetensors header as safetensors writes it: compact JSON, ``__metadata__`` first,
     padded with spaces to a multiple of 8, behind its 8-byte little-endian length.
@@ -58,14 +59,19 @@ def encode_header(
         entries: Tensor name to (dtype code, shape, begin, end) relative to the data
             buffer, in data order.
         metadata: The ``__metadata__`` map (default ``{"format": "pt"}``).
+        align: The data buffer starts at a multiple of this many bytes of the file (a
+            multiple of 8): 8 as safetensors writes; a save asks for a page, so that
+            tensors whose sizes are whole pages start on pages (direct I/O writes them
+            whole).  Spaces after the JSON are part of the format's header.
     """
+    assert align % 8 == 0, align
     document: dict[str, object] = {
         "__metadata__": dict(_FORMAT_METADATA if metadata is None else metadata)
     }
     for name, (code, shape, begin, end) in entries.items():
         document[name] = {"dtype": code, "shape": list(shape), "data_offsets": [begin, end]}
     text = json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
-    text += b" " * (-len(text) % 8)
+    text += b" " * (-(len(text) + 8) % align)
     return struct.pack("<Q", len(text)) + text
 
 

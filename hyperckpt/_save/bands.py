@@ -9,10 +9,13 @@ by :class:`ColumnCosts` (the runs' calls against the bytes moved) and returns th
 the rounds in which they are exchanged.  Nothing here touches a tensor or a process group:
 every rank computes the same result from the same :class:`~hyperckpt._save.plan.WritePlan`.
 
-Memory: a band holds at most a third of ``staging_bytes``, and on every rank a round's
-bands, the message it receives and the message it sends each stay within a third, so the
-three buffers the exchange keeps for all rounds stay within ``staging_bytes``.  No rank ever holds a whole tensor it does not own unless that tensor
-fits one band.  Replicated boxes are sent by the one rank the plan chose to write them, so
+Memory: two rounds are in flight (one exchanged while the previous one is written), each
+with three buffers (the bands a rank assembles, the message it receives, the message it
+sends).  On every rank a round's bands and the message it sends each stay within a sixth
+of ``staging_bytes`` and within :data:`ROUND_BYTES` (the message received is at most the
+bands), so both rounds' buffers stay within ``staging_bytes`` (plus a page per band, where
+bands start on pages).  No rank ever holds a whole tensor it does not own unless that
+tensor fits one band.  Replicated boxes are sent by the one rank the plan chose to write them, so
 their bytes still travel and land once.
 """
 
@@ -30,10 +33,15 @@ from hyperckpt._format.header import DTYPES
 from hyperckpt._save.boxes import Box
 from hyperckpt._save.plan import BoxWrite, WritePlan
 
-__all__ = ["Band", "ColumnCosts", "Piece", "plan_bands", "runs_of"]
+__all__ = ["ROUND_BYTES", "Band", "ColumnCosts", "Piece", "plan_bands", "runs_of"]
 
 #: Alignment of each piece inside a message, in bytes (any dtype may be viewed in place).
 PIECE_ALIGN: Final = 16
+#: Most bytes of bands a rank assembles in one round, and of the message it sends.  Small
+#: rounds keep the exchange's buffers few pages, touched again round after round: fresh
+#: memory costs a host page fault per page on the dev VM, and assembling bands into 85 MB
+#: buffers (a third of the default budget) took 0.3 s a save there (``cols``, 2 ranks).
+ROUND_BYTES: Final = 16 * 2**20
 #: Seconds per run beyond its bytes, written row by row (and again re-read by the audit):
 #: 2-6 us per call on the 2-core dev VM (a TP ``Shard(1)`` save row by row took 0.3-0.5 s
 #: more than the same bytes in row shards, for 85k runs of 2 KiB per rank); measured again
@@ -164,7 +172,7 @@ def plan_bands(
         plan: The plan from :func:`~hyperckpt._save.plan.plan_writes` (one file per tensor's
             bytes, every box with its writer).
         world: Ranks in the group.
-        staging_bytes: Most bytes of exchange buffers per rank and round.
+        staging_bytes: Most bytes of exchange buffers per rank, both rounds in flight.
         audit: Whether the audit re-reads each run (it doubles a per-row run's cost).
         costs: The cost rule (default: :class:`ColumnCosts`'s measured constants).
 
@@ -173,7 +181,7 @@ def plan_bands(
         rounds of bands, in plan order (empty when nothing is exchanged).
     """
     rule = costs if costs is not None else ColumnCosts()
-    cap = max(1, staging_bytes // 3)
+    cap = _per_round(staging_bytes)
     by_tensor: dict[str, list[BoxWrite]] = {}
     for box in plan.boxes:
         by_tensor.setdefault(box.tensor, []).append(box)
@@ -205,6 +213,12 @@ def plan_bands(
     kept.sort(key=lambda b: (b.file, b.start, b.box[0]))
     ordered = [band for b in kept if b.exchanged for band in _find(chosen, b)]
     return dataclasses.replace(plan, boxes=tuple(kept)), _rounds(ordered, world, staging_bytes)
+
+
+def _per_round(budget: int) -> int:
+    """Most bytes of a rank's bands, and of its message sent, in one round: two rounds of
+    three buffers are in flight."""
+    return max(1, min(budget // 6, ROUND_BYTES))
 
 
 def _worth_a_look(boxes: Sequence[BoxWrite], cap: int) -> bool:
@@ -277,10 +291,10 @@ def _find(chosen: dict[str, list[Band]], write: BoxWrite) -> list[Band]:
 
 def _rounds(bands: Sequence[Band], world: int, budget: int) -> tuple[tuple[Band, ...], ...]:
     """Bands grouped so that on every rank the bands it assembles, and the bytes it sends,
-    each stay within a third of ``budget`` per round (the exchange keeps one buffer of each
-    kind, the message received included, sized for the largest round); a band never waits
-    for a later one (plan order kept)."""
-    third = max(1, budget // 3)
+    each stay within :func:`_per_round` of ``budget`` per round (the exchange keeps two
+    buffers of each kind, the message received included, sized for the largest round); a
+    band never waits for a later one (plan order kept)."""
+    third = _per_round(budget)
     rounds: list[tuple[Band, ...]] = []
     current: list[Band] = []
     held = [0] * world

@@ -260,6 +260,7 @@ def stage(
                 threads=built.threads,
                 progress=tracker,
                 received=received,
+                digest=built.audit,
             )
             tracker.finish()
         except FAILURES as err:

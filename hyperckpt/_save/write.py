@@ -26,7 +26,7 @@ import math
 import queue
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Final, cast
 
@@ -48,8 +48,10 @@ __all__ = ["BLOCK_BYTES", "DIRECT_MIN_BYTES", "audit_boxes", "write_boxes"]
 BLOCK_BYTES: Final = 8 * 2**20
 
 #: Shortest run written (and re-read) with direct I/O; shorter runs, and the unaligned ends
-#: of longer ones, go through the page cache.
-DIRECT_MIN_BYTES: Final = 2**20
+#: of longer ones, go through the page cache.  Saves start their data on a page, so most
+#: boxes of 64 KiB and more are whole pages: one direct request each (a 512 KiB half of a
+#: ``k_proj`` went through the page cache at 1 MiB).
+DIRECT_MIN_BYTES: Final = 64 * 2**10
 
 #: Bytes written before progress is told (a column slice writes a run per row).
 PROGRESS_BYTES: Final = 2**20
@@ -66,7 +68,10 @@ class _Files:
     system refuses; the bytes of that request go through the page cache.
     """
 
-    def __init__(self, directory: Path, names: Iterable[str], *, write: bool) -> None:
+    def __init__(
+        self, directory: Path, names: Iterable[str], *, write: bool, digest: bool = True
+    ) -> None:
+        self.digest = digest
         self.fds: dict[str, int] = {}
         self.direct: dict[str, int] = {}
         self._buffers: queue.SimpleQueue[files.AlignedBuffer] = queue.SimpleQueue()
@@ -107,27 +112,35 @@ class _Files:
 
     def write_run(self, name: str, offset: int, address: int, length: int, crc: int) -> int:
         """Write ``length`` bytes at ``address`` to file ``name`` at ``offset``; the CRC-32
-        continued over them."""
+        continued over them (``crc`` itself when not digesting: no audit will ask)."""
         if not self.uses_direct(length):
             data = _memory(address, length)
             files.pwrite_all(self.fds[name], data, offset)
-            return zlib.crc32(data, crc)
+            return zlib.crc32(data, crc) if self.digest else crc
         head, middle = _aligned(offset, length)
         crc = self.write_run(name, offset, address, head, crc) if head else crc
-        buffer = self.take()
+        # Memory aligned like the file (an exchanged band's page-aligned buffer) is written
+        # from where it is; other memory is copied into this thread's aligned buffer.
+        in_place = (address - offset) % files.DIRECT_ALIGN == 0
+        buffer = None if in_place else self.take()
         try:
-            for at in range(head, head + middle, buffer.size):
-                size = min(buffer.size, head + middle - at)
+            for at in range(head, head + middle, BLOCK_BYTES):
+                size = min(BLOCK_BYTES, head + middle - at)
                 # Digested from the tensor's memory: the audit compares storage with what
                 # was meant, the copy included.
-                crc = zlib.crc32(_memory(address + at, size), crc)
-                LIBC.memcpy(buffer.address, address + at, size)
-                data = buffer.view[:size]
+                if self.digest:
+                    crc = zlib.crc32(_memory(address + at, size), crc)
+                if buffer is None:
+                    data = _memory(address + at, size)
+                else:
+                    LIBC.memcpy(buffer.address, address + at, size)
+                    data = buffer.view[:size]
                 if not (self.on and files.pwrite_direct(self.direct[name], data, offset + at)):
                     self.on = False
                     files.pwrite_all(self.fds[name], data, offset + at)
         finally:
-            self.give(buffer)
+            if buffer is not None:
+                self.give(buffer)
         tail = length - head - middle
         if tail:
             crc = self.write_run(name, offset + head + middle, address + head + middle, tail, crc)
@@ -197,13 +210,17 @@ def write_boxes(
     threads: int,
     progress: ProgressTracker,
     received: Iterable[Mapping[int, LocalTensor]] = (),
+    digest: bool = True,
 ) -> dict[int, int]:
     """Write ``boxes`` (this rank's) into the files in ``directory``, then sync them.
 
     The boxes this rank holds are written first; then each batch of ``received`` (row
-    bands assembled by an exchange, by position in ``boxes``) as it arrives.  ``received``
-    is exhausted even after a write failed, since its rounds are collectives the other
-    ranks wait on; the first failure is raised at the end.
+    bands assembled by an exchange, by position in ``boxes``) as it arrives, written while
+    the next batch is received.  A batch's memory must stay valid until the batch after
+    the next is asked for (:func:`~hyperckpt._save.exchange.exchange_bands` alternates two
+    sets of buffers); ``received`` is asked for it only once the batch before was written.
+    ``received`` is exhausted even after a write failed, since its rounds are collectives
+    the other ranks wait on; the first failure is raised at the end.
 
     Args:
         boxes: This rank's box writes.
@@ -237,32 +254,49 @@ def write_boxes(
         return n, crc
 
     def some(batch: Mapping[int, LocalTensor]) -> dict[int, int]:
-        order = sorted(batch)
+        # Boxes written only through the page cache first: a buffered write into a file
+        # waits for the direct writes in flight to it (ext4 locks the file for it), so
+        # they go before this rank's direct writes rather than between them.
+        order = sorted(batch, key=lambda n: (out is not None and _direct_box(out, boxes[n]), n))
         done = _map(lambda k: one(order[k], batch[order[k]]), range(len(order)), threads)
         return dict(cast(list[tuple[int, int]], list(done)))
 
     failure: BaseException | None = None
     digests: dict[int, int] = {}
+    # Batches are written in order by one thread of their own, while this one runs the
+    # next exchange round: at most two batches (one being written, one received) at once.
+    running: list[Future[dict[int, int]]] = []
+    batches = ThreadPoolExecutor(1, thread_name_prefix="hyperckpt-save-batches")
+
+    def settle(keep: int) -> None:
+        """Wait until at most ``keep`` batches are not yet written, keeping the first failure."""
+        nonlocal failure
+        while len(running) > keep:
+            try:
+                digests.update(running.pop(0).result())
+            except FAILURES as err:
+                failure = failure or err
+
     try:
         try:
-            out = _Files(directory, (b.file for b in boxes), write=True)
-            digests.update(
-                some({n: tensors[b.tensor] for n, b in enumerate(boxes) if not b.exchanged})
-            )
+            out = _Files(directory, (b.file for b in boxes), write=True, digest=digest)
+            own = {n: tensors[b.tensor] for n, b in enumerate(boxes) if not b.exchanged}
+            running.append(batches.submit(some, own))
         except FAILURES as err:
             failure = err
         for batch in received:
             if failure is None:
-                try:
-                    digests.update(some(batch))
-                except FAILURES as err:
-                    failure = err
+                running.append(batches.submit(some, batch))
+            # The round after next reuses the buffers of the batch before this one.
+            settle(1)
+        settle(0)
         if failure is not None:
             raise failure
         assert out is not None
         out.sync()
         return digests
     finally:
+        batches.shutdown(wait=True)
         if out is not None:
             out.close()
 
@@ -329,6 +363,12 @@ def _geometry(box: BoxWrite) -> tuple[int, int, tuple[int, ...]]:
     run = math.prod(sizes[max(d, 0) :]) if shape else 1
     strides = tuple(math.prod(shape[k + 1 :]) for k in range(len(shape)))
     return d, run, strides
+
+
+def _direct_box(out: _Files, box: BoxWrite) -> bool:
+    """Whether some run of ``box`` goes (in part) through direct I/O."""
+    _, run, _ = _geometry(box)
+    return out.uses_direct(run * (box.nbytes // max(1, math.prod(box.box[1]))))
 
 
 def _file_runs(box: BoxWrite) -> Iterator[_Run]:

@@ -33,8 +33,10 @@ from hyperckpt._storage.files import create_new, open_output, sync_directory
 
 __all__ = [
     "DIRECT_ALIGN",
+    "SHARED_DIR",
     "TEMP_MARK",
     "AlignedBuffer",
+    "SharedBuffer",
     "close",
     "create_sized",
     "exists",
@@ -236,6 +238,79 @@ class AlignedBuffer:
         """Unmap the buffer; no view of it may be used afterwards."""
         if self.address:
             self.view.release()
+            libc.LIBC.munmap(self.address, self.size)
+            self.address = 0
+
+
+_NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
+#: Where ranks of one host share memory by name (tmpfs), when the host has it.
+SHARED_DIR: Final = Path("/dev/shm")
+_SHARED_PREFIX: Final = "hyperckpt-exchange-"
+
+
+class SharedBuffer:
+    """``size`` bytes of memory that every process of this host can map by its name: a file
+    under :data:`SHARED_DIR`, created exclusively (never through a link), removed by its
+    creator once the others mapped it (:meth:`remove`), unmapped by :meth:`close`.
+
+    Attributes:
+        name: The file's name under :data:`SHARED_DIR`.
+        address: The first byte's address in this process (page-aligned).
+        size: Its length in bytes (at least 1).
+    """
+
+    __slots__ = ("address", "name", "size")
+
+    def __init__(self, name: str, size: int, *, create: bool) -> None:
+        if not name.startswith(_SHARED_PREFIX) or "/" in name or "\0" in name:
+            raise ValueError(f"not a shared buffer's name: {name!r}")
+        self.name, self.size, self.address = name, max(1, size), 0
+        flags = os.O_RDWR | _NOFOLLOW | _CLOEXEC | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = os.open(SHARED_DIR / name, flags, 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, self.size)
+            elif os.fstat(fd).st_size < self.size:
+                raise OSError(errno.EINVAL, f"{SHARED_DIR / name}: shorter than {self.size} bytes")
+            protection = mmap.PROT_READ | mmap.PROT_WRITE
+            address = libc.LIBC.mmap(None, self.size, protection, mmap.MAP_SHARED, fd, 0)
+            if address in (None, libc.MAP_FAILED):
+                error = ctypes.get_errno()
+                raise OSError(error, f"mmap of {SHARED_DIR / name}: {os.strerror(error)}")
+            self.address = address
+        except BaseException:
+            if create:
+                with contextlib.suppress(OSError):
+                    os.unlink(SHARED_DIR / name)
+            raise
+        finally:
+            os.close(fd)
+
+    @classmethod
+    def create(cls, size: int) -> SharedBuffer | None:
+        """A new shared buffer, or ``None`` where this host has no :data:`SHARED_DIR`."""
+        if not SHARED_DIR.is_dir():
+            return None
+        return cls(f"{_SHARED_PREFIX}{os.getpid()}-{uuid.uuid4().hex}", size, create=True)
+
+    @classmethod
+    def attach(cls, name: str, size: int) -> SharedBuffer | None:
+        """Another process's shared buffer by its name, or ``None`` where it is not here
+        (another host)."""
+        try:
+            return cls(name, size, create=False)
+        except FileNotFoundError:
+            return None
+
+    def remove(self) -> None:
+        """Remove the name (the memory lives on while mapped)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(SHARED_DIR / self.name)
+
+    def close(self) -> None:
+        """Unmap the buffer; no view of it may be used afterwards."""
+        if self.address:
             libc.LIBC.munmap(self.address, self.size)
             self.address = 0
 

@@ -6,10 +6,13 @@ dimension (``Shard(0)`` x ``Shard(1)``, ``_StridedShard`` on the columns), HSDP 
 a column slice and a 3-D ``Shard(2)``, under a tiny staging budget (many rounds, bands of
 a few rows) and the default one, and converted to bf16 on the way out; ``safe_open`` reads
 every tensor back bit for bit, and the report names every column-split tensor as exchanged.
+The messages go through shared memory (the ranks share a host; no name is left behind)
+and, in one save, through gloo's ``all_to_all_single``.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from unittest import mock
 
@@ -23,6 +26,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 
 import hyperckpt
 from hyperckpt import CheckpointError, SaveOptions
+from hyperckpt._save import exchange
 from hyperckpt._storage import outputs
 
 pytestmark = pytest.mark.distributed
@@ -79,10 +83,26 @@ def _save_and_check(rank: int, world: int, root: str) -> list[str]:
     converted = {
         key: t.to(torch.bfloat16) if t.dtype in CONVERTED else t for key, t in originals.items()
     }
-    for budget, dtype in ((4096, None), (256 * 2**20, None), (4096, "bf16")):
+    # The ranks share one host: messages go through shared memory, but for the last save,
+    # which goes through gloo's all_to_all_single (as ranks of several hosts do).
+    for budget, dtype, shared in (
+        (4096, None, True),
+        (256 * 2**20, None, True),
+        (4096, "bf16", False),
+    ):
         target = Path(root) / f"ckpt-{budget}-{dtype}"
         options = SaveOptions(staging_bytes=budget, dtype=dtype)
-        report = hyperckpt.save(state, target, max_shard_size=2000, options=options)
+        calls = mock.Mock(wraps=dist.all_to_all_single)
+        with (
+            mock.patch.object(exchange, "_SHARED_MAX_RANKS", 16 if shared else 0),
+            mock.patch.object(exchange.dist, "all_to_all_single", calls),
+        ):
+            report = hyperckpt.save(state, target, max_shard_size=2000, options=options)
+        if (calls.call_count == 0) != shared:
+            problems.append(f"{target.name}: {calls.call_count} all_to_all_single calls")
+        left = [n for n in os.listdir(outputs.SHARED_DIR) if n.startswith("hyperckpt-exchange-")]
+        if left:
+            problems.append(f"{target.name}: shared buffers left by name: {left}")
         expected = converted if dtype else originals
         if set(report.exchanged) != set(originals):
             problems.append(f"exchanged {sorted(set(originals) - set(report.exchanged))} not")

@@ -69,17 +69,25 @@ def test_a_save_of_one_process_enters_no_collective_while_a_group_is_initialized
 
 def _die_midway() -> None:
     """Make this process die (SIGKILL, as the OOM killer would) after writing half a box."""
-    real = files.pwrite_all
+    real, real_direct = files.pwrite_all, files.pwrite_direct
 
     def pwrite_then_die(fd: int, data: bytes | memoryview | bytearray, offset: int) -> None:
         view = memoryview(data).cast("B")
-        if len(view) < 4096:  # a header: write it
+        if offset == 0:  # a header: write it
             real(fd, view, offset)
             return
         real(fd, view[: len(view) // 2], offset)
         os.kill(os.getpid(), signal.SIGKILL)
 
+    def direct_then_die(fd: int, data: memoryview, offset: int) -> bool:
+        half = len(data) // 2 // files.DIRECT_ALIGN * files.DIRECT_ALIGN
+        if half:
+            real_direct(fd, data[:half], offset)
+        os.kill(os.getpid(), signal.SIGKILL)
+        return True
+
     files.pwrite_all = pwrite_then_die  # type: ignore[assignment]
+    files.pwrite_direct = direct_then_die  # type: ignore[assignment]
 
 
 def _killed_rank(rank: int, world: int, root: str, victim: int, rendezvous: str) -> None:

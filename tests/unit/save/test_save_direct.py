@@ -169,3 +169,30 @@ def test_a_refused_direct_request_writes_and_reads_nothing_and_says_so(tmp_path:
     data = path.read_bytes()
     assert data[outputs.DIRECT_ALIGN : 3 * outputs.DIRECT_ALIGN] == b"\x5a" * buffer.size
     assert data[: outputs.DIRECT_ALIGN] == bytes(outputs.DIRECT_ALIGN)
+
+
+def test_data_starts_on_a_page_so_whole_page_tensors_need_no_page_cache_write(
+    tmp_path: Path,
+) -> None:
+    generator = torch.Generator().manual_seed(5)
+    state = {
+        "w": torch.randn(64, 1024, generator=generator),  # 256 KiB
+        "v": torch.randn(32, 512, generator=generator),  # 64 KiB
+    }
+    cached: list[int] = []
+    real = outputs.pwrite_all
+
+    def counted(fd: int, data: bytes | memoryview | bytearray, offset: int) -> None:
+        cached.append(offset)
+        real(fd, data, offset)
+
+    with mock.patch.object(outputs, "pwrite_all", counted):
+        hyperckpt.save(state, tmp_path / "ckpt")
+    path = tmp_path / "ckpt" / "model.safetensors"
+    prefix = path.read_bytes()[:8]
+    assert (8 + int.from_bytes(prefix, "little")) % outputs.DIRECT_ALIGN == 0
+    assert set(cached) == {0}  # headers and markers alone went through the page cache
+    hyperckpt.describe(tmp_path / "ckpt")
+    with safe_open(str(path), "pt") as handle:
+        for name, tensor in state.items():
+            assert torch.equal(handle.get_tensor(name), tensor), name
