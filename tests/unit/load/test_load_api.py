@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import pytest
@@ -250,6 +251,36 @@ def test_load_hands_its_planner_and_options_to_dcp_load_and_the_reader(
         hyperckpt.load(_destinations(model), tmp_path, reader_options={"staging_bytes": 64})
     [reader] = readers
     assert reader.options.staging_bytes == 64
+
+
+def test_load_holds_the_collector_while_dcp_runs_and_restores_it_after_success_and_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Fails if the hold covered only the planner (the read would run with it on) or if a
+    # failed load left the process without its collector.
+    model = _model()
+    write_hf_checkpoint(tmp_path, model)
+    seen: list[bool] = []
+
+    def recording(kind: str) -> type:
+        class Recording(reader_for(kind)):  # type: ignore[misc]
+            def read_data(self, plan, planner):  # type: ignore[no-untyped-def]
+                seen.append(gc.isenabled())
+                return super().read_data(plan, planner)
+
+        return Recording
+
+    monkeypatch.setattr("hyperckpt._load.api.reader_for", recording)
+    assert gc.isenabled()
+    state = _destinations(model)
+    hyperckpt.load(state, tmp_path)
+    assert seen == [False]
+    assert gc.isenabled()
+    for name, tensor in model.items():
+        assert mismatch(state[name], tensor) is None, name
+    with pytest.raises(CheckpointError):
+        hyperckpt.load(_destinations(model), tmp_path, planner=_FailingPlanner(KeyError("x")))
+    assert gc.isenabled()
 
 
 def test_load_planner_refuses_an_unknown_strided_layout() -> None:
