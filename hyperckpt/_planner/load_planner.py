@@ -96,6 +96,8 @@ class LoadPlanner(DefaultLoadPlanner):
                 f"strided_layout must be 'auto', 'dtensor' or 'fsdp', got {strided_layout!r}"
             )
         self.strided_layout: StridedLayout = strided_layout
+        # Whether set_up_planner found the state dict flat (see flat_state_dict).
+        self._flat = False
 
     def set_up_planner(
         self,
@@ -113,7 +115,8 @@ class LoadPlanner(DefaultLoadPlanner):
         """
         with without_gc():
             flat, meta = flat_state_dict(state_dict)
-            if not (flat and self.flatten_state_dict):
+            self._flat = flat and self.flatten_state_dict
+            if not self._flat:
                 super().set_up_planner(state_dict, metadata, is_coordinator)
                 return
             if meta:
@@ -154,9 +157,17 @@ class LoadPlanner(DefaultLoadPlanner):
     def _local_plan(self) -> LoadPlan:
         assert self.metadata is not None, "set_up_planner runs before create_local_plan"
         known = self.metadata.state_dict_metadata
-        if self.flatten_state_dict and not known.keys() <= self.state_dict.keys():
-            # Sizes are checked in the same pass, before DCP's own check, whose message
-            # cannot say a shard file is missing.
+        if (
+            self.flatten_state_dict
+            and not self._flat
+            and not known.keys() <= self.state_dict.keys()
+        ):
+            # The checkpoint holds keys this state dict lacks: torch then tries its pre-2.4
+            # flattening of a nested state dict.  A flat one (the common case: a model
+            # that is part of the checkpoint, experts on other ranks) flattens to the same
+            # keys either way, so it takes the fast pass below.  Sizes are checked in the
+            # same pass, before DCP's own check, whose message cannot say a shard file is
+            # missing.
             regions = strided_regions(
                 self.state_dict, strided_layout=self.strided_layout, known=known
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import (
@@ -81,3 +82,32 @@ def test_the_read_items_equal_torchs_for_whole_and_split_chunks() -> None:
     assert got == expected
     assert [hash(item.dest_index) for item in got] == [hash(i.dest_index) for i in expected]
     assert [repr(item) for item in got] == [repr(item) for item in expected]
+
+
+def test_a_flat_state_dict_that_is_part_of_the_checkpoint_is_planned_as_torch_plans_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A model that is part of the checkpoint (experts on other ranks, a language model out
+    # of a vision-language checkpoint): torch tries its pre-2.4 flattening, which changes
+    # nothing for a flat state dict, so ours plans it in its own pass, not torch's.
+    state: dict[str, object] = {name: torch.zeros(SHAPES[name]) for name in ("a.weight", "b.scale")}
+    md = metadata(SHAPES, split="a.weight")
+    theirs, ours = both(state, md)
+    expected = theirs.create_local_plan().items
+
+    def torchs(self: object) -> object:
+        raise AssertionError("a flat state dict went through torch's planning")
+
+    monkeypatch.setattr(DefaultLoadPlanner, "create_local_plan", torchs)
+    got = ours.create_local_plan().items
+    assert [repr(item) for item in got] == [repr(item) for item in expected]
+    # A key the checkpoint lacks is still torch's refusal, and allowed where asked.
+    state["z.extra"] = torch.zeros(2)
+    _, strict = both(state, md)
+    with pytest.raises(RuntimeError, match=r"Missing key in checkpoint state_dict: z\.extra"):
+        strict.create_local_plan()
+    partial = LoadPlanner(allow_partial_load=True)
+    partial.set_up_planner(dict(state), md, is_coordinator=False)
+    assert [repr(item) for item in partial.create_local_plan().items] == [
+        repr(item) for item in expected
+    ]
