@@ -252,8 +252,10 @@ def estimate(
 ) -> StrategyCost:
     """The model's cost of ``plans``, already planned for ``strategy``."""
     world = len(plans)
-    names = list(dict.fromkeys(hosts))
-    host_of = [names.index(host) for host in hosts]
+    # By dict, not list.index: that was ranks x hosts comparisons (8M at 8,192 ranks).
+    number = {host: i for i, host in enumerate(dict.fromkeys(hosts))}
+    names = list(number)
+    host_of = [number[host] for host in hosts]
     read_bytes = [0] * world
     reads = [0] * world
     host_bytes = [0] * len(names)
