@@ -27,7 +27,7 @@ from hyperckpt._exchange.schedule import (
     Slot,
     Transfer,
 )
-from hyperckpt._exchange.stripe_plan import narrowest_ints, ramps
+from hyperckpt._exchange.stripe_plan import narrowest_ints, ramps, share_keys
 from hyperckpt._exchange.stripes import ChunkKey
 
 __all__ = ["ReplicatedShare", "replicated_shares"]
@@ -80,22 +80,7 @@ class ReplicatedShare:
         Args:
             table: The chunk table the coordinator named chunks by, when it did.
         """
-        if isinstance(self.chunks, tuple):
-            names = self.chunks
-        else:
-            assert table is not None, "a share that names chunks by index needs their table"
-            names = tuple(table[i] for i in self.chunks.tolist())
-        ndims = self.chunk_ndim.tolist()
-        keys: list[ItemKey] = []
-        for chunk, offsets, lengths in zip(
-            self.key_chunk.tolist(),
-            self.key_offsets.tolist(),
-            self.key_lengths.tolist(),
-            strict=True,
-        ):
-            name, chunk_offsets = names[chunk]
-            ndim = ndims[chunk]
-            keys.append((name, chunk_offsets, tuple(offsets[:ndim]), tuple(lengths[:ndim])))
+        _, keys = share_keys(self, table)
         slots = zip(*(a.tolist() for a in self.slots), strict=True)
         receivers = iter(self.receivers.tolist())
         transfers = []

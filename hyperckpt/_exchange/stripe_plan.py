@@ -17,6 +17,7 @@ import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -49,6 +50,7 @@ __all__ = [
     "plan_stripe_arrays",
     "plan_stripes",
     "ramps",
+    "share_keys",
 ]
 
 Ints = NDArray[np.int64]
@@ -262,6 +264,46 @@ def chunk_table(chunks: Iterable[ChunkKey]) -> tuple[ChunkKey, ...]:
     return tuple(sorted(chunks))
 
 
+class _NamedKeys(Protocol):
+    """What a share holds to name its chunks and the item keys of its slots."""
+
+    @property
+    def chunks(self) -> tuple[ChunkKey, ...] | Ints: ...
+    @property
+    def chunk_ndim(self) -> Ints: ...
+    @property
+    def key_chunk(self) -> Ints: ...
+    @property
+    def key_offsets(self) -> Ints: ...
+    @property
+    def key_lengths(self) -> Ints: ...
+
+
+def share_keys(
+    share: _NamedKeys, table: Sequence[ChunkKey] | None
+) -> tuple[tuple[ChunkKey, ...], list[ItemKey]]:
+    """A share's chunks by name (looked up in ``table`` where the share names them by
+    index) and the item keys of its slots, rebuilt from their columns (striped and
+    replicated shares alike)."""
+    if isinstance(share.chunks, tuple):
+        names = share.chunks
+    else:
+        assert table is not None, "a share that names chunks by index needs their table"
+        names = tuple(table[i] for i in share.chunks.tolist())
+    ndims = share.chunk_ndim.tolist()
+    keys: list[ItemKey] = []
+    for chunk, offsets, lengths in zip(
+        share.key_chunk.tolist(),
+        share.key_offsets.tolist(),
+        share.key_lengths.tolist(),
+        strict=True,
+    ):
+        name, chunk_offsets = names[chunk]
+        ndim = ndims[chunk]
+        keys.append((name, chunk_offsets, tuple(offsets[:ndim]), tuple(lengths[:ndim])))
+    return names, keys
+
+
 @dataclass(frozen=True, slots=True)
 class StripeShare:
     """One rank's part of a striped plan, as arrays; the ``storage_data`` DCP scatters back.
@@ -311,22 +353,7 @@ class StripeShare:
         Args:
             table: The :func:`chunk_table` the coordinator named chunks by, when it did.
         """
-        if isinstance(self.chunks, tuple):
-            names = self.chunks
-        else:
-            assert table is not None, "a share that names chunks by index needs their table"
-            names = tuple(table[i] for i in self.chunks.tolist())
-        ndims = self.chunk_ndim.tolist()
-        keys: list[ItemKey] = []
-        for chunk, offsets, lengths in zip(
-            self.key_chunk.tolist(),
-            self.key_offsets.tolist(),
-            self.key_lengths.tolist(),
-            strict=True,
-        ):
-            name, chunk_offsets = names[chunk]
-            ndim = ndims[chunk]
-            keys.append((name, chunk_offsets, tuple(offsets[:ndim]), tuple(lengths[:ndim])))
+        names, keys = share_keys(self, table)
         parts = tuple(
             StripePart(round_, self.rank, names[chunk], (first, stop))
             for round_, chunk, first, stop in zip(*(a.tolist() for a in self.parts), strict=True)
