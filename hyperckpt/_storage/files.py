@@ -36,6 +36,7 @@ __all__ = [
     "LocalStorage",
     "create_new",
     "open_output",
+    "open_shared",
     "sync_directory",
     "temporary_name",
 ]
@@ -68,6 +69,23 @@ def open_output(path: str | os.PathLike[str], *, write: bool, direct: bool = Fal
     handles the file system's refusal)."""
     flags = (os.O_WRONLY if write else os.O_RDONLY) | _NOFOLLOW | _CLOEXEC
     return os.open(path, flags | (getattr(os, "O_DIRECT", 0) if direct else 0))
+
+
+def open_shared(path: str | os.PathLike[str], *, create: bool) -> int:
+    """A read-write descriptor on a file other processes of this host map (the save's
+    exchange buffers): created here exclusively (mode 0600), or opened as another process
+    created it; never through a link, and only a regular file.
+
+    Raises:
+        FileExistsError: ``create`` and something is already there.
+        OSError: The path is not a regular file (``EINVAL``), or cannot be opened.
+    """
+    flags = os.O_RDWR | _NOFOLLOW | _CLOEXEC | getattr(os, "O_NONBLOCK", 0)
+    fd = os.open(path, flags | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"{path}: not a regular file")
+    return fd
 
 
 def sync_directory(path: str | os.PathLike[str]) -> None:

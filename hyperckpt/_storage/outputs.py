@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Final
 
 from hyperckpt._storage import libc
-from hyperckpt._storage.files import create_new, open_output, sync_directory
+from hyperckpt._storage.files import create_new, open_output, open_shared, sync_directory
 
 __all__ = [
     "DIRECT_ALIGN",
@@ -242,8 +242,6 @@ class AlignedBuffer:
             self.address = 0
 
 
-_NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
-_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
 #: Where ranks of one host share memory by name (tmpfs), when the host has it.
 SHARED_DIR: Final = Path("/dev/shm")
 _SHARED_PREFIX: Final = "hyperckpt-exchange-"
@@ -266,8 +264,7 @@ class SharedBuffer:
         if not name.startswith(_SHARED_PREFIX) or "/" in name or "\0" in name:
             raise ValueError(f"not a shared buffer's name: {name!r}")
         self.name, self.size, self.address = name, max(1, size), 0
-        flags = os.O_RDWR | _NOFOLLOW | _CLOEXEC | (os.O_CREAT | os.O_EXCL if create else 0)
-        fd = os.open(SHARED_DIR / name, flags, 0o600)
+        fd = open_shared(SHARED_DIR / name, create=create)
         try:
             if create:
                 os.ftruncate(fd, self.size)
