@@ -12,6 +12,12 @@ Both look at samples of a long range, not every page: ``mincore`` costs about 70
 from the samples), while a page cache fills and empties in read-ahead windows of many
 pages, so evenly spaced groups of pages tell a warm range from a cold one, and a range with
 a hole as long as the groups' spacing from one without.
+
+Before either, ``cachestat`` (Linux 6.5 and later) counts the cached pages of the whole
+range in one call, exactly (~7 us for a 64 MiB window, against ~170 us for the samples: 3 ms
+of a one-rank 1.2 GB load); it answers under the same condition as ``mincore`` (a file this
+process owns or may write), and where it cannot (an older kernel, another user's file) the
+samples answer as before.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import os
 
 from hyperckpt._storage.libc import LIBC as _libc
 from hyperckpt._storage.libc import MAP_FAILED as _MAP_FAILED
+from hyperckpt._storage.libc import SYS_CACHESTAT as _SYS_CACHESTAT
 from hyperckpt._storage.libc import preadv2 as _preadv2
 
 __all__ = ["PAGE", "advise_cold", "cold_fraction"]
@@ -51,6 +58,17 @@ class _Iovec(ctypes.Structure):
     _fields_ = (("base", ctypes.c_void_p), ("length", ctypes.c_size_t))
 
 
+class _CachestatRange(ctypes.Structure):
+    _fields_ = (("offset", ctypes.c_uint64), ("length", ctypes.c_uint64))
+
+
+class _Cachestat(ctypes.Structure):
+    _fields_ = tuple(
+        (name, ctypes.c_uint64)
+        for name in ("cache", "dirty", "writeback", "evicted", "recently_evicted")
+    )
+
+
 def cold_fraction(fd: int, offset: int, length: int) -> float | None:
     """The fraction of the range's pages that are not in the page cache (exact up to
     :data:`FULL_SCAN_PAGES` pages, from evenly spaced samples beyond), or ``None`` when this
@@ -63,12 +81,29 @@ def cold_fraction(fd: int, offset: int, length: int) -> float | None:
     """
     if length <= 0:
         return 0.0
+    counted = _cachestat(fd, offset, length)
+    if counted is not None:
+        return counted
     stat = os.fstat(fd)
     if stat.st_uid == os.geteuid() or os.geteuid() == 0:
         found = _mincore(fd, offset, length)
         if found is not None:
             return found
     return _nowait_probes(fd, offset, length)
+
+
+def _cachestat(fd: int, offset: int, length: int) -> float | None:
+    """The fraction of the range's pages not in the page cache, counted by ``cachestat``
+    over every page, or ``None`` where the call is refused or unknown."""
+    first, last = offset // PAGE, (offset + length - 1) // PAGE
+    span = _CachestatRange(first * PAGE, (last + 1 - first) * PAGE)
+    found = _Cachestat()
+    # syscall() is variadic: every argument passed as a full long.
+    number, descriptor, flags = ctypes.c_long(_SYS_CACHESTAT), ctypes.c_long(fd), ctypes.c_long(0)
+    if _libc.syscall(number, descriptor, ctypes.byref(span), ctypes.byref(found), flags) != 0:
+        return None  # ENOSYS before Linux 6.5, EPERM for a file we neither own nor may write
+    pages = last + 1 - first
+    return 1.0 - min(int(found.cache), pages) / pages
 
 
 def _mincore(fd: int, offset: int, length: int) -> float | None:
@@ -104,15 +139,32 @@ def _nowait_probes(fd: int, offset: int, length: int) -> float | None:
     iov = _Iovec(ctypes.addressof(byte), 1)
     step = max(PAGE, -(-length // PROBES))
     probes = missed = 0
-    for at in range(offset, offset + length, step):
-        got = _preadv2(fd, ctypes.byref(iov), 1, at, _RWF_NOWAIT)
-        probes += 1
-        if got < 0:
-            code = ctypes.get_errno()
-            if code != errno.EAGAIN:
-                return None  # RWF_NOWAIT unsupported here (EOPNOTSUPP, EINVAL, ENOSYS)
-            missed += 1
+    # A missed RWF_NOWAIT read still starts the kernel's read-ahead from that page, so a
+    # later probe would find pages an earlier one asked for and count a cold range warm
+    # (0.33 seen for a cold one).  With the descriptor's read-ahead off (RANDOM) a miss
+    # asks for its own page only, which no other probe looks at; the descriptor is the
+    # load's, freshly opened, so NORMAL afterwards is how it was.
+    _advise(fd, os.POSIX_FADV_RANDOM)
+    try:
+        for at in range(offset, offset + length, step):
+            got = _preadv2(fd, ctypes.byref(iov), 1, at, _RWF_NOWAIT)
+            probes += 1
+            if got < 0:
+                code = ctypes.get_errno()
+                if code != errno.EAGAIN:
+                    return None  # RWF_NOWAIT unsupported here (EOPNOTSUPP, EINVAL, ENOSYS)
+                missed += 1
+    finally:
+        _advise(fd, os.POSIX_FADV_NORMAL)
     return missed / probes
+
+
+def _advise(fd: int, advice: int) -> None:
+    """Advise the kernel on the whole file; a kernel that refuses changes nothing."""
+    try:
+        os.posix_fadvise(fd, 0, 0, advice)
+    except OSError as err:  # advice is optional: EINVAL on some file systems
+        logger.debug("posix_fadvise(%d) refused: %s", advice, err)
 
 
 def advise_cold(fd: int, offset: int, length: int) -> None:

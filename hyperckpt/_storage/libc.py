@@ -10,7 +10,7 @@ import ctypes
 import ctypes.util
 from typing import Any
 
-__all__ = ["LIBC", "MAP_FAILED", "fallocate", "preadv2"]
+__all__ = ["LIBC", "MAP_FAILED", "SYS_CACHESTAT", "fallocate", "preadv2"]
 
 LIBC = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 LIBC.mmap.argtypes = [
@@ -44,6 +44,11 @@ fallocate: Any = getattr(LIBC, "fallocate", None)
 if fallocate is not None:
     fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
     fallocate.restype = ctypes.c_int
+
+#: The ``cachestat`` system call's number (Linux 6.5 and later, the same on every
+#: architecture: it came after their tables were unified); called through ``syscall``.
+SYS_CACHESTAT = 451
+LIBC.syscall.restype = ctypes.c_long
 
 #: What ``mmap`` returns on failure, as ctypes gives a ``c_void_p`` result.
 MAP_FAILED = ctypes.c_void_p(-1).value

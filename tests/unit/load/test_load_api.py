@@ -200,7 +200,8 @@ def test_a_failure_inside_dcp_load_is_our_error_not_torchs_base_exception(
     with pytest.raises(hyperckpt.CheckpointChangedError, match="changed") as info:
         hyperckpt.load(_destinations(_model()), tmp_path, planner=_FailingPlanner(ours))
     assert info.value.path == "model.safetensors"
-    assert isinstance(info.value.__cause__, dcp.api.CheckpointException)
+    # One rank runs DCP's steps itself (no dcp.load to wrap the error): the error raised.
+    assert info.value is ours
     caught: Exception | None = None
     try:
         hyperckpt.load(_destinations(_model()), tmp_path, planner=_FailingPlanner(KeyError("x")))
