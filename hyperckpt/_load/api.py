@@ -223,6 +223,11 @@ def load(
     # A planner whose global step and finish leave the plans as they are never needs the
     # items on the coordinator: they stay on their rank (see prepare_local_plan).
     reader._items_stay = _leaves_plans_alone(planner)
+    # Plans that stay on their rank need no ReadItem objects until the reader walks them.
+    compact = isinstance(planner, LoadPlanner) and reader._items_stay
+    if compact:
+        assert isinstance(planner, LoadPlanner)
+        planner.compact_items = True
     with warnings.catch_warnings():
         # One process without a process group is a supported use here, not a mistake.
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
@@ -244,6 +249,10 @@ def load(
                 )
         except CheckpointException as err:
             raise _translate(err, process_group) from err
+        finally:
+            if compact:  # a planner the caller passed plans plain dcp.load calls as before
+                assert isinstance(planner, LoadPlanner)
+                planner.compact_items = False
     untied = untied_keys(state_dict, wanted, skipped)
     if untied and allow_missing is True:
         logger.warning("hyperckpt.load: keys left as they were, tied to nothing: %s", untied)

@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.planner_helpers import (
 )
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
+from hyperckpt._planner.compact import CompactItems
 from hyperckpt._planner.gc_hold import without_gc
 from hyperckpt._planner.local_items import flat_state_dict, scan_local
 from hyperckpt._planner.placements import is_strided
@@ -98,6 +99,10 @@ class LoadPlanner(DefaultLoadPlanner):
         self.strided_layout: StridedLayout = strided_layout
         # Whether set_up_planner found the state dict flat (see flat_state_dict).
         self._flat = False
+        #: Set by :func:`hyperckpt.load` while its plans stay on their ranks: the local
+        #: plan's items may then be rows made into ``ReadItem``s on first use (see
+        #: :mod:`hyperckpt._planner.compact`); plain ``dcp.load`` always gets a list.
+        self.compact_items = False
 
     def set_up_planner(
         self,
@@ -173,16 +178,24 @@ class LoadPlanner(DefaultLoadPlanner):
             )
             # torch's planner may swap in a pre-2.4 flattening here: let it.
             plan = super().create_local_plan()
-            items = [item for item in plan.items if item.dest_index.fqn not in regions]
+            items: list[ReadItem] | CompactItems = [
+                item for item in plan.items if item.dest_index.fqn not in regions
+            ]
         else:
             # The same items as torch's, in time for this rank's own tensors, and the
             # strided DTensors found in the same pass (sizes checked there too).
-            scan = scan_local(self.state_dict, self.metadata, strict=not self.allow_partial_load)
+            scan = scan_local(
+                self.state_dict,
+                self.metadata,
+                strict=not self.allow_partial_load,
+                compact=self.compact_items,
+            )
             regions = _checked_regions(scan.deferred, self.strided_layout)
             if scan.missing is not None:  # torch's refusal, after every check of ours
                 raise RuntimeError(f"Missing key in checkpoint state_dict: {scan.missing}.")
             items = scan.items
-            plan = LoadPlan(items)
+            # Compact items stand in for the list (a Sequence of the same items).
+            plan = LoadPlan(items)  # type: ignore[arg-type]
         if not regions:
             return plan
         for fqn, held in regions.items():
@@ -194,7 +207,7 @@ class LoadPlanner(DefaultLoadPlanner):
                     tensor=fqn,
                 )
             items.extend(_read_items(fqn, md, held))
-        return dataclasses.replace(plan, items=items)
+        return dataclasses.replace(plan, items=items)  # type: ignore[arg-type]
 
 
 def strided_regions(
