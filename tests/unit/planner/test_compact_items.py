@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import pickle
+from collections.abc import Sequence
 
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
     ChunkStorageMetadata,
     Metadata,
     TensorProperties,
@@ -39,28 +41,28 @@ def _stored(shape: tuple[int, ...], pieces: int) -> TensorStorageMetadata:
     return TensorStorageMetadata(TensorProperties(dtype=torch.float32), size, chunks)
 
 
-def _plan(planner: DefaultLoadPlanner, state: dict[str, object], md: Metadata) -> object:
+def _plan(planner: DefaultLoadPlanner, state: dict[str, object], md: Metadata) -> list[ReadItem]:
     planner.set_up_planner(dict(state), md, is_coordinator=False)
     return planner.create_local_plan().items
 
 
-def _fields(items: object) -> list[tuple[object, ...]]:
+def _fields(items: Sequence[ReadItem]) -> list[tuple[object, ...]]:
     """What each item selects: the tensor, the stored chunk, its sub-box, the destination."""
-    assert all(isinstance(item, ReadItem) for item in items)  # type: ignore[attr-defined]
+    assert all(isinstance(item, ReadItem) for item in items)
     return [
         (
             i.type,
             i.storage_index.fqn,
-            tuple(i.storage_index.offset),
+            tuple(i.storage_index.offset or ()),
             i.storage_index.index,
             tuple(i.storage_offsets),
             tuple(i.lengths),
             i.dest_index.fqn,
-            tuple(i.dest_index.offset),
+            tuple(i.dest_index.offset or ()),
             i.dest_index.index,
             tuple(i.dest_offsets),
         )
-        for i in items  # type: ignore[attr-defined]
+        for i in items
     ]
 
 
@@ -72,7 +74,7 @@ def test_the_compact_plan_selects_exactly_the_items_of_the_list_plan(
     drawn: list[tuple[tuple[int, ...], int]], missing: int
 ) -> None:
     state: dict[str, object] = {}
-    known = {}
+    known: dict[str, TensorStorageMetadata | BytesStorageMetadata] = {}
     for number, (shape, pieces) in enumerate(drawn):
         name = f"layer.{number}.weight"
         known[name] = _stored(shape, pieces)
@@ -95,7 +97,10 @@ def test_the_compact_plan_selects_exactly_the_items_of_the_list_plan(
 def test_compact_items_are_made_once_and_travel_as_a_plain_list() -> None:
     shapes = {"a": (4, 3), "b": (), "c": (0, 2), "d": (6, 2)}
     state: dict[str, object] = {name: torch.zeros(shape) for name, shape in shapes.items()}
-    md = Metadata({name: _stored(shape, 2 if name == "d" else 1) for name, shape in shapes.items()})
+    known: dict[str, TensorStorageMetadata | BytesStorageMetadata] = {
+        name: _stored(shape, 2 if name == "d" else 1) for name, shape in shapes.items()
+    }
+    md = Metadata(known)
     planner = LoadPlanner()
     planner.compact_items = True
     items = _plan(planner, state, md)
