@@ -11,7 +11,7 @@ plain list of the same items.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 from torch.distributed.checkpoint.planner import ReadItem
@@ -43,6 +43,10 @@ class CompactItems(Sequence[ReadItem]):
         """Append the read item of tensor ``key``, stored whole, cut by ``cut``."""
         self._keys.append(key)
         self._cuts.append(cut)
+
+    def appenders(self) -> tuple[Callable[[str], None], Callable[[_Cut], None]]:
+        """The two appends that together are :meth:`add` (for a caller's tight loop)."""
+        return self._keys.append, self._cuts.append
 
     def extend(self, items: Iterable[ReadItem]) -> None:
         """Append whole read items."""

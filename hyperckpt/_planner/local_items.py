@@ -145,6 +145,8 @@ def _scan(
     # The cut of a plain tensor of each shape (its box is the whole tensor).
     plain_cuts: dict[torch.Size, _Cut] = {}
     rows = CompactItems() if compact else None
+    # A row is two appends (a method call per tensor costs more than both).
+    add_key, add_cut = rows.appenders() if rows is not None else (None, None)
     items: list[ReadItem] | CompactItems = [] if rows is None else rows
     missing: str | None = None
     scanning = deferred is not None
@@ -160,7 +162,8 @@ def _scan(
         stored = isinstance(md, TensorStorageMetadata)
         if isinstance(obj, DTensor):
             spec = obj._spec
-            shape = spec.shape  # the DTensor's size, without a call through torch
+            # The DTensor's size: the wrapper's own, equal to its spec's (a Python property).
+            shape = obj.shape
             if stored and not sizes_checked and shape != md.size:  # type: ignore[union-attr]
                 raise _size_error(scanning, fqn, md.size, shape)  # type: ignore[union-attr]
             mesh = spec.mesh
@@ -198,7 +201,8 @@ def _scan(
             elif cut.lengths is None:  # the box misses the tensor: nothing to read
                 pass
             elif rows is not None:
-                rows.add(fqn, cut)
+                add_key(fqn)  # type: ignore[misc]
+                add_cut(cut)  # type: ignore[misc]
             else:
                 items.append(cut.item(fqn, chunks[0].offsets))  # type: ignore[union-attr]
             continue
@@ -228,7 +232,8 @@ def _scan(
             if cut.lengths is None:  # an empty tensor: torch reads nothing either
                 continue
             if rows is not None:
-                rows.add(fqn, cut)
+                add_key(fqn)  # type: ignore[misc]
+                add_cut(cut)  # type: ignore[misc]
             else:
                 items.append(cut.item(fqn, chunks[0].offsets))  # type: ignore[union-attr]
         else:
