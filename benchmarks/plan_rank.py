@@ -4,10 +4,10 @@ No data: every tensor of the checkpoint (Llama-3-70B or DeepSeek-V3, from the pu
 shapes, as in ``simulate_scale.py``) becomes a DTensor whose local tensor lives on the
 ``meta`` device, on a mesh of a *fake* process group (``torch.testing``'s ``FakeStore``), so
 one process can pose as rank ``r`` of ``W`` ranks.  The metadata stores each tensor as one
-chunk, as a Hugging Face checkpoint does.  For the rank, both planners run
-``set_up_planner`` + ``create_local_plan`` on the same state dict; the items must be equal.
-The meta tensors are made real first, untimed (DCP's set-up does that in place, so the
-planner that ran first used to pay for it alone).
+chunk, as a Hugging Face checkpoint does, marked so as hyperckpt's reader marks it.  For
+the rank, both planners run ``set_up_planner`` + ``create_local_plan`` on the same state
+dict; the items must be equal.  The meta tensors are made real first, untimed (DCP's
+set-up does that in place, so the planner that ran first used to pay for it alone).
 
 Layouts: ``fsdp`` (``Shard(0)`` over all ranks), ``fsdp-tp`` (the TP plan of ``hyperckpt
 plan`` over 8 ranks times FSDP; packed weights as ``_StridedShard``), ``ep`` (DeepSeek's
@@ -48,6 +48,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import hyperckpt
 from hyperckpt._cli.dryrun import placements_for
+from hyperckpt._planner.local_items import mark_whole
 from hyperckpt._read.dtypes import to_torch_dtype
 
 logger = logging.getLogger("plan_rank")
@@ -85,7 +86,9 @@ def state_and_metadata(
             shape=size,
             stride=torch.empty(shape, device="meta").stride(),
         )
-    return state, Metadata(known)
+    # Marked as hyperckpt's reader marks a checkpoint of whole tensors (torch's planner
+    # does not look at the mark).
+    return state, mark_whole(Metadata(known))
 
 
 def plan_held(state: dict[str, object], md: Metadata) -> tuple[float, float, list[object]]:

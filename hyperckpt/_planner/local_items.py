@@ -36,10 +36,23 @@ from hyperckpt._planner.compact import CompactItems
 from hyperckpt._planner.placements import is_strided
 from hyperckpt._planner.shapes import shape_mismatch
 
-__all__ = ["LocalScan", "flat_state_dict", "local_read_items", "scan_local"]
+__all__ = ["LocalScan", "flat_state_dict", "local_read_items", "mark_whole", "scan_local"]
 
 #: Values a state dict can hold that DCP's flattening keeps as they are (leaves).
 _LEAVES = frozenset({torch.Tensor, torch.nn.Parameter, DTensor})
+
+
+#: The attribute that marks a ``Metadata`` whose every tensor is stored whole.
+_WHOLE = "_hyperckpt_every_tensor_whole"
+
+
+def mark_whole(metadata: Metadata) -> Metadata:
+    """Mark ``metadata`` as storing every tensor as one chunk at the origin that covers it
+    (what hyperckpt's reader makes of a checkpoint of whole tensors, every Hugging Face
+    one): the planner's pass then skips that check per tensor (~0.07 s of 92k tensors).
+    Returns ``metadata``; its fields, equality and pickling are unchanged."""
+    setattr(metadata, _WHOLE, True)
+    return metadata
 
 
 def flat_state_dict(state_dict: dict[str, Any]) -> tuple[bool, bool]:
@@ -139,6 +152,7 @@ def _scan(
     DTensors are collected there, sizes raise our error and a missing key is reported;
     with ``compact`` the items of tensors stored whole are rows."""
     known = metadata.state_dict_metadata
+    whole = getattr(metadata, _WHOLE, False) is True  # every tensor one whole chunk
     # (shape, mesh, placements) -> the rank's cut, or None where the placements defer.
     cuts: dict[tuple[object, ...], _Cut | None] = {}
     members: dict[int, bool] = {}  # id(mesh) -> whether this rank is in it
@@ -196,7 +210,9 @@ def _scan(
                 box = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))
                 cut = cuts[signature] = _Cut(box, shape)
             chunks = md.chunks
-            if len(chunks) != 1 or chunks[0].sizes != md.size or any(chunks[0].offsets):
+            if not whole and (
+                len(chunks) != 1 or chunks[0].sizes != md.size or any(chunks[0].offsets)
+            ):
                 items.extend(create_read_items_for_chunk_list(fqn, md, [cut.box]))
             elif cut.lengths is None:  # the box misses the tensor: nothing to read
                 pass
@@ -220,7 +236,9 @@ def _scan(
         if kind in _PLAIN and isinstance(md, TensorStorageMetadata):
             shape = obj.size()  # type: ignore[attr-defined]
             chunks = md.chunks
-            if len(chunks) != 1 or chunks[0].sizes != shape or any(chunks[0].offsets):
+            if not whole and (
+                len(chunks) != 1 or chunks[0].sizes != shape or any(chunks[0].offsets)
+            ):
                 box = ChunkStorageMetadata(offsets=torch.Size([0] * len(shape)), sizes=shape)
                 items.extend(_items_for(fqn, md, box))
                 continue

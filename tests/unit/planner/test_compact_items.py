@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
+from helpers import write_hf_checkpoint
 from hypothesis import given
 from hypothesis import strategies as st
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
@@ -18,8 +20,9 @@ from torch.distributed.checkpoint.metadata import (
 )
 from torch.distributed.checkpoint.planner import ReadItem
 
-from hyperckpt import LoadPlanner
+from hyperckpt import HuggingFaceStorageReader, LoadPlanner
 from hyperckpt._planner.compact import CompactItems
+from hyperckpt._planner.local_items import mark_whole
 
 _SHAPE = st.lists(st.integers(0, 5), max_size=3).map(tuple)
 
@@ -82,6 +85,8 @@ def test_the_compact_plan_selects_exactly_the_items_of_the_list_plan(
             state[name] = torch.zeros(shape)
     md = Metadata(known)
     expected = _plan(DefaultLoadPlanner(), state, md)
+    if all(pieces == 1 or not shape or shape[0] < pieces for shape, pieces in drawn):
+        mark_whole(md)  # as hyperckpt's reader marks a checkpoint of whole tensors
     listed = _plan(LoadPlanner(), state, md)
     compact_planner = LoadPlanner()
     compact_planner.compact_items = True
@@ -112,3 +117,13 @@ def test_compact_items_are_made_once_and_travel_as_a_plain_list() -> None:
     travelled = pickle.loads(pickle.dumps(items))
     assert type(travelled) is list
     assert travelled == list(items) == _plan(DefaultLoadPlanner(), state, md)
+
+
+def test_the_reader_marks_metadata_of_whole_tensors_and_only_those(tmp_path: Path) -> None:
+    tensors = {"a": torch.arange(12.0).reshape(4, 3), "b": torch.zeros(())}
+    write_hf_checkpoint(tmp_path / "hf", tensors)
+    whole = HuggingFaceStorageReader(tmp_path / "hf").read_metadata()
+    assert getattr(whole, "_hyperckpt_every_tensor_whole", False) is True
+    md = Metadata({"a": _stored((4, 3), 2)})
+    assert getattr(md, "_hyperckpt_every_tensor_whole", False) is False
+    assert mark_whole(md) == Metadata({"a": _stored((4, 3), 2)})  # fields unchanged
