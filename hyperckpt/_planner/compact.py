@@ -19,7 +19,17 @@ from torch.distributed.checkpoint.planner import ReadItem
 if TYPE_CHECKING:
     from hyperckpt._planner.local_items import _Cut
 
-__all__ = ["CompactItems"]
+__all__ = ["CompactItems", "Request", "request_of"]
+
+#: A read item's tensor key, its stored chunk's offsets (``None``: the origin), the sub-box's
+#: offsets in that chunk and its lengths.
+Request = tuple[str, tuple[int, ...] | None, tuple[int, ...], tuple[int, ...]]
+
+
+def request_of(item: ReadItem) -> Request:
+    """What ``item`` asks to read (see :data:`Request`)."""
+    index = item.storage_index
+    return index.fqn, index.offset, item.storage_offsets, item.lengths
 
 
 class CompactItems(Sequence[ReadItem]):
@@ -69,6 +79,19 @@ class CompactItems(Sequence[ReadItem]):
             self._keys = []
             self._cuts = []
         return items
+
+    def requests(self) -> Iterator[Request]:
+        """Each item's tensor key, stored chunk's offsets, sub-box offsets in the chunk and
+        lengths, in plan order, without making the items (what the exchange's request
+        columns take)."""
+        if self._items is not None:
+            yield from map(request_of, self._items)
+            return
+        for key, cut in zip(self._keys, self._cuts, strict=True):
+            if key is None:
+                yield request_of(cut)  # type: ignore[arg-type]
+            else:
+                yield key, cut.dest_offsets, cut.box.offsets, cut.lengths  # type: ignore[union-attr, misc]
 
     def __len__(self) -> int:
         return len(self._keys) if self._items is None else len(self._items)

@@ -21,6 +21,7 @@ from torch.distributed.checkpoint.default_planner import (
 from torch.distributed.checkpoint.metadata import (
     ChunkStorageMetadata,
     Metadata,
+    MetadataIndex,
     TensorProperties,
     TensorStorageMetadata,
 )
@@ -28,8 +29,10 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from hyperckpt import LoadPlanner
+from hyperckpt._exchange.rank_requests import ChunkOrder, rank_requests
 from hyperckpt._planner.compact import CompactItems
 from hyperckpt._planner.local_items import local_read_items
+from hyperckpt._read.storage_info import StorageInfo
 
 _SHAPES = [(8, 6), (7, 5), (3, 1), (1, 9), (5,), (2, 3, 4)]
 
@@ -105,6 +108,19 @@ def _check_compact(rank: int, world_size: int, seed: int) -> bool:
         for items in plans
     ]
     assert fields[1] == fields[0], (rank, seed)
+    # The exchange's request columns, from the rows (no item made) and from the items.
+    storage = {
+        MetadataIndex(fqn, chunk.offsets): StorageInfo(
+            "model.safetensors", 0, 4 * chunk.sizes.numel(), "F32", tuple(chunk.sizes)
+        )
+        for fqn, md in metadata.state_dict_metadata.items()
+        for chunk in md.chunks  # type: ignore[union-attr]
+    }
+    order = ChunkOrder.of(storage)
+    columns = [rank_requests(plans[1], order), rank_requests(plans[0], order)]
+    assert plans[1].rows() > 0, "the columns were made from the rows"
+    for field in ("chunk", "offsets", "lengths", "nbytes", "calls"):
+        assert getattr(columns[0], field).tolist() == getattr(columns[1], field).tolist()
     assert list(plans[1]) == plans[0]
     # Everything but the packed weight as torch's own planner plans it.
     del state["packed"]

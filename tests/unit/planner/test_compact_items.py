@@ -21,6 +21,7 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import ReadItem
 
 from hyperckpt import HuggingFaceStorageReader, LoadPlanner
+from hyperckpt._exchange.rank_requests import ChunkOrder, rank_requests
 from hyperckpt._planner.compact import CompactItems
 from hyperckpt._planner.local_items import mark_whole
 
@@ -127,3 +128,27 @@ def test_the_reader_marks_metadata_of_whole_tensors_and_only_those(tmp_path: Pat
     md = Metadata({"a": _stored((4, 3), 2)})
     assert getattr(md, "_hyperckpt_every_tensor_whole", False) is False
     assert mark_whole(md) == Metadata({"a": _stored((4, 3), 2)})  # fields unchanged
+
+
+def test_request_columns_of_compact_items_equal_those_of_the_items(tmp_path: Path) -> None:
+    tensors = {
+        "a": torch.arange(12.0).reshape(4, 3),
+        "b": torch.zeros(()),
+        "c": torch.ones(2, 3, 4, dtype=torch.bfloat16),
+    }
+    write_hf_checkpoint(tmp_path / "hf", tensors)
+    md = HuggingFaceStorageReader(tmp_path / "hf").read_metadata()
+    state: dict[str, object] = {name: torch.empty_like(t) for name, t in tensors.items()}
+    planner = LoadPlanner()
+    planner.compact_items = True
+    compact = _plan(planner, state, md)
+    assert isinstance(compact, CompactItems)
+    listed = _plan(LoadPlanner(), state, md)
+    compact.extend(listed[:1])  # a whole item after the rows
+    listed = [*listed, listed[0]]
+    order = ChunkOrder.of(md.storage_data)
+    got, want = rank_requests(compact, order), rank_requests(listed, order)
+    assert compact.rows() == len(tensors)  # the columns made no item
+    for field in ("chunk", "offsets", "lengths", "nbytes", "calls"):
+        assert getattr(got, field).tolist() == getattr(want, field).tolist(), field
+    assert rank_requests(compact.made(), order).chunk.tolist() == want.chunk.tolist()
