@@ -100,14 +100,6 @@ def _check_compact(rank: int, world_size: int, seed: int) -> bool:
         plans.append(planner.create_local_plan().items)
     assert isinstance(plans[1], CompactItems)
     assert plans[1].rows() > 0, "some tensor stored whole was a row"
-    fields = [
-        [
-            (i.storage_index, i.storage_offsets, i.lengths, i.dest_index, i.dest_offsets)
-            for i in items
-        ]
-        for items in plans
-    ]
-    assert fields[1] == fields[0], (rank, seed)
     # The exchange's request columns, from the rows (no item made) and from the items.
     storage = {
         MetadataIndex(fqn, chunk.offsets): StorageInfo(
@@ -121,6 +113,14 @@ def _check_compact(rank: int, world_size: int, seed: int) -> bool:
     assert plans[1].rows() > 0, "the columns were made from the rows"
     for field in ("chunk", "offsets", "lengths", "nbytes", "calls"):
         assert getattr(columns[0], field).tolist() == getattr(columns[1], field).tolist()
+    fields = [
+        [
+            (i.storage_index, i.storage_offsets, i.lengths, i.dest_index, i.dest_offsets)
+            for i in items
+        ]
+        for items in plans
+    ]
+    assert fields[1] == fields[0], (rank, seed)
     assert list(plans[1]) == plans[0]
     # Everything but the packed weight as torch's own planner plans it.
     del state["packed"]
