@@ -4,10 +4,10 @@ No data: every tensor of the checkpoint (Llama-3-70B or DeepSeek-V3, from the pu
 shapes, as in ``simulate_scale.py``) becomes a DTensor whose local tensor lives on the
 ``meta`` device, on a mesh of a *fake* process group (``torch.testing``'s ``FakeStore``), so
 one process can pose as rank ``r`` of ``W`` ranks.  The metadata stores each tensor as one
-chunk, as a Hugging Face checkpoint does.  For the rank, both planners run
-``set_up_planner`` + ``create_local_plan`` on the same state dict; the items must be equal.
-The meta tensors are made real first, untimed (DCP's set-up does that in place, so the
-planner that ran first used to pay for it alone).
+chunk, as a Hugging Face checkpoint does, marked so as hyperckpt's reader marks it.  For
+the rank, both planners run ``set_up_planner`` + ``create_local_plan`` on the same state
+dict; the items must be equal.  The meta tensors are made real first, untimed (DCP's
+set-up does that in place, so the planner that ran first used to pay for it alone).
 
 Layouts: ``fsdp`` (``Shard(0)`` over all ranks), ``fsdp-tp`` (the TP plan of ``hyperckpt
 plan`` over 8 ranks times FSDP; packed weights as ``_StridedShard``), ``ep`` (DeepSeek's
@@ -48,6 +48,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import hyperckpt
 from hyperckpt._cli.dryrun import placements_for
+from hyperckpt._planner.local_items import mark_whole
 from hyperckpt._read.dtypes import to_torch_dtype
 
 logger = logging.getLogger("plan_rank")
@@ -85,26 +86,45 @@ def state_and_metadata(
             shape=size,
             stride=torch.empty(shape, device="meta").stride(),
         )
-    return state, Metadata(known)
+    # Marked as hyperckpt's reader marks a checkpoint of whole tensors (torch's planner
+    # does not look at the mark).
+    return state, mark_whole(Metadata(known))
 
 
-def plan_held(state: dict[str, object], md: Metadata) -> float:
+def plan_held(state: dict[str, object], md: Metadata) -> tuple[float, float, list[object]]:
     """CPU seconds of ``hyperckpt.LoadPlanner``'s local plan as ``hyperckpt.load`` makes it:
-    with the cyclic collector held by the caller for the whole DCP call, so the collection
-    that would walk the live read items comes after they are garbage.  That collection is
-    counted: the plan is dropped and the collector restarted inside the timed span."""
-    planner = hyperckpt.LoadPlanner()
-    gc.collect()
-    begin = time.process_time()
-    gc.disable()
-    try:
-        planner.set_up_planner(state, md, is_coordinator=False)  # type: ignore[arg-type]
-        local = planner.create_local_plan()
-        del local, planner
-    finally:
-        gc.enable()
-    gc.collect(0)
-    return time.process_time() - begin
+    compact items (rows; ``hyperckpt.load``'s plans stay on their rank), with the cyclic
+    collector held by the caller for the whole DCP call, so the collection that would walk
+    the live plan comes after it is garbage.  That collection is counted: the plan is
+    dropped and the collector restarted inside the timed span.
+
+    Returns:
+        The plan's CPU seconds; the CPU seconds the reader's first walk then spends making
+        the ``ReadItem``s from the rows (timed apart, in a second run, collector held as
+        ``hyperckpt.load`` holds it); and those items, to compare with torch's.
+    """
+    timings = []
+    items: list[object] = []
+    for walk in (False, True):
+        planner = hyperckpt.LoadPlanner()
+        planner.compact_items = True
+        gc.collect()
+        begin = time.process_time()
+        gc.disable()
+        try:
+            planner.set_up_planner(state, md, is_coordinator=False)  # type: ignore[arg-type]
+            local = planner.create_local_plan()
+            planned = time.process_time()
+            if walk:
+                items = list(local.items)  # what the reader's first walk makes
+                timings.append(time.process_time() - planned)
+            del local, planner
+        finally:
+            gc.enable()
+        gc.collect(0)
+        if not walk:
+            timings.append(time.process_time() - begin)
+    return timings[0], timings[1], items
 
 
 def plan(
@@ -152,11 +172,13 @@ def main(argv: list[str] | None = None) -> int:
                     _init_state_dict(state)
                     theirs, torch_s, torch_peak = plan(DefaultLoadPlanner, state, md)
                     ours, ours_s, ours_peak = plan(hyperckpt.LoadPlanner, state, md)
-                    held_s = plan_held(state, md)
+                    held_s, made_s, made = plan_held(state, md)
                 finally:
                     dist.destroy_process_group()
                 items = len(theirs.items)  # type: ignore[attr-defined]
-                same = sorted(map(repr, theirs.items)) == sorted(map(repr, ours.items))  # type: ignore[attr-defined]
+                expected = sorted(map(repr, theirs.items))  # type: ignore[attr-defined]
+                same = expected == sorted(map(repr, ours.items))  # type: ignore[attr-defined]
+                same_compact = expected == sorted(map(repr, made))
                 row = {
                     "model": model,
                     "layout": layout,
@@ -169,13 +191,16 @@ def main(argv: list[str] | None = None) -> int:
                     "speedup": torch_s / ours_s if ours_s else None,
                     "hyperckpt_load_seconds": held_s,
                     "load_speedup": torch_s / held_s if held_s else None,
+                    "items_made_seconds": made_s,
                     "torch_peak_bytes": torch_peak,
                     "hyperckpt_peak_bytes": ours_peak,
                     "same_items": same,
+                    "same_compact_items": same_compact,
                 }
                 logger.info(
                     "%s %s %d ranks, rank %d: %d items; torch %.2f s, hyperckpt %.2f s (%.0fx), "
-                    "as hyperckpt.load plans %.2f s (%.0fx); same items: %s",
+                    "as hyperckpt.load plans %.2f s (%.0fx; the reader then makes its items in "
+                    "%.2f s); same items: %s, compact: %s",
                     model,
                     layout,
                     world,
@@ -186,10 +211,12 @@ def main(argv: list[str] | None = None) -> int:
                     row["speedup"] or 0,
                     held_s,
                     row["load_speedup"] or 0,
+                    made_s,
                     same,
+                    same_compact,
                 )
                 rows.append(row)
-                del state, md, theirs, ours
+                del state, md, theirs, ours, made
                 _write(args.out, rows)  # partial results survive a kill
     _write(args.out, rows)
     return 0

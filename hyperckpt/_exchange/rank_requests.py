@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.planner import ReadItem
 
 from hyperckpt._exchange.requests import KeyTable, Requests, chunk_facts, request_cost
 from hyperckpt._exchange.stripe_plan import chunk_table, narrowest_ints
+from hyperckpt._planner.compact import CompactItems, request_of
 from hyperckpt._read.storage_info import StorageInfo
 
 __all__ = ["ChunkOrder", "RankRequests", "rank_requests", "requests_of_ranks"]
@@ -109,16 +110,16 @@ def rank_requests(items: Iterable[ReadItem], order: ChunkOrder) -> RankRequests:
     costs: dict[tuple[int, object], tuple[int, int]] = {}
     bytes_col: list[int] = []
     calls_col: list[int] = []
-    for item in items:
-        index = item.storage_index
-        cid = ids[index.fqn, index.offset or ()]
-        lengths = item.lengths
+    # Compact items (hyperckpt.load's plan) give their requests without making items.
+    requests = items.requests() if isinstance(items, CompactItems) else map(request_of, items)
+    for fqn, origin, storage_offsets, lengths in requests:
+        cid = ids[fqn, origin or ()]
         like = (kinds[cid], lengths)
         cost = costs.get(like)
         if cost is None:
             cost = costs[like] = request_cost(infos[cid], tuple(lengths))
         chunk_col.append(cid)
-        boxes.append((*item.storage_offsets, *lengths))
+        boxes.append((*storage_offsets, *lengths))
         bytes_col.append(cost[0])
         calls_col.append(cost[1])
     sizes = np.fromiter(map(len, boxes), dtype=np.int64, count=len(boxes))

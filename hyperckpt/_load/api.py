@@ -16,6 +16,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import LoadPlanner as DcpLoadPlanner
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.tensor import DTensor
 
 from hyperckpt._arguments import check_path, check_type
 from hyperckpt._dist.agreement import Failure, agree, distributed
@@ -212,18 +213,28 @@ def load(
     if planner is None:
         planner = LoadPlanner()
     if isinstance(planner, LoadPlanner):
-        # Checked here too, so a DTensor that cannot be matched raises our typed error
-        # rather than text inside DCP's CheckpointException.
+        # Checked here, so a DTensor that cannot be matched raises our typed error rather
+        # than text inside DCP's CheckpointException; the plan reuses the regions.
+        regions = {}
         try:
-            strided_regions(destinations, strided_layout=planner.strided_layout)
+            regions = strided_regions(destinations, strided_layout=planner.strided_layout)
         except CheckpointError as err:
             failure = err
         agree(failure, process_group, _refused)
+        # Checked once: no second all-reduce per tensor whose layout the mesh decides.
+        planner.checked_regions = {
+            fqn: (cast(DTensor, destinations[fqn]), held) for fqn, held in regions.items()
+        }
     # Described, validated and mapped above: read_metadata reads no header and maps nothing.
     reader = reader_for(layout.kind)(path, options=options, layout=mapped)
     # A planner whose global step and finish leave the plans as they are never needs the
     # items on the coordinator: they stay on their rank (see prepare_local_plan).
     reader._items_stay = _leaves_plans_alone(planner)
+    # Plans that stay on their rank need no ReadItem objects until the reader walks them.
+    compact = isinstance(planner, LoadPlanner) and reader._items_stay
+    if compact:
+        assert isinstance(planner, LoadPlanner)
+        planner.compact_items = True
     with warnings.catch_warnings():
         # One process without a process group is a supported use here, not a mistake.
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
@@ -247,6 +258,11 @@ def load(
                     )
         except CheckpointException as err:
             raise _translate(err, process_group) from err
+        finally:
+            if isinstance(planner, LoadPlanner):
+                # A planner the caller passed plans later plain dcp.load calls as before.
+                planner.compact_items = False
+                planner.checked_regions = {}
     untied = untied_keys(state_dict, wanted, skipped)
     if untied and allow_missing is True:
         logger.warning("hyperckpt.load: keys left as they were, tied to nothing: %s", untied)

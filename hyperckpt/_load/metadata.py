@@ -14,6 +14,7 @@ from torch.distributed.checkpoint.metadata import (
 from hyperckpt._layout.gcpause import collector_paused
 from hyperckpt._layout.model import CheckpointLayout
 from hyperckpt._layout.whole import WholeTensors
+from hyperckpt._planner.local_items import mark_whole
 from hyperckpt._read.dtypes import to_torch_dtype, to_torch_shape
 from hyperckpt._read.storage_info import StorageInfo
 
@@ -31,7 +32,8 @@ def to_metadata(layout: CheckpointLayout) -> Metadata:
     storage: dict[MetadataIndex, StorageInfo] = {}
     if isinstance(layout.tensors, WholeTensors):
         _whole_metadata(layout.tensors, state, storage)
-        return Metadata(state_dict_metadata=state, storage_data=storage)  # type: ignore[arg-type]
+        # Every tensor one chunk at the origin: the planner need not check each.
+        return mark_whole(Metadata(state_dict_metadata=state, storage_data=storage))  # type: ignore[arg-type]
     for tensor in layout.tensors.values():
         chunks = []
         for piece in tensor.pieces:

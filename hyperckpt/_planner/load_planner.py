@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.planner_helpers import (
 )
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
+from hyperckpt._planner.compact import CompactItems
 from hyperckpt._planner.gc_hold import without_gc
 from hyperckpt._planner.local_items import flat_state_dict, scan_local
 from hyperckpt._planner.placements import is_strided
@@ -98,6 +99,15 @@ class LoadPlanner(DefaultLoadPlanner):
         self.strided_layout: StridedLayout = strided_layout
         # Whether set_up_planner found the state dict flat (see flat_state_dict).
         self._flat = False
+        #: Set by :func:`hyperckpt.load` while its plans stay on their ranks: the local
+        #: plan's items may then be rows made into ``ReadItem``s on first use (see
+        #: :mod:`hyperckpt._planner.compact`); plain ``dcp.load`` always gets a list.
+        self.compact_items = False
+        #: Set by :func:`hyperckpt.load`, which checked the ``_StridedShard`` DTensors
+        #: before ``dcp.load``: their regions by key, with the DTensor they were computed
+        #: for; the plan reuses them instead of a second check (and a second all-reduce
+        #: per tensor whose layout the mesh decides).
+        self.checked_regions: Mapping[str, tuple[DTensor, tuple[Region, ...]]] = {}
 
     def set_up_planner(
         self,
@@ -169,20 +179,33 @@ class LoadPlanner(DefaultLoadPlanner):
             # same pass, before DCP's own check, whose message cannot say a shard file is
             # missing.
             regions = strided_regions(
-                self.state_dict, strided_layout=self.strided_layout, known=known
+                self.state_dict,
+                strided_layout=self.strided_layout,
+                known=known,
+                checked=self.checked_regions,
             )
             # torch's planner may swap in a pre-2.4 flattening here: let it.
             plan = super().create_local_plan()
-            items = [item for item in plan.items if item.dest_index.fqn not in regions]
+            items: list[ReadItem] | CompactItems = [
+                item for item in plan.items if item.dest_index.fqn not in regions
+            ]
         else:
             # The same items as torch's, in time for this rank's own tensors, and the
             # strided DTensors found in the same pass (sizes checked there too).
-            scan = scan_local(self.state_dict, self.metadata, strict=not self.allow_partial_load)
-            regions = _checked_regions(scan.deferred, self.strided_layout)
+            scan = scan_local(
+                self.state_dict,
+                self.metadata,
+                strict=not self.allow_partial_load,
+                compact=self.compact_items,
+            )
+            regions = _checked_regions(
+                scan.deferred, self.strided_layout, checked=self.checked_regions
+            )
             if scan.missing is not None:  # torch's refusal, after every check of ours
                 raise RuntimeError(f"Missing key in checkpoint state_dict: {scan.missing}.")
             items = scan.items
-            plan = LoadPlan(items)
+            # Compact items stand in for the list (a Sequence of the same items).
+            plan = LoadPlan(items)  # type: ignore[arg-type]
         if not regions:
             return plan
         for fqn, held in regions.items():
@@ -194,7 +217,7 @@ class LoadPlanner(DefaultLoadPlanner):
                     tensor=fqn,
                 )
             items.extend(_read_items(fqn, md, held))
-        return dataclasses.replace(plan, items=items)
+        return dataclasses.replace(plan, items=items)  # type: ignore[arg-type]
 
 
 def strided_regions(
@@ -202,6 +225,7 @@ def strided_regions(
     *,
     strided_layout: StridedLayout = "auto",
     known: Mapping[str, object] | None = None,
+    checked: Mapping[str, tuple[DTensor, tuple[Region, ...]]] | None = None,
 ) -> dict[str, tuple[Region, ...]]:
     """This rank's regions of every ``_StridedShard`` DTensor in ``state_dict``, checked.
 
@@ -209,7 +233,9 @@ def strided_regions(
     layout is decided by the mesh's shapes take one all-reduce each, in key order).
     With ``known`` (the checkpoint's metadata by key), only its keys are looked at, and
     first every tensor's size is checked against the checkpoint's, in key order, before
-    any all-reduce.
+    any all-reduce.  ``checked`` holds regions an earlier call returned, by key with the
+    DTensor they belong to: for that same DTensor they are taken as they are (every rank
+    of its mesh made that call too, so none waits in an all-reduce).
 
     Returns:
         Regions by key, in key order; DTensors without ``_StridedShard`` and DTensors
@@ -246,7 +272,7 @@ def strided_regions(
             )
         if kind[0] or kind[1]:
             marked.append((fqn, value))
-    return _checked_regions(marked, strided_layout, kinds=kinds)
+    return _checked_regions(marked, strided_layout, kinds=kinds, checked=checked)
 
 
 def _checked_regions(
@@ -254,10 +280,11 @@ def _checked_regions(
     strided_layout: StridedLayout,
     *,
     kinds: dict[object, tuple[bool, bool]] | None = None,
+    checked: Mapping[str, tuple[DTensor, tuple[Region, ...]]] | None = None,
 ) -> dict[str, tuple[Region, ...]]:
     """The regions of the ``Partial`` and ``_StridedShard`` DTensors ``marked``, in key
     order (see :func:`strided_regions`); ``kinds`` caches each placements' (partial,
-    strided)."""
+    strided), ``checked`` holds regions already computed for the same DTensors."""
     kinds = {} if kinds is None else kinds
     regions = {}
     problems: list[CheckpointError] = []
@@ -280,6 +307,8 @@ def _checked_regions(
                     tensor=fqn,
                 )
             )
+        elif checked and (found := checked.get(fqn)) is not None and _same(found[0], value):
+            regions[fqn] = found[1]
         elif strided and value.device_mesh.get_coordinate() is not None:
             # Go on after a problem: later tensors may take an all-reduce the other ranks
             # of their mesh are waiting for.
@@ -290,6 +319,21 @@ def _checked_regions(
     if problems:
         raise problems[0]
     return regions
+
+
+def _same(before: DTensor, now: DTensor) -> bool:
+    """Whether ``now`` has the layout ``before`` had (DCP's set-up may have replaced a
+    meta DTensor by a real one): regions checked for one hold for the other, on every
+    rank alike."""
+    if before is now:
+        return True
+    a, b = before._spec, now._spec
+    return (
+        a.mesh is b.mesh
+        and a.placements == b.placements
+        and before.shape == now.shape
+        and before._local_tensor.shape == now._local_tensor.shape
+    )
 
 
 def _first(marked: tuple[str, DTensor]) -> str:

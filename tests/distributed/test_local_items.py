@@ -10,19 +10,29 @@ it in row pieces (torch's sweep); the items must equal those of torch's
 from __future__ import annotations
 
 import itertools
+import random
 
 import torch
 from helpers import device_mesh, run_ranks
-from torch.distributed.checkpoint.default_planner import create_default_local_load_plan
+from torch.distributed.checkpoint.default_planner import (
+    DefaultLoadPlanner,
+    create_default_local_load_plan,
+)
 from torch.distributed.checkpoint.metadata import (
     ChunkStorageMetadata,
     Metadata,
+    MetadataIndex,
     TensorProperties,
     TensorStorageMetadata,
 )
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.placement_types import _StridedShard
 
+from hyperckpt import LoadPlanner
+from hyperckpt._exchange.rank_requests import ChunkOrder, rank_requests
+from hyperckpt._planner.compact import CompactItems
 from hyperckpt._planner.local_items import local_read_items
+from hyperckpt._read.storage_info import StorageInfo
 
 _SHAPES = [(8, 6), (7, 5), (3, 1), (1, 9), (5,), (2, 3, 4)]
 
@@ -63,3 +73,65 @@ def _check_items(rank: int, world_size: int) -> bool:
 
 def test_local_read_items_equal_torchs_on_every_rank() -> None:
     assert run_ranks(_check_items, 4) == [True] * 4
+
+
+def _check_compact(rank: int, world_size: int, seed: int) -> bool:
+    # Drawn alike on every rank (one seed): shapes, meshes, placements, whole or split.
+    draw = random.Random(seed)
+    meshes = [device_mesh((4,)), device_mesh((2, 2))]
+    state: dict[str, object] = {"plain": torch.zeros(4, 3), "scalar": torch.zeros(())}
+    for number in range(40):
+        shape = tuple(draw.randint(0 if d else 1, 9) for d in range(draw.randint(1, 3)))
+        mesh = draw.choice(meshes)
+        choices = [Replicate(), *(Shard(d) for d in range(len(shape)))]
+        placements = [draw.choice(choices) for _ in range(mesh.ndim)]
+        state[f"layer.{number}.weight"] = distribute_tensor(torch.zeros(shape), mesh, placements)
+    # Planned by region: its items follow the rows.
+    state["packed"] = distribute_tensor(
+        torch.zeros(8, 4), meshes[0], [_StridedShard(0, split_factor=2)]
+    )
+    pieces = {fqn: draw.choice([1, 1, 3]) for fqn in state}
+    metadata = Metadata({fqn: _stored(v.size(), pieces[fqn]) for fqn, v in state.items()})  # type: ignore[attr-defined]
+    listed, compact = LoadPlanner(), LoadPlanner()
+    compact.compact_items = True
+    plans = []
+    for planner in (listed, compact):
+        planner.set_up_planner(dict(state), metadata, is_coordinator=False)
+        plans.append(planner.create_local_plan().items)
+    assert isinstance(plans[1], CompactItems)
+    assert plans[1].rows() > 0, "some tensor stored whole was a row"
+    # The exchange's request columns, from the rows (no item made) and from the items.
+    storage = {
+        MetadataIndex(fqn, chunk.offsets): StorageInfo(
+            "model.safetensors", 0, 4 * chunk.sizes.numel(), "F32", tuple(chunk.sizes)
+        )
+        for fqn, md in metadata.state_dict_metadata.items()
+        for chunk in md.chunks  # type: ignore[union-attr]
+    }
+    order = ChunkOrder.of(storage)
+    columns = [rank_requests(plans[1], order), rank_requests(plans[0], order)]
+    assert plans[1].rows() > 0, "the columns were made from the rows"
+    for field in ("chunk", "offsets", "lengths", "nbytes", "calls"):
+        assert getattr(columns[0], field).tolist() == getattr(columns[1], field).tolist()
+    fields = [
+        [
+            (i.storage_index, i.storage_offsets, i.lengths, i.dest_index, i.dest_offsets)
+            for i in items
+        ]
+        for items in plans
+    ]
+    assert fields[1] == fields[0], (rank, seed)
+    assert list(plans[1]) == plans[0]
+    # Everything but the packed weight as torch's own planner plans it.
+    del state["packed"]
+    torchs = DefaultLoadPlanner()
+    torchs.set_up_planner(dict(state), metadata, is_coordinator=False)
+    assert [i for i in plans[1] if i.dest_index.fqn != "packed"] == (
+        torchs.create_local_plan().items
+    )
+    return True
+
+
+def test_the_compact_plan_selects_the_same_items_as_the_list_plan_on_drawn_layouts() -> None:
+    for seed in (0, 1):
+        assert run_ranks(_check_compact, 4, seed) == [True] * 4

@@ -57,6 +57,7 @@ from hyperckpt import (
     LoadPlanner,
     TorchShardedSafetensorsReader,
 )
+from hyperckpt._planner import load_planner
 from hyperckpt._planner.regions import local_regions, orders_differ
 
 # A placement as plain values, so cases pickle: ("S", dim), ("SS", dim, split), ("R",).
@@ -582,8 +583,24 @@ def _fsdp_tp_ranks(
         write_hf_checkpoint(Path(root, "plain"), {case.name: _original(case)})
     dist.barrier()
     state = {case.name: _destination(case, meshes)}
-    hyperckpt.load(state, Path(root, "plain"))
+    # hyperckpt.load checks the layout once and the plan reuses it.
+    agreements = []
+    agree = load_planner._agree_across_mesh
+
+    def counted(value: DTensor, fits: dict[str, bool]) -> dict[str, bool]:
+        agreements.append(value)
+        return agree(value, fits)  # type: ignore[arg-type]
+
+    load_planner._agree_across_mesh = counted  # type: ignore[assignment]
+    try:
+        hyperckpt.load(state, Path(root, "plain"))
+    finally:
+        load_planner._agree_across_mesh = agree
     failures += _check("DTensor semantics under auto", [case], state, meshes)
+    # One all-reduce where the mesh decides the layout (uneven FSDP2 over TP), else none.
+    expected = int(orders_differ(case.shape, mesh.shape, [_placement(s) for s in case.placements]))
+    if len(agreements) != expected:
+        failures.append(f"rank {rank}: {len(agreements)} layout agreements, not {expected}")
     return {
         "failures": failures,
         "refusal": refusal,

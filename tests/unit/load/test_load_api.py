@@ -14,6 +14,7 @@ from torch.distributed.checkpoint import HuggingFaceStorageWriter
 import hyperckpt
 from hyperckpt import CheckpointError, CheckpointNotFoundError, LoadPlanner, LoadReport
 from hyperckpt._load.readers import reader_for
+from hyperckpt._planner.compact import CompactItems
 
 
 def _model() -> dict[str, torch.Tensor]:
@@ -287,3 +288,35 @@ def test_load_holds_the_collector_while_dcp_runs_and_restores_it_after_success_a
 def test_load_planner_refuses_an_unknown_strided_layout() -> None:
     with pytest.raises(ValueError, match="strided_layout must be"):
         LoadPlanner(strided_layout="rows")  # type: ignore[arg-type]
+
+
+class _Watching(LoadPlanner):
+    """Records the type of each local plan's items."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kinds: list[type] = []
+
+    def create_local_plan(self) -> dcp.LoadPlan:
+        plan = super().create_local_plan()
+        self.kinds.append(type(plan.items))
+        return plan
+
+
+def test_load_plans_compact_items_and_leaves_a_given_planner_as_it_was(tmp_path: Path) -> None:
+    model = _model()
+    write_hf_checkpoint(tmp_path, model, files=2)
+    planner = _Watching()
+    state = _destinations(model)
+    hyperckpt.load(state, tmp_path, planner=planner)
+    for name, tensor in model.items():
+        assert mismatch(state[name], tensor) is None, name
+    assert planner.kinds == [CompactItems]
+    # The same planner under plain dcp.load: a list of items, as torch's planner gives.
+    assert not planner.compact_items
+    assert not planner.checked_regions
+    again = _destinations(model)
+    dcp.load(again, storage_reader=reader_for("huggingface")(tmp_path), planner=planner)
+    for name, tensor in model.items():
+        assert mismatch(again[name], tensor) is None, name
+    assert planner.kinds == [CompactItems, list]

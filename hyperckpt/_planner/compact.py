@@ -1,0 +1,125 @@
+"""One rank's read items as rows, made into DCP ``ReadItem`` objects only when first asked for.
+
+A DeepSeek-V3 rank asks for 92k read items, each a ``ReadItem`` with two ``MetadataIndex``
+objects: ~550k small objects, 0.14-0.27 s of its planning.  Under ``hyperckpt.load`` the
+plan never leaves the rank (see ``_leaves_plans_alone``): the planner records each item of
+a tensor stored whole as a row (the tensor's key and its signature's cut, shared by every
+tensor of the same shape, mesh and placements), and the reader's first walk over the plan
+makes the items, in plan order, once.  Pickled (a plan that does travel) the rows become a
+plain list of the same items.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, overload
+
+from torch.distributed.checkpoint.planner import ReadItem
+
+if TYPE_CHECKING:
+    from hyperckpt._planner.local_items import _Cut
+
+__all__ = ["CompactItems", "Request", "request_of"]
+
+#: A read item's tensor key, its stored chunk's offsets (``None``: the origin), the sub-box's
+#: offsets in that chunk and its lengths.
+Request = tuple[str, tuple[int, ...] | None, tuple[int, ...], tuple[int, ...]]
+
+
+def request_of(item: ReadItem) -> Request:
+    """What ``item`` asks to read (see :data:`Request`)."""
+    index = item.storage_index
+    return index.fqn, index.offset, item.storage_offsets, item.lengths
+
+
+class CompactItems(Sequence[ReadItem]):
+    """A rank's read items: rows of (key, cut) and whole items, in plan order.
+
+    A row stands for the one read item of a tensor stored as a single whole chunk (its
+    storage offsets the origin): ``cut.item(key, cut.dest_offsets)``, equal field by field
+    to torch's.  Any other item is kept as it is.  The items are made on the first walk,
+    index or length-independent query and kept; the rows are dropped then.
+    """
+
+    __slots__ = ("_cuts", "_items", "_keys")
+
+    def __init__(self) -> None:
+        # Parallel lists: a key and its cut, or None and a whole ReadItem.
+        self._keys: list[str | None] = []
+        self._cuts: list[_Cut | ReadItem] = []
+        self._items: list[ReadItem] | None = None
+
+    def add(self, key: str, cut: _Cut) -> None:
+        """Append the read item of tensor ``key``, stored whole, cut by ``cut``."""
+        self._keys.append(key)
+        self._cuts.append(cut)
+
+    def appenders(self) -> tuple[Callable[[str], None], Callable[[_Cut], None]]:
+        """The two appends that together are :meth:`add` (for a caller's tight loop)."""
+        return self._keys.append, self._cuts.append
+
+    def extend(self, items: Iterable[ReadItem]) -> None:
+        """Append whole read items."""
+        for item in items:
+            self._keys.append(None)
+            self._cuts.append(item)
+
+    def rows(self) -> int:
+        """How many items are still rows (not made yet)."""
+        return 0 if self._items is not None else sum(key is not None for key in self._keys)
+
+    def made(self) -> list[ReadItem]:
+        """The items, made now if not yet (once)."""
+        items = self._items
+        if items is None:
+            items = self._items = [
+                cut if key is None else cut.item(key, cut.dest_offsets)  # type: ignore[misc, union-attr]
+                for key, cut in zip(self._keys, self._cuts, strict=True)
+            ]
+            self._keys = []
+            self._cuts = []
+        return items
+
+    def requests(self) -> Iterator[Request]:
+        """Each item's tensor key, stored chunk's offsets, sub-box offsets in the chunk and
+        lengths, in plan order, without making the items (what the exchange's request
+        columns take)."""
+        if self._items is not None:
+            yield from map(request_of, self._items)
+            return
+        for key, cut in zip(self._keys, self._cuts, strict=True):
+            if key is None:
+                yield request_of(cut)  # type: ignore[arg-type]
+            else:
+                yield key, cut.dest_offsets, cut.box.offsets, cut.lengths  # type: ignore[union-attr, misc]
+
+    def __len__(self) -> int:
+        return len(self._keys) if self._items is None else len(self._items)
+
+    @overload
+    def __getitem__(self, index: int) -> ReadItem: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[ReadItem]: ...
+
+    def __getitem__(self, index: int | slice) -> ReadItem | list[ReadItem]:
+        return self.made()[index]
+
+    def __iter__(self) -> Iterator[ReadItem]:
+        return iter(self.made())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, CompactItems):
+            return self.made() == other.made()
+        if isinstance(other, list):
+            return self.made() == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self.made())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A plan that travels carries a plain list of the same items.
+        return (list, (self.made(),))
