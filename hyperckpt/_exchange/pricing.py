@@ -24,10 +24,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from hyperckpt._exchange.costs import CostModel, StrategyCost, timing
+from hyperckpt._exchange.overlaps import Coverage, Stripes, most_from_one
 from hyperckpt._exchange.requests import Requests
 from hyperckpt._exchange.schedule import rounds_of, shared_slices
 from hyperckpt._exchange.strategy import Strategy
-from hyperckpt._exchange.stripe_plan import cut_stripes, ramps
+from hyperckpt._exchange.stripe_plan import cut_stripes
 from hyperckpt._read.engine import CHUNK_BYTES
 
 __all__ = ["price"]
@@ -211,27 +212,23 @@ def _striped(r: Requests, host_of: Ints, hosts: int, round_bytes: int) -> _Figur
     read = np.bincount(st_reader, weights=st_bytes, minlength=world).astype(np.int64)
     reads = _stripe_calls(r, st_reader, st_chunk, st_first, st_bytes, world)
     host_bytes = np.bincount(host_of, weights=read, minlength=hosts).astype(np.int64)
-    # Route every box: its rows within each stripe of its chunk, from the stripe's reader.
+    # Where the boxes' bytes come from, summed per stripe without pairing every box with
+    # every stripe it spans (those pairs grow as ranks squared under HSDP).
     base = np.concatenate(([0], np.cumsum(r.chunk_rows)))[:-1]
+    span = int(base[-1] + r.chunk_rows[-1]) + 1 if len(base) else 1
     g_start, g_stop = base[st_chunk] + st_first, base[st_chunk] + st_stop
     by_start = np.argsort(g_start, kind="stable")
     g_start, g_stop, g_reader = g_start[by_start], g_stop[by_start], st_reader[by_start]
     a, b = base[chunk] + first, base[chunk] + stop
-    low = np.searchsorted(g_stop, a, side="right")
-    high = np.searchsorted(g_start, b, side="left")
-    count = np.maximum(0, high - low)
-    which = np.repeat(np.arange(len(a)), count)
-    stripe = np.repeat(low, count) + ramps(count)
-    rows = np.minimum(g_stop[stripe], b[which]) - np.maximum(g_start[stripe], a[which])
-    nbytes = np.maximum(rows, 0) * rows_bytes[which]
-    source, receiver = g_reader[stripe], rank[which]
-    moved = (source != receiver) & (nbytes > 0)
-    source, receiver, nbytes = source[moved], receiver[moved], nbytes[moved]
-    src_host, dst_host = host_of[source], host_of[receiver]
-    across = src_host != dst_host
-    out = np.bincount(src_host[across], weights=nbytes[across], minlength=hosts)
-    into = np.bincount(dst_host[across], weights=nbytes[across], minlength=hosts)
-    intra = np.bincount(src_host[~across], weights=nbytes[~across], minlength=hosts)
+    stripes = Stripes(g_start, g_stop, g_reader, host_of[g_reader])
+    taken = _taken(r, wanted, a, b, rows_bytes, stripes)
+    by_host, own = stripes.same_host(host_of[rank], rank, a, b, rows_bytes, span)
+    reader_host = stripes.host
+    out = _sum_by(reader_host, taken - by_host, hosts)
+    intra = _sum_by(reader_host, by_host - own, hosts)
+    asked = np.bincount(rank, weights=(b - a) * rows_bytes, minlength=world).astype(np.int64)
+    received = asked - _sum_by(g_reader, own, world)
+    into = _sum_by(host_of, received, hosts) - intra
     # The fewest rounds the budget allows: a round holds at most ``round_bytes`` of a rank's
     # reads (or receipts), or else one part, no larger than its stripe.
     rounds = 0
@@ -239,20 +236,30 @@ def _striped(r: Requests, host_of: Ints, hosts: int, round_bytes: int) -> _Figur
         widest = np.zeros(world, np.int64)
         np.maximum.at(widest, st_reader, row_bytes[st_chunk])
         rounds = int(np.max(-(-read // np.maximum(round_bytes, widest))))
-        route, inverse = np.unique(stripe[moved] * world + receiver, return_inverse=True)
-        delivered = np.bincount(inverse, weights=nbytes).astype(np.int64)
-        largest = np.zeros(world, np.int64)
-        np.maximum.at(largest, route % world, delivered)
-        received = np.bincount(receiver, weights=nbytes, minlength=world).astype(np.int64)
+        largest = _most_from_one_stripe(
+            r,
+            chunk,
+            rank,
+            a,
+            b,
+            rows_bytes,
+            stripes,
+            st_chunk,
+            st_first,
+            st_stop,
+            received > round_bytes,
+            round_bytes,
+            span,
+        )
         rounds = max(1, rounds, int(np.max(-(-received // np.maximum(round_bytes, largest)))))
     return (
         read,
         reads,
         host_bytes,
-        out.astype(np.int64),
-        into.astype(np.int64),
-        intra.astype(np.int64),
-        int(nbytes.sum()),
+        out,
+        into,
+        intra,
+        int(received.sum()),
         rounds,
     )
 
@@ -277,3 +284,75 @@ def _stripe_calls(
     run_reader = reader[~joins]
     calls = -(-run_bytes // CHUNK_BYTES)
     return np.bincount(run_reader, weights=calls, minlength=world).astype(np.int64)
+
+
+def _sum_by(where: Ints, values: Ints, size: int) -> Ints:
+    """``values`` summed by ``where`` into ``size`` integers, exactly (no float weights)."""
+    total = np.zeros(size, np.int64)
+    np.add.at(total, where, values)
+    return total
+
+
+def _taken(
+    r: Requests, wanted: np.ndarray, a: Ints, b: Ints, weight: Ints, stripes: Stripes
+) -> Ints:
+    """Bytes all boxes take from each stripe; identical boxes (replicas: under HSDP, every
+    host's copy) weigh together."""
+    count = np.bincount(r.key[wanted], minlength=r.keys)
+    one = np.zeros(r.keys, np.int64)
+    one[r.key[wanted][::-1]] = np.arange(len(a))[::-1]
+    one = one[count > 0]
+    return stripes.taken(a[one], b[one], weight[one] * count[count > 0])
+
+
+def _most_from_one_stripe(
+    r: Requests,
+    chunk: Ints,
+    rank: Ints,
+    a: Ints,
+    b: Ints,
+    weight: Ints,
+    stripes: Stripes,
+    st_chunk: Ints,
+    st_first: Ints,
+    st_stop: Ints,
+    busy: np.ndarray,
+    round_bytes: int,
+    span: int,
+) -> Ints:
+    """Each receiver's most bytes from one stripe, where it can matter: for the ``busy``
+    ranks (more to receive than a round holds) whose bound passes ``round_bytes``, exactly;
+    elsewhere zero (the round budget decides).
+
+    The bound: a rank's boxes in a chunk weigh together at most the sum of their weights a
+    row, over at most the chunk's longest stripe.
+    """
+    world = len(busy)
+    largest = np.zeros(world, np.int64)
+    if not busy.any():
+        return largest
+    longest = np.zeros(len(r.chunk_rows), np.int64)
+    np.maximum.at(longest, st_chunk, st_stop - st_first)
+    chunks = len(r.chunk_rows)
+    group = rank * chunks + chunk
+    order = np.argsort(group, kind="stable")
+    group = group[order]
+    starts = np.flatnonzero(np.concatenate(([True], group[1:] != group[:-1])))
+    summed = np.add.reduceat(weight[order], starts) if len(starts) else starts
+    leader = group[starts]
+    bound = np.zeros(world, np.int64)
+    np.maximum.at(bound, leader // chunks, summed * longest[leader % chunks])
+    past = busy & (bound > round_bytes)
+    if not past.any():
+        return largest
+    some = past[rank]
+    return most_from_one(
+        Coverage(rank[some], a[some], b[some], weight[some], span),
+        rank[some],
+        a[some],
+        b[some],
+        stripes.start,
+        stripes.stop,
+        stripes.reader,
+        world,
+    )

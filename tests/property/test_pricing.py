@@ -6,21 +6,25 @@ any order.  The closed-form price must equal the price of the planned exchange f
 and ``replicated`` in every field; for ``striped`` every byte count must be equal, the read
 calls and rounds never above the plan's (they are estimated from below), and where the
 pick differs from the one planning all three would make, the planned times of the two picks
-must be within the striped estimate's own error.
+must be within the striped estimate's own error.  The striped price, summed from prefix
+integrals per stripe, equals the old pricing that routed every (box, stripe) pair
+(``tests/reference_pricing.py``) in every figure.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from reference_pricing import striped_figures
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
 from hyperckpt._exchange.costs import CostModel, compare, pick
-from hyperckpt._exchange.pricing import price
+from hyperckpt._exchange.pricing import _striped, price
 from hyperckpt._exchange.requests import requests_of
 from hyperckpt._read.storage_info import StorageInfo
 
@@ -111,3 +115,22 @@ def test_the_closed_form_price_matches_the_planned_one(
     if chosen != best:
         error = exact.seconds - estimated.seconds
         assert planned[chosen].seconds - planned[best].seconds <= error + 1e-9
+
+
+@given(_layouts(), st.integers(1, 2000), st.booleans())
+def test_the_striped_price_from_integrals_equals_routing_every_box(
+    layout: tuple[list[LoadPlan], list[str]], round_bytes: int, twice: bool
+) -> None:
+    """Every figure of the striped price, rounds included, equals the old pricing that
+    routed every (box, stripe) pair; ``twice`` asks each rank's boxes twice (a rank asking
+    for the same rows twice covers them with double weight)."""
+    plans, hosts = layout
+    if twice:
+        plans = [LoadPlan(plan.items + plan.items) for plan in plans]
+    requests = requests_of(plans, _storage)
+    number = {host: i for i, host in enumerate(dict.fromkeys(hosts))}
+    host_of = np.asarray([number[h] for h in hosts], dtype=np.int64)
+    new = _striped(requests, host_of, len(number), round_bytes)
+    old = striped_figures(requests, host_of, len(number), round_bytes)
+    for made, expected in zip(new, old, strict=True):
+        assert np.array_equal(made, expected)
