@@ -19,21 +19,106 @@ strategy's :class:`~hyperckpt._exchange.costs.StrategyCost` comes straight from 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
 
-from hyperckpt._exchange.costs import CostModel, StrategyCost, timing
+from hyperckpt._exchange.costs import STRATEGIES, CostModel, StrategyCost, timing
 from hyperckpt._exchange.overlaps import Coverage, Stripes, most_from_one
 from hyperckpt._exchange.requests import Requests
 from hyperckpt._exchange.schedule import rounds_of, shared_slices
 from hyperckpt._exchange.strategy import Strategy
 from hyperckpt._exchange.stripe_plan import cut_stripes
+from hyperckpt._exchange.stripes import StripesTooLarge
 from hyperckpt._read.engine import CHUNK_BYTES
 
-__all__ = ["price"]
+__all__ = ["price", "price_and_plan", "replicated_floor"]
+
+logger = logging.getLogger("hyperckpt._exchange.costs")
 
 Ints = np.ndarray
+Planned = TypeVar("Planned")
+
+
+def price_and_plan(
+    requests: Requests,
+    hosts: Sequence[str],
+    model: CostModel,
+    plan: Callable[[Strategy], Planned],
+    *,
+    round_bytes: int,
+    batch_bytes: int,
+) -> tuple[Strategy, Planned, dict[Strategy, StrategyCost]]:
+    """``exchange="auto"`` across hosts: the fastest predicted strategy, planned by ``plan``.
+
+    Ties go to the simpler strategy (``off``, then ``replicated``, then ``striped``); a
+    striped plan past its routing limit (``plan`` raises
+    :class:`~hyperckpt._exchange.stripes.StripesTooLarge`) gives way to the next fastest.
+    ``"off"`` and ``"striped"`` are priced first; when striped beats ``"off"`` and a floor
+    under the replicated price (:func:`replicated_floor`), it is planned without pricing
+    the replicated exchange (the dearest to price), and the pick is the same.
+
+    Returns:
+        The strategy, its plan, and the prices made.
+    """
+    costs = price(
+        requests,
+        hosts,
+        model,
+        round_bytes=round_bytes,
+        batch_bytes=batch_bytes,
+        strategies=("off", "striped"),
+    )
+    tried: set[Strategy] = set()
+    striped = costs["striped"].seconds
+    if striped < costs["off"].seconds and striped < replicated_floor(requests, hosts, model):
+        try:
+            return "striped", plan("striped"), costs
+        except StripesTooLarge as err:
+            logger.info("hyperckpt: exchange striped not considered: %s", err)
+            tried.add("striped")
+    costs.update(
+        price(
+            requests,
+            hosts,
+            model,
+            round_bytes=round_bytes,
+            batch_bytes=batch_bytes,
+            strategies=("replicated",),
+        )
+    )
+    ranked = sorted(costs, key=lambda s: (costs[s].seconds, STRATEGIES.index(s)))
+    for best in ranked:
+        if best in tried:
+            continue
+        try:
+            return best, plan(best), costs
+        except StripesTooLarge as err:
+            logger.info("hyperckpt: exchange %s not considered: %s", best, err)
+    raise AssertionError("'off' always plans")  # pragma: no cover
+
+
+def replicated_floor(requests: Requests, hosts: Sequence[str], model: CostModel) -> float:
+    """Seconds the replicated exchange takes at least: a byte range that only one host's
+    ranks ask for is read on that host (by one of them, or by each host's page cache once),
+    so the busiest host reads at least those bytes.  Linear in the items."""
+    r = requests
+    if not len(r.rank):
+        return 0.0
+    number = {host: i for i, host in enumerate(dict.fromkeys(hosts))}
+    host_of = np.asarray([number[h] for h in hosts], dtype=np.int64).reshape(-1)
+    on = host_of[r.rank]
+    low = np.full(r.keys, len(number), np.int64)
+    high = np.full(r.keys, -1, np.int64)
+    np.minimum.at(low, r.key, on)
+    np.maximum.at(high, r.key, on)
+    size = np.zeros(r.keys, np.int64)
+    size[r.key] = r.nbytes
+    alone = (low == high) & (high >= 0)
+    only = np.bincount(low[alone], weights=size[alone], minlength=len(number))
+    return float(int(only.max(initial=0)) / (model.storage_gbps * 1e9))
 
 
 def price(

@@ -23,9 +23,11 @@ from reference_pricing import striped_figures
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
-from hyperckpt._exchange.costs import CostModel, compare, pick
-from hyperckpt._exchange.pricing import _striped, price
+from hyperckpt._exchange.costs import STRATEGIES, CostModel, compare, pick
+from hyperckpt._exchange.pricing import _striped, price, price_and_plan, replicated_floor
 from hyperckpt._exchange.requests import requests_of
+from hyperckpt._exchange.strategy import Strategy
+from hyperckpt._exchange.stripes import StripesTooLarge
 from hyperckpt._read.storage_info import StorageInfo
 
 # name -> (file, offset, shape); 2-byte elements, laid out back to back in each file
@@ -133,4 +135,31 @@ def test_the_striped_price_from_integrals_equals_routing_every_box(
     new = _striped(requests, host_of, len(number), round_bytes)
     old = striped_figures(requests, host_of, len(number), round_bytes)
     for made, expected in zip(new, old, strict=True):
-        assert np.array_equal(made, expected)
+        assert np.array_equal(np.asarray(made), np.asarray(expected))
+
+
+@given(_layouts(), st.integers(64, 2000), st.sampled_from([0.0, 0.05, 1.0]), st.booleans())
+def test_auto_prices_the_replicated_exchange_only_when_it_can_win(
+    layout: tuple[list[LoadPlan], list[str]], round_bytes: int, latency: float, refused: bool
+) -> None:
+    """``price_and_plan`` picks what pricing all three and planning the fastest picks, a
+    refused striped plan (past its routing limit) included; the replicated floor is never
+    above the replicated price."""
+    plans, hosts = layout
+    model = CostModel(storage_gbps=1e-6, interconnect_gbps=5e-6, read_latency_ms=latency)
+    requests = requests_of(plans, _storage)
+    full = price(requests, hosts, model, round_bytes=round_bytes, batch_bytes=100)
+    assert replicated_floor(requests, hosts, model) <= full["replicated"].seconds
+    ranked = sorted(full, key=lambda s: (full[s].seconds, STRATEGIES.index(s)))
+    expected = next(s for s in ranked if not (refused and s == "striped"))
+
+    def plan(strategy: Strategy) -> Strategy:
+        if refused and strategy == "striped":
+            raise StripesTooLarge(10, 1, len(plans))
+        return strategy
+
+    best, planned, costs = price_and_plan(
+        requests, hosts, model, plan, round_bytes=round_bytes, batch_bytes=100
+    )
+    assert best == planned == expected
+    assert all(costs[s] == full[s] for s in costs)
