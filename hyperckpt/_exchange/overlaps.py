@@ -35,8 +35,9 @@ class Stripes:
     #: That rank's host.
     host: Ints
 
-    def taken(self, first: Ints, stop: Ints, weight: Ints) -> Ints:
-        """Bytes the boxes take from each stripe; every box lies within stripes.
+    def taken(self, first: Ints, stop: Ints, weight: Ints) -> tuple[Ints, Ints]:
+        """Bytes the boxes take from each stripe (every box lies within stripes), and the
+        number of stripes each box spans.
 
         A box takes ``weight`` x every row of each stripe it spans, less the rows before
         its first (in its first stripe) and after its last (in its last): two sums over
@@ -53,7 +54,7 @@ class Stripes:
         ends += np.bincount(
             high - 1, weights=weight * (self.stop[high - 1] - stop), minlength=count
         )
-        return full - ends.astype(np.int64)  # type: ignore[no-any-return]
+        return full - ends.astype(np.int64), high - low
 
     def same_host(
         self, host: Ints, rank: Ints, first: Ints, stop: Ints, weight: Ints, span: int

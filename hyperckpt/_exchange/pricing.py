@@ -14,12 +14,18 @@ strategy's :class:`~hyperckpt._exchange.costs.StrategyCost` comes straight from 
   figures are estimates: read calls join a reader's touching stripes across rounds (never
   more than the plan issues) and the rounds are the fewest the round budget allows
   (``ceil(max(read, received) / round_bytes)`` on the busiest rank; the planner's greedy
-  packing may need more, each costing one small all-gather).
+  packing may need more, each costing one small all-gather).  The bytes are summed per
+  stripe (:mod:`hyperckpt._exchange.overlaps`), not per (box, stripe) pair: linear in the
+  boxes and stripes, where the pairs grow as ranks squared under HSDP.
+
+:func:`price_and_plan` is ``"auto"`` across hosts: the cheap prices first, the replicated
+one only when it can win, and only the winner planned.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -31,7 +37,7 @@ from hyperckpt._exchange.requests import Requests
 from hyperckpt._exchange.schedule import rounds_of, shared_slices
 from hyperckpt._exchange.strategy import Strategy
 from hyperckpt._exchange.stripe_plan import cut_stripes
-from hyperckpt._exchange.stripes import StripesTooLarge
+from hyperckpt._exchange.stripes import ROUTED_BASE, ROUTED_PER_ITEM, StripesTooLarge
 from hyperckpt._read.engine import CHUNK_BYTES
 
 __all__ = ["price", "price_and_plan", "replicated_floor"]
@@ -58,21 +64,20 @@ def price_and_plan(
     :class:`~hyperckpt._exchange.stripes.StripesTooLarge`) gives way to the next fastest.
     ``"off"`` and ``"striped"`` are priced first; when striped beats ``"off"`` and a floor
     under the replicated price (:func:`replicated_floor`), it is planned without pricing
-    the replicated exchange (the dearest to price), and the pick is the same.
+    the replicated exchange (the dearest to price), and the pick is the same.  A striped
+    plan whose (box, stripe) pairs, counted while pricing, already pass the planner's
+    routing limit is not attempted: the planner routes at least those.
 
     Returns:
         The strategy, its plan, and the prices made.
     """
-    costs = price(
-        requests,
-        hosts,
-        model,
-        round_bytes=round_bytes,
-        batch_bytes=batch_bytes,
-        strategies=("off", "striped"),
-    )
+    costs, routed = _price(requests, hosts, model, round_bytes, batch_bytes, ("off", "striped"))
     tried: set[Strategy] = set()
-    striped = costs["striped"].seconds
+    if routed > ROUTED_BASE + ROUTED_PER_ITEM * len(requests.rank):
+        # The planner would refuse it after sorting and cutting everything again.
+        logger.info("hyperckpt: exchange striped not considered: %d boxes to route", routed)
+        tried.add("striped")
+    striped = costs["striped"].seconds if "striped" not in tried else math.inf
     if striped < costs["off"].seconds and striped < replicated_floor(requests, hosts, model):
         try:
             return "striped", plan("striped"), costs
@@ -143,12 +148,26 @@ def price(
     Returns:
         By strategy, its cost.
     """
+    return _price(requests, hosts, model, round_bytes, batch_bytes, strategies)[0]
+
+
+def _price(
+    requests: Requests,
+    hosts: Sequence[str],
+    model: CostModel,
+    round_bytes: int,
+    batch_bytes: int,
+    strategies: Sequence[Strategy],
+) -> tuple[dict[Strategy, StrategyCost], int]:
+    """:func:`price`, and (when striped is priced) at least the boxes the stripe planner
+    would route: each box routed once per stripe it spans, at least (0 otherwise)."""
     # By dict, not list.index: that was ranks x hosts comparisons (8M at 8,192 ranks).
     number = {host: i for i, host in enumerate(dict.fromkeys(hosts))}
     names = list(number)
     host_of = np.asarray([number[h] for h in hosts], dtype=np.int64).reshape(-1)
     world = requests.world
     results: dict[Strategy, StrategyCost] = {}
+    routed = 0
     for strategy in strategies:
         if strategy == "off" or (strategy == "replicated" and world < 2):
             figures = _off(requests, host_of, len(names))
@@ -157,7 +176,7 @@ def price(
         elif world < 2:
             figures = _nothing(world, len(names))
         else:
-            figures = _striped(requests, host_of, len(names), round_bytes)
+            figures, routed = _striped_routes(requests, host_of, len(names), round_bytes)
         read, reads, host_bytes, out, into, intra, exchanged, rounds = figures
         results[strategy] = timing(
             strategy,
@@ -170,7 +189,7 @@ def price(
             host_of=host_of.tolist(),
             model=model,
         )
-    return results
+    return results, routed
 
 
 #: read bytes by rank, reads by rank, host bytes by host, inter-host out and in, intra-host
@@ -263,6 +282,14 @@ def _replicated(
 
 def _striped(r: Requests, host_of: Ints, hosts: int, round_bytes: int) -> _Figures:
     """The planner's stripes, exactly; every box routed from its stripes' readers."""
+    return _striped_routes(r, host_of, hosts, round_bytes)[0]
+
+
+def _striped_routes(
+    r: Requests, host_of: Ints, hosts: int, round_bytes: int
+) -> tuple[_Figures, int]:
+    """:func:`_striped`, and the (box, stripe) pairs: at least the boxes the planner routes
+    (it routes each box once per part, and a stripe is one part or more)."""
     world = r.world
     row_bytes = r.chunk_row_bytes
     box_row = np.where(r.stop > r.first, r.nbytes // np.maximum(1, r.stop - r.first), 0)
@@ -306,7 +333,7 @@ def _striped(r: Requests, host_of: Ints, hosts: int, round_bytes: int) -> _Figur
     g_start, g_stop, g_reader = g_start[by_start], g_stop[by_start], st_reader[by_start]
     a, b = base[chunk] + first, base[chunk] + stop
     stripes = Stripes(g_start, g_stop, g_reader, host_of[g_reader])
-    taken = _taken(r, wanted, a, b, rows_bytes, stripes)
+    taken, routed = _taken(r, wanted, a, b, rows_bytes, stripes)
     by_host, own = stripes.same_host(host_of[rank], rank, a, b, rows_bytes, span)
     reader_host = stripes.host
     out = _sum_by(reader_host, taken - by_host, hosts)
@@ -337,16 +364,8 @@ def _striped(r: Requests, host_of: Ints, hosts: int, round_bytes: int) -> _Figur
             span,
         )
         rounds = max(1, rounds, int(np.max(-(-received // np.maximum(round_bytes, largest)))))
-    return (
-        read,
-        reads,
-        host_bytes,
-        out,
-        into,
-        intra,
-        int(received.sum()),
-        rounds,
-    )
+    figures = (read, reads, host_bytes, out, into, intra, int(received.sum()), rounds)
+    return figures, routed
 
 
 def _stripe_calls(
@@ -380,14 +399,16 @@ def _sum_by(where: Ints, values: Ints, size: int) -> Ints:
 
 def _taken(
     r: Requests, wanted: np.ndarray, a: Ints, b: Ints, weight: Ints, stripes: Stripes
-) -> Ints:
-    """Bytes all boxes take from each stripe; identical boxes (replicas: under HSDP, every
-    host's copy) weigh together."""
+) -> tuple[Ints, int]:
+    """Bytes all boxes take from each stripe, and the (box, stripe) pairs; identical boxes
+    (replicas: under HSDP, every host's copy) weigh together."""
     count = np.bincount(r.key[wanted], minlength=r.keys)
     one = np.zeros(r.keys, np.int64)
     one[r.key[wanted][::-1]] = np.arange(len(a))[::-1]
     one = one[count > 0]
-    return stripes.taken(a[one], b[one], weight[one] * count[count > 0])
+    copies = count[count > 0]
+    taken, spans = stripes.taken(a[one], b[one], weight[one] * copies)
+    return taken, int((spans * copies).sum())
 
 
 def _most_from_one_stripe(

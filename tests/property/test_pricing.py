@@ -14,8 +14,10 @@ integrals per stripe, equals the old pricing that routed every (box, stripe) pai
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -24,9 +26,16 @@ from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
 from hyperckpt._exchange.costs import STRATEGIES, CostModel, compare, pick
-from hyperckpt._exchange.pricing import _striped, price, price_and_plan, replicated_floor
+from hyperckpt._exchange.pricing import (
+    _price,
+    _striped,
+    price,
+    price_and_plan,
+    replicated_floor,
+)
 from hyperckpt._exchange.requests import requests_of
 from hyperckpt._exchange.strategy import Strategy
+from hyperckpt._exchange.stripe_plan import columns_of_requests, plan_stripe_arrays
 from hyperckpt._exchange.stripes import StripesTooLarge
 from hyperckpt._read.storage_info import StorageInfo
 
@@ -163,3 +172,23 @@ def test_auto_prices_the_replicated_exchange_only_when_it_can_win(
     )
     assert best == planned == expected
     assert all(costs[s] == full[s] for s in costs)
+
+
+@given(_layouts(), st.integers(64, 2000))
+def test_a_striped_plan_pricing_counts_past_the_routing_limit_is_refused_by_the_planner(
+    layout: tuple[list[LoadPlan], list[str]], round_bytes: int
+) -> None:
+    """The (box, stripe) pairs pricing counts never exceed the boxes the stripe planner
+    routes, so ``"auto"`` may skip a striped plan that pricing already finds too large."""
+    plans, hosts = layout
+    model = CostModel(storage_gbps=1e-6, interconnect_gbps=5e-6)
+    requests = requests_of(plans, _storage)
+    _, routed = _price(requests, hosts, model, round_bytes, 100, ("striped",))
+    columns = columns_of_requests(requests)
+    if routed:
+        with (
+            mock.patch("hyperckpt._exchange.stripe_plan.ROUTED_BASE", routed - 1),
+            mock.patch("hyperckpt._exchange.stripe_plan.ROUTED_PER_ITEM", 0),
+            pytest.raises(StripesTooLarge),
+        ):
+            plan_stripe_arrays(columns, round_bytes=round_bytes)
