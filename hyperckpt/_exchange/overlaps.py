@@ -35,9 +35,9 @@ class Stripes:
     #: That rank's host.
     host: Ints
 
-    def taken(self, first: Ints, stop: Ints, weight: Ints) -> tuple[Ints, Ints]:
+    def taken(self, first: Ints, stop: Ints, weight: Ints) -> tuple[Ints, Ints, Ints]:
         """Bytes the boxes take from each stripe (every box lies within stripes), and the
-        number of stripes each box spans.
+        first stripe each box meets and one past its last.
 
         A box takes ``weight`` x every row of each stripe it spans, less the rows before
         its first (in its first stripe) and after its last (in its last): two sums over
@@ -54,7 +54,7 @@ class Stripes:
         ends += np.bincount(
             high - 1, weights=weight * (self.stop[high - 1] - stop), minlength=count
         )
-        return full - ends.astype(np.int64), high - low
+        return full - ends.astype(np.int64), low, high
 
     def same_host(
         self, host: Ints, rank: Ints, first: Ints, stop: Ints, weight: Ints, span: int

@@ -65,8 +65,8 @@ def price_and_plan(
     ``"off"`` and ``"striped"`` are priced first; when striped beats ``"off"`` and a floor
     under the replicated price (:func:`replicated_floor`), it is planned without pricing
     the replicated exchange (the dearest to price), and the pick is the same.  A striped
-    plan whose (box, stripe) pairs, counted while pricing, already pass the planner's
-    routing limit is not attempted: the planner routes at least those.
+    plan whose routed boxes, counted while pricing, pass the planner's routing limit is
+    not attempted: the planner would refuse it.
 
     Returns:
         The strategy, its plan, and the prices made.
@@ -159,8 +159,8 @@ def _price(
     batch_bytes: int,
     strategies: Sequence[Strategy],
 ) -> tuple[dict[Strategy, StrategyCost], int]:
-    """:func:`price`, and (when striped is priced) at least the boxes the stripe planner
-    would route: each box routed once per stripe it spans, at least (0 otherwise)."""
+    """:func:`price`, and (when striped is priced) the boxes the stripe planner would route
+    (0 otherwise)."""
     # By dict, not list.index: that was ranks x hosts comparisons (8M at 8,192 ranks).
     number = {host: i for i, host in enumerate(dict.fromkeys(hosts))}
     names = list(number)
@@ -288,8 +288,8 @@ def _striped(r: Requests, host_of: Ints, hosts: int, round_bytes: int) -> _Figur
 def _striped_routes(
     r: Requests, host_of: Ints, hosts: int, round_bytes: int
 ) -> tuple[_Figures, int]:
-    """:func:`_striped`, and the (box, stripe) pairs: at least the boxes the planner routes
-    (it routes each box once per part, and a stripe is one part or more)."""
+    """:func:`_striped`, and the boxes the stripe planner would route (each box once per
+    part of a stripe it meets), counted without making them."""
     world = r.world
     row_bytes = r.chunk_row_bytes
     box_row = np.where(r.stop > r.first, r.nbytes // np.maximum(1, r.stop - r.first), 0)
@@ -333,7 +333,14 @@ def _striped_routes(
     g_start, g_stop, g_reader = g_start[by_start], g_stop[by_start], st_reader[by_start]
     a, b = base[chunk] + first, base[chunk] + stop
     stripes = Stripes(g_start, g_stop, g_reader, host_of[g_reader])
-    taken, routed = _taken(r, wanted, a, b, rows_bytes, stripes)
+    # The planner's parts: each stripe cut into runs of at most a round's share of the
+    # fan-out (its own arithmetic), for the boxes it would route.
+    delivered = int(((stop - first) * rows_bytes).sum())
+    needed = int(((ext_stop - ext_first) * row_bytes[ext_chunk]).sum())
+    fanout = delivered / needed if needed else 1.0
+    part_bytes = max(1, round_bytes // max(1, round(fanout)))
+    step = np.maximum(1, part_bytes // row_bytes[st_chunk])[by_start]
+    taken, routed = _taken(r, wanted, a, b, rows_bytes, stripes, step)
     by_host, own = stripes.same_host(host_of[rank], rank, a, b, rows_bytes, span)
     reader_host = stripes.host
     out = _sum_by(reader_host, taken - by_host, hosts)
@@ -398,17 +405,37 @@ def _sum_by(where: Ints, values: Ints, size: int) -> Ints:
 
 
 def _taken(
-    r: Requests, wanted: np.ndarray, a: Ints, b: Ints, weight: Ints, stripes: Stripes
+    r: Requests,
+    wanted: np.ndarray,
+    a: Ints,
+    b: Ints,
+    weight: Ints,
+    stripes: Stripes,
+    step: Ints,
 ) -> tuple[Ints, int]:
-    """Bytes all boxes take from each stripe, and the (box, stripe) pairs; identical boxes
-    (replicas: under HSDP, every host's copy) weigh together."""
+    """Bytes all boxes take from each stripe, and the boxes the stripe planner routes: one
+    per (box, part) pair, a stripe's parts being runs of ``step`` rows from its first.
+    Identical boxes (replicas: under HSDP, every host's copy) weigh together."""
     count = np.bincount(r.key[wanted], minlength=r.keys)
     one = np.zeros(r.keys, np.int64)
     one[r.key[wanted][::-1]] = np.arange(len(a))[::-1]
     one = one[count > 0]
     copies = count[count > 0]
-    taken, spans = stripes.taken(a[one], b[one], weight[one] * copies)
-    return taken, int((spans * copies).sum())
+    a, b = a[one], b[one]
+    taken, low, high = stripes.taken(a, b, weight[one] * copies)
+    if not len(a):
+        return taken, 0
+    # The parts a box meets: from the one holding its first row to the one holding its last.
+    parts = -(-(stripes.stop - stripes.start) // step)
+    before = np.concatenate(([0], np.cumsum(parts)))
+    last = high - 1
+    met = (
+        before[last]
+        + -(-(b - stripes.start[last]) // step[last])
+        - before[low]
+        - (a - stripes.start[low]) // step[low]
+    )
+    return taken, int((met * copies).sum())
 
 
 def _most_from_one_stripe(

@@ -175,16 +175,22 @@ def test_auto_prices_the_replicated_exchange_only_when_it_can_win(
 
 
 @given(_layouts(), st.integers(64, 2000))
-def test_a_striped_plan_pricing_counts_past_the_routing_limit_is_refused_by_the_planner(
+def test_pricing_counts_the_boxes_the_stripe_planner_routes(
     layout: tuple[list[LoadPlan], list[str]], round_bytes: int
 ) -> None:
-    """The (box, stripe) pairs pricing counts never exceed the boxes the stripe planner
-    routes, so ``"auto"`` may skip a striped plan that pricing already finds too large."""
+    """The routed boxes pricing counts are the planner's own count: the planner refuses a
+    limit one below it and accepts that count, so ``"auto"`` may skip a striped plan that
+    pricing already finds too large."""
     plans, hosts = layout
     model = CostModel(storage_gbps=1e-6, interconnect_gbps=5e-6)
     requests = requests_of(plans, _storage)
     _, routed = _price(requests, hosts, model, round_bytes, 100, ("striped",))
     columns = columns_of_requests(requests)
+    with (
+        mock.patch("hyperckpt._exchange.stripe_plan.ROUTED_BASE", routed),
+        mock.patch("hyperckpt._exchange.stripe_plan.ROUTED_PER_ITEM", 0),
+    ):
+        plan_stripe_arrays(columns, round_bytes=round_bytes)
     if routed:
         with (
             mock.patch("hyperckpt._exchange.stripe_plan.ROUTED_BASE", routed - 1),
