@@ -230,7 +230,7 @@ def _torch_exchange(
 def table(rows: list[dict[str, object]]) -> str:
     lines = [
         "| model | layout | ranks | read items | auto | coordinator: price + plan + shares "
-        "| of which pricing | replicated planner alone | striped planner alone | coordinator peak | shares scattered, all "
+        "| pricing all three | replicated planner alone | striped planner alone | coordinator peak | shares scattered, all "
         "| largest share | share -> schedule (rank) | torch: gathered plans | torch: "
         "coordinator unpickles | torch: one rank's items | hyperckpt.load: gathered marks "
         "with columns | join of the columns | replicated shares, all (planned alone) |",
