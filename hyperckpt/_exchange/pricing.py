@@ -416,13 +416,16 @@ def _taken(
     """Bytes all boxes take from each stripe, and the boxes the stripe planner routes: one
     per (box, part) pair, a stripe's parts being runs of ``step`` rows from its first.
     Identical boxes (replicas: under HSDP, every host's copy) weigh together."""
-    count = np.bincount(r.key[wanted], minlength=r.keys)
-    one = np.zeros(r.keys, np.int64)
-    one[r.key[wanted][::-1]] = np.arange(len(a))[::-1]
-    one = one[count > 0]
-    copies = count[count > 0]
-    a, b = a[one], b[one]
-    taken, low, high = stripes.taken(a, b, weight[one] * copies)
+    if r.keys == len(r.rank):  # every box asked once (FSDP): nothing to weigh together
+        copies = np.ones(len(a), np.int64)
+    else:
+        count = np.bincount(r.key[wanted], minlength=r.keys)
+        one = np.zeros(r.keys, np.int64)
+        one[r.key[wanted][::-1]] = np.arange(len(a))[::-1]
+        one = one[count > 0]
+        copies = count[count > 0]
+        a, b, weight = a[one], b[one], weight[one]
+    taken, low, high = stripes.taken(a, b, weight * copies)
     if not len(a):
         return taken, 0
     # The parts a box meets: from the one holding its first row to the one holding its last.
