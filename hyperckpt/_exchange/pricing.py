@@ -108,7 +108,8 @@ def price_and_plan(
 def replicated_floor(requests: Requests, hosts: Sequence[str], model: CostModel) -> float:
     """Seconds the replicated exchange takes at least: a byte range that only one host's
     ranks ask for is read on that host (by one of them, or by each host's page cache once),
-    so the busiest host reads at least those bytes.  Linear in the items."""
+    so each host reads at least those bytes, in at least one call each; the model's
+    storage time for the busiest is the floor.  Linear in the items."""
     r = requests
     if not len(r.rank):
         return 0.0
@@ -121,9 +122,16 @@ def replicated_floor(requests: Requests, hosts: Sequence[str], model: CostModel)
     np.maximum.at(high, r.key, on)
     size = np.zeros(r.keys, np.int64)
     size[r.key] = r.nbytes
-    alone = (low == high) & (high >= 0)
+    alone = (low == high) & (high >= 0) & (size > 0)
     only = np.bincount(low[alone], weights=size[alone], minlength=len(number))
-    return float(int(only.max(initial=0)) / (model.storage_gbps * 1e9))
+    # Each such byte range costs its host one read call at least (a shared slice one, an
+    # unshared request its calls, one or more when it has bytes).
+    calls = np.bincount(low[alone], minlength=len(number))
+    return max(
+        int(nbytes) / (model.storage_gbps * 1e9)
+        + int(count) * model.read_latency_ms / 1e3 / max(1, model.reads_in_flight)
+        for nbytes, count in zip(only.tolist(), calls.tolist(), strict=True)
+    )
 
 
 def price(
