@@ -34,8 +34,7 @@ from torch.distributed.checkpoint.planner import LoadPlan
 
 from hyperckpt import CheckpointLayout, CostModel
 from hyperckpt._cli.dryrun import _placed, _rank_items, hosts_of, mesh_shape
-from hyperckpt._exchange.costs import STRATEGIES, pick
-from hyperckpt._exchange.pricing import price
+from hyperckpt._exchange.pricing import price, price_and_plan
 from hyperckpt._exchange.rank_requests import requests_of_ranks
 from hyperckpt._exchange.replicated_share import replicated_shares
 from hyperckpt._exchange.requests import Requests
@@ -102,23 +101,23 @@ def simulate_columns(
             return list(replicated_shares(r.world, transfers, key_of, r.raw_keys, r.chunks, table))
         return []
 
-    def coordinator() -> tuple[str, list[object], object]:
-        priced = price(
-            requests, names, cost_model, round_bytes=DEFAULT_STAGING_BYTES, batch_bytes=BATCH_BYTES
+    def coordinator() -> tuple[str, list[object]]:
+        if hosts < 2:
+            return "off", []
+        best, shares, _ = price_and_plan(
+            requests,
+            names,
+            cost_model,
+            _plan,
+            round_bytes=DEFAULT_STAGING_BYTES,
+            batch_bytes=BATCH_BYTES,
         )
-        ranked = sorted(priced, key=lambda s: (priced[s].seconds, STRATEGIES.index(s)))
-        best = pick(priced, hosts=hosts)
-        shares: list[object] = []
-        for best in ranked if hosts > 1 else ["off"]:
-            try:
-                shares = _plan(best)
-            except StripesTooLarge:
-                continue  # as choose_exchange: the next fastest
-            break
-        return best, shares, priced
+        return best, shares
 
-    (best, shares, priced), coordinator_seconds = _cpu(coordinator)  # type: ignore[misc]
-    _, price_seconds = _cpu(
+    # "auto" as choose_exchange runs it: the cheap prices first, only the winner planned.
+    (best, shares), coordinator_seconds = _cpu(coordinator)  # type: ignore[misc]
+    # Every price (the coordinator may have skipped one), and what pricing all three costs.
+    priced, price_seconds = _cpu(
         lambda: price(
             requests, names, cost_model, round_bytes=DEFAULT_STAGING_BYTES, batch_bytes=BATCH_BYTES
         )
@@ -231,7 +230,7 @@ def _torch_exchange(
 def table(rows: list[dict[str, object]]) -> str:
     lines = [
         "| model | layout | ranks | read items | auto | coordinator: price + plan + shares "
-        "| of which pricing | replicated planner alone | striped planner alone | coordinator peak | shares scattered, all "
+        "| pricing all three | replicated planner alone | striped planner alone | coordinator peak | shares scattered, all "
         "| largest share | share -> schedule (rank) | torch: gathered plans | torch: "
         "coordinator unpickles | torch: one rank's items | hyperckpt.load: gathered marks "
         "with columns | join of the columns | replicated shares, all (planned alone) |",

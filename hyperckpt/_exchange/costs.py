@@ -205,34 +205,28 @@ def choose_exchange(
             plans, "off", storage, round_bytes=round_bytes, batch_bytes=batch_bytes
         )
     # Imported here: pricing builds on this module's model and timing.
-    from hyperckpt._exchange.pricing import price
+    from hyperckpt._exchange.pricing import price_and_plan
 
     with without_gc():
         joined = None if requests is None else requests()
         found = joined if joined is not None else requests_of(plans, storage)
-        costs = price(
-            found,
-            hosts,
-            model,
+
+    def plan(strategy: Strategy) -> list[LoadPlan]:
+        return plan_exchange(
+            plans,
+            strategy,
+            storage,
             round_bytes=round_bytes,
             batch_bytes=batch_bytes,
+            requests=found,
+            table=table,
         )
-    # The fastest first; a striped plan past its routing limit gives way to the next.
-    ranked = sorted(costs, key=lambda s: (costs[s].seconds, STRATEGIES.index(s)))
-    for best in ranked:
-        try:
-            return best, plan_exchange(
-                plans,
-                best,
-                storage,
-                round_bytes=round_bytes,
-                batch_bytes=batch_bytes,
-                requests=found,
-                table=table,
-            )
-        except StripesTooLarge as err:
-            logger.info("hyperckpt: exchange %s not considered: %s", best, err)
-    raise AssertionError("'off' always plans")  # pragma: no cover
+
+    with without_gc():
+        best, planned, _ = price_and_plan(
+            found, hosts, model, plan, round_bytes=round_bytes, batch_bytes=batch_bytes
+        )
+    return best, planned
 
 
 def pick(costs: Mapping[Strategy, StrategyCost], *, hosts: int) -> Strategy:

@@ -14,25 +14,124 @@ strategy's :class:`~hyperckpt._exchange.costs.StrategyCost` comes straight from 
   figures are estimates: read calls join a reader's touching stripes across rounds (never
   more than the plan issues) and the rounds are the fewest the round budget allows
   (``ceil(max(read, received) / round_bytes)`` on the busiest rank; the planner's greedy
-  packing may need more, each costing one small all-gather).
+  packing may need more, each costing one small all-gather).  The bytes are summed per
+  stripe (:mod:`hyperckpt._exchange.overlaps`), not per (box, stripe) pair: linear in the
+  boxes and stripes, where the pairs grow as ranks squared under HSDP.
+
+:func:`price_and_plan` is ``"auto"`` across hosts: the cheap prices first, the replicated
+one only when it can win, and only the winner planned.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import math
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
 
-from hyperckpt._exchange.costs import CostModel, StrategyCost, timing
+from hyperckpt._exchange.costs import STRATEGIES, CostModel, StrategyCost, timing
+from hyperckpt._exchange.overlaps import Coverage, Stripes, most_from_one
 from hyperckpt._exchange.requests import Requests
 from hyperckpt._exchange.schedule import rounds_of, shared_slices
 from hyperckpt._exchange.strategy import Strategy
-from hyperckpt._exchange.stripe_plan import cut_stripes, ramps
+from hyperckpt._exchange.stripe_plan import cut_stripes
+from hyperckpt._exchange.stripes import ROUTED_BASE, ROUTED_PER_ITEM, StripesTooLarge
 from hyperckpt._read.engine import CHUNK_BYTES
 
-__all__ = ["price"]
+__all__ = ["price", "price_and_plan", "replicated_floor"]
+
+logger = logging.getLogger("hyperckpt._exchange.costs")
 
 Ints = np.ndarray
+Planned = TypeVar("Planned")
+
+
+def price_and_plan(
+    requests: Requests,
+    hosts: Sequence[str],
+    model: CostModel,
+    plan: Callable[[Strategy], Planned],
+    *,
+    round_bytes: int,
+    batch_bytes: int,
+) -> tuple[Strategy, Planned, dict[Strategy, StrategyCost]]:
+    """``exchange="auto"`` across hosts: the fastest predicted strategy, planned by ``plan``.
+
+    Ties go to the simpler strategy (``off``, then ``replicated``, then ``striped``); a
+    striped plan past its routing limit (``plan`` raises
+    :class:`~hyperckpt._exchange.stripes.StripesTooLarge`) gives way to the next fastest.
+    ``"off"`` and ``"striped"`` are priced first; when striped beats ``"off"`` and a floor
+    under the replicated price (:func:`replicated_floor`), it is planned without pricing
+    the replicated exchange (the dearest to price), and the pick is the same.  A striped
+    plan whose routed boxes, counted while pricing, pass the planner's routing limit is
+    not attempted: the planner would refuse it.
+
+    Returns:
+        The strategy, its plan, and the prices made.
+    """
+    costs, routed = _price(requests, hosts, model, round_bytes, batch_bytes, ("off", "striped"))
+    tried: set[Strategy] = set()
+    if routed > ROUTED_BASE + ROUTED_PER_ITEM * len(requests.rank):
+        # The planner would refuse it after sorting and cutting everything again.
+        logger.info("hyperckpt: exchange striped not considered: %d boxes to route", routed)
+        tried.add("striped")
+    striped = costs["striped"].seconds if "striped" not in tried else math.inf
+    if striped < costs["off"].seconds and striped < replicated_floor(requests, hosts, model):
+        try:
+            return "striped", plan("striped"), costs
+        except StripesTooLarge as err:
+            logger.info("hyperckpt: exchange striped not considered: %s", err)
+            tried.add("striped")
+    costs.update(
+        price(
+            requests,
+            hosts,
+            model,
+            round_bytes=round_bytes,
+            batch_bytes=batch_bytes,
+            strategies=("replicated",),
+        )
+    )
+    ranked = sorted(costs, key=lambda s: (costs[s].seconds, STRATEGIES.index(s)))
+    for best in ranked:
+        if best in tried:
+            continue
+        try:
+            return best, plan(best), costs
+        except StripesTooLarge as err:
+            logger.info("hyperckpt: exchange %s not considered: %s", best, err)
+    raise AssertionError("'off' always plans")  # pragma: no cover
+
+
+def replicated_floor(requests: Requests, hosts: Sequence[str], model: CostModel) -> float:
+    """Seconds the replicated exchange takes at least: a byte range that only one host's
+    ranks ask for is read on that host (by one of them, or by each host's page cache once),
+    so each host reads at least those bytes, in at least one call each; the model's
+    storage time for the busiest is the floor.  Linear in the items."""
+    r = requests
+    if not len(r.rank):
+        return 0.0
+    number = {host: i for i, host in enumerate(dict.fromkeys(hosts))}
+    host_of = np.asarray([number[h] for h in hosts], dtype=np.int64).reshape(-1)
+    on = host_of[r.rank]
+    low = np.full(r.keys, len(number), np.int64)
+    high = np.full(r.keys, -1, np.int64)
+    np.minimum.at(low, r.key, on)
+    np.maximum.at(high, r.key, on)
+    size = np.zeros(r.keys, np.int64)
+    size[r.key] = r.nbytes
+    alone = (low == high) & (high >= 0) & (size > 0)
+    only = np.bincount(low[alone], weights=size[alone], minlength=len(number))
+    # Each such byte range costs its host one read call at least (a shared slice one, an
+    # unshared request its calls, one or more when it has bytes).
+    calls = np.bincount(low[alone], minlength=len(number))
+    return max(
+        int(nbytes) / (model.storage_gbps * 1e9)
+        + int(count) * model.read_latency_ms / 1e3 / max(1, model.reads_in_flight)
+        for nbytes, count in zip(only.tolist(), calls.tolist(), strict=True)
+    )
 
 
 def price(
@@ -57,12 +156,26 @@ def price(
     Returns:
         By strategy, its cost.
     """
+    return _price(requests, hosts, model, round_bytes, batch_bytes, strategies)[0]
+
+
+def _price(
+    requests: Requests,
+    hosts: Sequence[str],
+    model: CostModel,
+    round_bytes: int,
+    batch_bytes: int,
+    strategies: Sequence[Strategy],
+) -> tuple[dict[Strategy, StrategyCost], int]:
+    """:func:`price`, and (when striped is priced) the boxes the stripe planner would route
+    (0 otherwise)."""
     # By dict, not list.index: that was ranks x hosts comparisons (8M at 8,192 ranks).
     number = {host: i for i, host in enumerate(dict.fromkeys(hosts))}
     names = list(number)
     host_of = np.asarray([number[h] for h in hosts], dtype=np.int64).reshape(-1)
     world = requests.world
     results: dict[Strategy, StrategyCost] = {}
+    routed = 0
     for strategy in strategies:
         if strategy == "off" or (strategy == "replicated" and world < 2):
             figures = _off(requests, host_of, len(names))
@@ -71,7 +184,7 @@ def price(
         elif world < 2:
             figures = _nothing(world, len(names))
         else:
-            figures = _striped(requests, host_of, len(names), round_bytes)
+            figures, routed = _striped_routes(requests, host_of, len(names), round_bytes)
         read, reads, host_bytes, out, into, intra, exchanged, rounds = figures
         results[strategy] = timing(
             strategy,
@@ -84,7 +197,7 @@ def price(
             host_of=host_of.tolist(),
             model=model,
         )
-    return results
+    return results, routed
 
 
 #: read bytes by rank, reads by rank, host bytes by host, inter-host out and in, intra-host
@@ -177,6 +290,14 @@ def _replicated(
 
 def _striped(r: Requests, host_of: Ints, hosts: int, round_bytes: int) -> _Figures:
     """The planner's stripes, exactly; every box routed from its stripes' readers."""
+    return _striped_routes(r, host_of, hosts, round_bytes)[0]
+
+
+def _striped_routes(
+    r: Requests, host_of: Ints, hosts: int, round_bytes: int
+) -> tuple[_Figures, int]:
+    """:func:`_striped`, and the boxes the stripe planner would route (each box once per
+    part of a stripe it meets), counted without making them."""
     world = r.world
     row_bytes = r.chunk_row_bytes
     box_row = np.where(r.stop > r.first, r.nbytes // np.maximum(1, r.stop - r.first), 0)
@@ -211,27 +332,30 @@ def _striped(r: Requests, host_of: Ints, hosts: int, round_bytes: int) -> _Figur
     read = np.bincount(st_reader, weights=st_bytes, minlength=world).astype(np.int64)
     reads = _stripe_calls(r, st_reader, st_chunk, st_first, st_bytes, world)
     host_bytes = np.bincount(host_of, weights=read, minlength=hosts).astype(np.int64)
-    # Route every box: its rows within each stripe of its chunk, from the stripe's reader.
+    # Where the boxes' bytes come from, summed per stripe without pairing every box with
+    # every stripe it spans (those pairs grow as ranks squared under HSDP).
     base = np.concatenate(([0], np.cumsum(r.chunk_rows)))[:-1]
+    span = int(base[-1] + r.chunk_rows[-1]) + 1 if len(base) else 1
     g_start, g_stop = base[st_chunk] + st_first, base[st_chunk] + st_stop
     by_start = np.argsort(g_start, kind="stable")
     g_start, g_stop, g_reader = g_start[by_start], g_stop[by_start], st_reader[by_start]
     a, b = base[chunk] + first, base[chunk] + stop
-    low = np.searchsorted(g_stop, a, side="right")
-    high = np.searchsorted(g_start, b, side="left")
-    count = np.maximum(0, high - low)
-    which = np.repeat(np.arange(len(a)), count)
-    stripe = np.repeat(low, count) + ramps(count)
-    rows = np.minimum(g_stop[stripe], b[which]) - np.maximum(g_start[stripe], a[which])
-    nbytes = np.maximum(rows, 0) * rows_bytes[which]
-    source, receiver = g_reader[stripe], rank[which]
-    moved = (source != receiver) & (nbytes > 0)
-    source, receiver, nbytes = source[moved], receiver[moved], nbytes[moved]
-    src_host, dst_host = host_of[source], host_of[receiver]
-    across = src_host != dst_host
-    out = np.bincount(src_host[across], weights=nbytes[across], minlength=hosts)
-    into = np.bincount(dst_host[across], weights=nbytes[across], minlength=hosts)
-    intra = np.bincount(src_host[~across], weights=nbytes[~across], minlength=hosts)
+    stripes = Stripes(g_start, g_stop, g_reader, host_of[g_reader])
+    # The planner's parts: each stripe cut into runs of at most a round's share of the
+    # fan-out (its own arithmetic), for the boxes it would route.
+    delivered = int(((stop - first) * rows_bytes).sum())
+    needed = int(((ext_stop - ext_first) * row_bytes[ext_chunk]).sum())
+    fanout = delivered / needed if needed else 1.0
+    part_bytes = max(1, round_bytes // max(1, round(fanout)))
+    step = np.maximum(1, part_bytes // row_bytes[st_chunk])[by_start]
+    taken, routed = _taken(r, wanted, a, b, rows_bytes, stripes, step)
+    by_host, own = stripes.same_host(host_of[rank], rank, a, b, rows_bytes, span)
+    reader_host = stripes.host
+    out = _sum_by(reader_host, taken - by_host, hosts)
+    intra = _sum_by(reader_host, by_host - own, hosts)
+    asked = np.bincount(rank, weights=(b - a) * rows_bytes, minlength=world).astype(np.int64)
+    received = asked - _sum_by(g_reader, own, world)
+    into = _sum_by(host_of, received, hosts) - intra
     # The fewest rounds the budget allows: a round holds at most ``round_bytes`` of a rank's
     # reads (or receipts), or else one part, no larger than its stripe.
     rounds = 0
@@ -239,22 +363,24 @@ def _striped(r: Requests, host_of: Ints, hosts: int, round_bytes: int) -> _Figur
         widest = np.zeros(world, np.int64)
         np.maximum.at(widest, st_reader, row_bytes[st_chunk])
         rounds = int(np.max(-(-read // np.maximum(round_bytes, widest))))
-        route, inverse = np.unique(stripe[moved] * world + receiver, return_inverse=True)
-        delivered = np.bincount(inverse, weights=nbytes).astype(np.int64)
-        largest = np.zeros(world, np.int64)
-        np.maximum.at(largest, route % world, delivered)
-        received = np.bincount(receiver, weights=nbytes, minlength=world).astype(np.int64)
+        largest = _most_from_one_stripe(
+            r,
+            chunk,
+            rank,
+            a,
+            b,
+            rows_bytes,
+            stripes,
+            st_chunk,
+            st_first,
+            st_stop,
+            received > round_bytes,
+            round_bytes,
+            span,
+        )
         rounds = max(1, rounds, int(np.max(-(-received // np.maximum(round_bytes, largest)))))
-    return (
-        read,
-        reads,
-        host_bytes,
-        out.astype(np.int64),
-        into.astype(np.int64),
-        intra.astype(np.int64),
-        int(nbytes.sum()),
-        rounds,
-    )
+    figures = (read, reads, host_bytes, out, into, intra, int(received.sum()), rounds)
+    return figures, routed
 
 
 def _stripe_calls(
@@ -277,3 +403,100 @@ def _stripe_calls(
     run_reader = reader[~joins]
     calls = -(-run_bytes // CHUNK_BYTES)
     return np.bincount(run_reader, weights=calls, minlength=world).astype(np.int64)
+
+
+def _sum_by(where: Ints, values: Ints, size: int) -> Ints:
+    """``values`` summed by ``where`` into ``size`` integers, exactly (no float weights)."""
+    total = np.zeros(size, np.int64)
+    np.add.at(total, where, values)
+    return total
+
+
+def _taken(
+    r: Requests,
+    wanted: np.ndarray,
+    a: Ints,
+    b: Ints,
+    weight: Ints,
+    stripes: Stripes,
+    step: Ints,
+) -> tuple[Ints, int]:
+    """Bytes all boxes take from each stripe, and the boxes the stripe planner routes: one
+    per (box, part) pair, a stripe's parts being runs of ``step`` rows from its first.
+    Identical boxes (replicas: under HSDP, every host's copy) weigh together."""
+    if r.keys == len(r.rank):  # every box asked once (FSDP): nothing to weigh together
+        copies = np.ones(len(a), np.int64)
+    else:
+        count = np.bincount(r.key[wanted], minlength=r.keys)
+        one = np.zeros(r.keys, np.int64)
+        one[r.key[wanted][::-1]] = np.arange(len(a))[::-1]
+        one = one[count > 0]
+        copies = count[count > 0]
+        a, b, weight = a[one], b[one], weight[one]
+    taken, low, high = stripes.taken(a, b, weight * copies)
+    if not len(a):
+        return taken, 0
+    # The parts a box meets: from the one holding its first row to the one holding its last.
+    parts = -(-(stripes.stop - stripes.start) // step)
+    before = np.concatenate(([0], np.cumsum(parts)))
+    last = high - 1
+    met = (
+        before[last]
+        + -(-(b - stripes.start[last]) // step[last])
+        - before[low]
+        - (a - stripes.start[low]) // step[low]
+    )
+    return taken, int((met * copies).sum())
+
+
+def _most_from_one_stripe(
+    r: Requests,
+    chunk: Ints,
+    rank: Ints,
+    a: Ints,
+    b: Ints,
+    weight: Ints,
+    stripes: Stripes,
+    st_chunk: Ints,
+    st_first: Ints,
+    st_stop: Ints,
+    busy: np.ndarray,
+    round_bytes: int,
+    span: int,
+) -> Ints:
+    """Each receiver's most bytes from one stripe, where it can matter: for the ``busy``
+    ranks (more to receive than a round holds) whose bound passes ``round_bytes``, exactly;
+    elsewhere zero (the round budget decides).
+
+    The bound: a rank's boxes in a chunk weigh together at most the sum of their weights a
+    row, over at most the chunk's longest stripe.
+    """
+    world = len(busy)
+    largest = np.zeros(world, np.int64)
+    if not busy.any():
+        return largest
+    longest = np.zeros(len(r.chunk_rows), np.int64)
+    np.maximum.at(longest, st_chunk, st_stop - st_first)
+    chunks = len(r.chunk_rows)
+    group = rank * chunks + chunk
+    order = np.argsort(group, kind="stable")
+    group = group[order]
+    starts = np.flatnonzero(np.concatenate(([True], group[1:] != group[:-1])))
+    summed = np.add.reduceat(weight[order], starts) if len(starts) else starts
+    leader = group[starts]
+    bound = np.zeros(world, np.int64)
+    np.maximum.at(bound, leader // chunks, summed * longest[leader % chunks])
+    past = busy & (bound > round_bytes)
+    if not past.any():
+        return largest
+    some = past[rank]
+    return most_from_one(
+        Coverage(rank[some], a[some], b[some], weight[some], span),
+        rank[some],
+        a[some],
+        b[some],
+        stripes.start,
+        stripes.stop,
+        stripes.reader,
+        world,
+    )

@@ -697,11 +697,18 @@ def narrowest_ints(values: Ints) -> Ints:
     if not values.size:
         return values.astype(np.int8)
     low, high = int(values.min()), int(values.max())
-    for kind in (np.int8, np.int16, np.int32):
-        info = np.iinfo(kind)
-        if info.min <= low and high <= info.max:
+    for kind, least, most in _NARROW:
+        if least <= low and high <= most:
             return values.astype(kind)
     return values.astype(np.int64)
+
+
+#: Each narrow type with its bounds, looked up once: ``np.iinfo`` per call was a fifth of
+#: cutting 1,024 shares.
+_NARROW = tuple(
+    (kind, int(np.iinfo(kind).min), int(np.iinfo(kind).max))
+    for kind in (np.int8, np.int16, np.int32)
+)
 
 
 def _int_tuple(values: Ints) -> tuple[int, ...]:

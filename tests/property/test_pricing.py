@@ -6,22 +6,37 @@ any order.  The closed-form price must equal the price of the planned exchange f
 and ``replicated`` in every field; for ``striped`` every byte count must be equal, the read
 calls and rounds never above the plan's (they are estimated from below), and where the
 pick differs from the one planning all three would make, the planned times of the two picks
-must be within the striped estimate's own error.
+must be within the striped estimate's own error.  The striped price, summed from prefix
+integrals per stripe, equals the old pricing that routed every (box, stripe) pair
+(``tests/reference_pricing.py``) in every figure.
 """
 
 from __future__ import annotations
 
 import math
+from unittest import mock
 
+import numpy as np
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from reference_pricing import striped_figures
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
-from hyperckpt._exchange.costs import CostModel, compare, pick
-from hyperckpt._exchange.pricing import price
+from hyperckpt._exchange.costs import STRATEGIES, CostModel, compare, pick
+from hyperckpt._exchange.pricing import (
+    _price,
+    _striped,
+    price,
+    price_and_plan,
+    replicated_floor,
+)
 from hyperckpt._exchange.requests import requests_of
+from hyperckpt._exchange.strategy import Strategy
+from hyperckpt._exchange.stripe_plan import columns_of_requests, plan_stripe_arrays
+from hyperckpt._exchange.stripes import StripesTooLarge
 from hyperckpt._read.storage_info import StorageInfo
 
 # name -> (file, offset, shape); 2-byte elements, laid out back to back in each file
@@ -111,3 +126,75 @@ def test_the_closed_form_price_matches_the_planned_one(
     if chosen != best:
         error = exact.seconds - estimated.seconds
         assert planned[chosen].seconds - planned[best].seconds <= error + 1e-9
+
+
+@given(_layouts(), st.integers(1, 2000), st.booleans())
+def test_the_striped_price_from_integrals_equals_routing_every_box(
+    layout: tuple[list[LoadPlan], list[str]], round_bytes: int, twice: bool
+) -> None:
+    """Every figure of the striped price, rounds included, equals the old pricing that
+    routed every (box, stripe) pair; ``twice`` asks each rank's boxes twice (a rank asking
+    for the same rows twice covers them with double weight)."""
+    plans, hosts = layout
+    if twice:
+        plans = [LoadPlan(plan.items + plan.items) for plan in plans]
+    requests = requests_of(plans, _storage)
+    number = {host: i for i, host in enumerate(dict.fromkeys(hosts))}
+    host_of = np.asarray([number[h] for h in hosts], dtype=np.int64)
+    new = _striped(requests, host_of, len(number), round_bytes)
+    old = striped_figures(requests, host_of, len(number), round_bytes)
+    for made, expected in zip(new, old, strict=True):
+        assert np.array_equal(np.asarray(made), np.asarray(expected))
+
+
+@given(_layouts(), st.integers(64, 2000), st.sampled_from([0.0, 0.05, 1.0]), st.booleans())
+def test_auto_prices_the_replicated_exchange_only_when_it_can_win(
+    layout: tuple[list[LoadPlan], list[str]], round_bytes: int, latency: float, refused: bool
+) -> None:
+    """``price_and_plan`` picks what pricing all three and planning the fastest picks, a
+    refused striped plan (past its routing limit) included; the replicated floor is never
+    above the replicated price."""
+    plans, hosts = layout
+    model = CostModel(storage_gbps=1e-6, interconnect_gbps=5e-6, read_latency_ms=latency)
+    requests = requests_of(plans, _storage)
+    full = price(requests, hosts, model, round_bytes=round_bytes, batch_bytes=100)
+    assert replicated_floor(requests, hosts, model) <= full["replicated"].seconds
+    ranked = sorted(full, key=lambda s: (full[s].seconds, STRATEGIES.index(s)))
+    expected = next(s for s in ranked if not (refused and s == "striped"))
+
+    def plan(strategy: Strategy) -> Strategy:
+        if refused and strategy == "striped":
+            raise StripesTooLarge(10, 1, len(plans))
+        return strategy
+
+    best, planned, costs = price_and_plan(
+        requests, hosts, model, plan, round_bytes=round_bytes, batch_bytes=100
+    )
+    assert best == planned == expected
+    assert all(costs[s] == full[s] for s in costs)
+
+
+@given(_layouts(), st.integers(64, 2000))
+def test_pricing_counts_the_boxes_the_stripe_planner_routes(
+    layout: tuple[list[LoadPlan], list[str]], round_bytes: int
+) -> None:
+    """The routed boxes pricing counts are the planner's own count: the planner refuses a
+    limit one below it and accepts that count, so ``"auto"`` may skip a striped plan that
+    pricing already finds too large."""
+    plans, hosts = layout
+    model = CostModel(storage_gbps=1e-6, interconnect_gbps=5e-6)
+    requests = requests_of(plans, _storage)
+    _, routed = _price(requests, hosts, model, round_bytes, 100, ("striped",))
+    columns = columns_of_requests(requests)
+    with (
+        mock.patch("hyperckpt._exchange.stripe_plan.ROUTED_BASE", routed),
+        mock.patch("hyperckpt._exchange.stripe_plan.ROUTED_PER_ITEM", 0),
+    ):
+        plan_stripe_arrays(columns, round_bytes=round_bytes)
+    if routed:
+        with (
+            mock.patch("hyperckpt._exchange.stripe_plan.ROUTED_BASE", routed - 1),
+            mock.patch("hyperckpt._exchange.stripe_plan.ROUTED_PER_ITEM", 0),
+            pytest.raises(StripesTooLarge),
+        ):
+            plan_stripe_arrays(columns, round_bytes=round_bytes)
