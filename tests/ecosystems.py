@@ -60,7 +60,9 @@ def write_diffusers_component(
     return directory
 
 
-def write_diffusers_pipeline(root: Path, components: Mapping[str, Mapping[str, torch.Tensor]]) -> Path:
+def write_diffusers_pipeline(
+    root: Path, components: Mapping[str, Mapping[str, torch.Tensor]]
+) -> Path:
     """A pipeline's root: ``model_index.json``, each component in its folder, a scheduler.
 
     ``text_encoder`` components are written as transformers does (``model.safetensors``),
@@ -71,7 +73,9 @@ def write_diffusers_pipeline(root: Path, components: Mapping[str, Mapping[str, t
     for name, tensors in components.items():
         if name.startswith("text_encoder"):
             (root / name).mkdir()
-            save_file(dict(tensors), str(root / name / "model.safetensors"), metadata={"format": "pt"})
+            save_file(
+                dict(tensors), str(root / name / "model.safetensors"), metadata={"format": "pt"}
+            )
             index[name] = ["transformers", "CLIPTextModel"]
         else:
             write_diffusers_component(root / name, tensors)

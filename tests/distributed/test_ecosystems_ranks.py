@@ -81,7 +81,9 @@ def _run(rank: int, world_size: int, component: str, equal: str, differ: str) ->
     out["wrong"] = [
         name
         for name, value in state.items()
-        if mismatch(value.to_local(), distribute_tensor(expected[name], mesh, [Shard(0)]).to_local())
+        if mismatch(
+            value.to_local(), distribute_tensor(expected[name], mesh, [Shard(0)]).to_local()
+        )
         is not None
     ]
     out["tensors"] = report.tensors

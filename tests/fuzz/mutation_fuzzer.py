@@ -657,8 +657,6 @@ def _bits(tensor: torch.Tensor) -> torch.Tensor:
     return flat != 0 if tensor.dtype == torch.bool else flat
 
 
-
-
 _CHANGED = ("since its header was read", "deleted or replaced since", "while it was being read")
 
 
@@ -772,10 +770,6 @@ class Report:
     seconds: float = 0.0
 
 
-
-
-
-
 def _bytes_under(root: Path) -> int:
     """Bytes of the regular files in ``root`` (nothing is opened: FIFOs stay closed)."""
     total = 0
@@ -813,10 +807,6 @@ def run_case(
             if not path.is_symlink() and path.is_dir():
                 path.chmod(0o755)
         shutil.rmtree(root, ignore_errors=True)
-
-
-
-
 
 
 def fuzz(

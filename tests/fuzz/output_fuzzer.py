@@ -66,10 +66,6 @@ INDEX = "model.safetensors.index.json"
 _ALPHABET = 'abcxyz._-0123456789"\\é漢 '
 
 
-
-
-
-
 @dataclass
 class Report:
     """Counts of one run.
@@ -227,8 +223,6 @@ def run_case(work: Path, seed: int, case: int) -> tuple[str, list[str]]:
     if rng.random() < 0.2:
         return _verify_case(rng, work, draws), draws
     return _consolidate_case(rng, work, draws), draws
-
-
 
 
 def fuzz(

@@ -80,8 +80,6 @@ _PRESETS = ("qwen3-moe", "mixtral", "gate-up-proj", "qkv-proj")
 _LAYOUTS = ("fsdp", "tp", "fsdp-tp", "hsdp", "replicate")
 
 
-
-
 @dataclass
 class Report:
     """Counts of one run.
@@ -350,12 +348,6 @@ def _expert_numbering(rng: random.Random, root: Path) -> tuple[str, str, int]:
 
 
 # ---------------------------------------------------------------------------- driver
-
-
-
-
-
-
 
 
 def run_case(work: Path, sample: Path, seed: int, case: int) -> tuple[str, str, int, int]:

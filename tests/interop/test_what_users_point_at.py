@@ -77,9 +77,7 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, st
     return status, out, err
 
 
-def assert_cli_names(
-    capsys: pytest.CaptureFixture[str], path: Path, rule: str, words: str
-) -> None:
+def assert_cli_names(capsys: pytest.CaptureFixture[str], path: Path, rule: str, words: str) -> None:
     status, out, _ = cli(capsys, "validate", path, "--json")
     assert status == 1
     problems = json.loads(out)["problems"]
@@ -297,11 +295,15 @@ def _edit_index(root: Path, edit: Callable[[dict[str, str]], object]) -> None:
 def test_a_stale_single_file_beside_the_diffusers_index_is_refused_in_diffusers_names(
     component: Path,
 ) -> None:
-    save_file({"proj_in.weight": torch.zeros(3)}, str(component / "diffusion_pytorch_model.safetensors"))
+    save_file(
+        {"proj_in.weight": torch.zeros(3)}, str(component / "diffusion_pytorch_model.safetensors")
+    )
     with pytest.raises(CheckpointError) as info:
         describe(component)
     assert info.value.rule == "hf.single_beside_index"
-    assert f"diffusion_pytorch_model.safetensors and {DIFFUSERS_INDEX} are both here" in str(info.value)
+    assert f"diffusion_pytorch_model.safetensors and {DIFFUSERS_INDEX} are both here" in str(
+        info.value
+    )
 
 
 def test_the_single_file_is_read_beside_its_variants(tmp_path: Path) -> None:

@@ -72,7 +72,10 @@ def test_tied_winners_chooses_whose_values_fill_the_shared_memory(
 
 def test_a_tied_winner_that_is_no_key_is_named_with_the_key_it_meant(tmp_path: Path) -> None:
     tensors = checkpoint(tmp_path, same=False)
-    with pytest.raises(CheckpointError, match=r"tied_winners names 'lm_head' \(did you mean 'lm_head\.weight'\?\), which matches no key"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"tied_winners names 'lm_head' \(did you mean 'lm_head\.weight'\?\), which matches no key",
+    ):
         hyperckpt.load(tied_state(tensors), tmp_path, tied_winners={"lm_head"})
 
 
@@ -85,7 +88,10 @@ def test_two_winners_of_one_group_are_refused_before_any_read(tmp_path: Path) ->
 
 
 def test_views_of_one_buffer_at_different_places_are_not_tied(tmp_path: Path) -> None:
-    tensors = {"a": sample_tensor((4,), torch.float32, seed=1), "b": sample_tensor((4,), torch.float32, seed=2)}
+    tensors = {
+        "a": sample_tensor((4,), torch.float32, seed=1),
+        "b": sample_tensor((4,), torch.float32, seed=2),
+    }
     write_hf_checkpoint(tmp_path, tensors)
     flat = poison_(torch.empty(8))
     state = {"a": flat[:4], "b": flat[4:]}

@@ -100,9 +100,7 @@ def test_a_policy_given_in_options_is_the_one_load_checks_first(tmp_path: Path) 
 
 def test_the_reader_refuses_inside_dcp_load_before_writing_a_byte(tmp_path: Path) -> None:
     checkpoint(tmp_path, torch.float32)
-    state = {"a": poison_(torch.empty(6, 4, dtype=torch.bfloat16)), "same": poison_(
-        torch.empty(3)
-    )}
+    state = {"a": poison_(torch.empty(6, 4, dtype=torch.bfloat16)), "same": poison_(torch.empty(3))}
     reader = HuggingFaceStorageReader(tmp_path, dtype_policy="no-narrowing")
     with pytest.raises(CheckpointException, match="refuses 1 tensor"):
         dcp.load(state, storage_reader=reader, no_dist=True)
@@ -132,27 +130,53 @@ def test_plan_dtype_lists_conversions_before_a_load(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     checkpoint(tmp_path, torch.bfloat16)
-    assert main(["plan", str(tmp_path), "--world", "2", "--layout", "fsdp", "--dtype",
-                 "float16"]) == 0
+    assert (
+        main(["plan", str(tmp_path), "--world", "2", "--layout", "fsdp", "--dtype", "float16"]) == 0
+    )
     out = capsys.readouterr().out
     assert "BF16 -> float16  NARROWING  1 tensors  48 B" in out
     assert "F32 -> float16  NARROWING  1 tensors  12 B" in out
-    assert main(["plan", str(tmp_path), "--world", "1", "--layout", "fsdp", "--dtype",
-                 "float32", "--json"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                str(tmp_path),
+                "--world",
+                "1",
+                "--layout",
+                "fsdp",
+                "--dtype",
+                "float32",
+                "--json",
+            ]
+        )
+        == 0
+    )
     import json
 
     report = json.loads(capsys.readouterr().out)
     assert report["conversions"] == [
         {"from": "BF16", "to": "float32", "tensors": 1, "bytes": 48, "widening": True}
     ]
-    assert main(["plan", str(tmp_path), "--world", "1", "--layout", "fsdp", "--dtype",
-                 "half-ish"]) == 2
+    assert (
+        main(["plan", str(tmp_path), "--world", "1", "--layout", "fsdp", "--dtype", "half-ish"])
+        == 2
+    )
 
 
 # ---- the widening table is exactly the set of conversions that keep every value -------------
 
-_TARGETS = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.float16,
-            torch.bfloat16, torch.float32, torch.float64]
+_TARGETS = [
+    torch.int8,
+    torch.uint8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+]
 
 
 def _values(code: str) -> torch.Tensor:
@@ -167,8 +191,11 @@ def _values(code: str) -> torch.Tensor:
         picks = [info.max, info.min, info.tiny, info.tiny * info.eps, 0.1, 1 / 3, 2.0**24 + 1]
         return torch.tensor(picks, dtype=torch.float64).to(dtype)
     limits = torch.iinfo(dtype)
-    return torch.tensor([limits.min, limits.max, 2**24 + 1, -(2**24) - 1, 0, 1], dtype=torch.int64
-                        ).clamp(limits.min, limits.max).to(dtype)
+    return (
+        torch.tensor([limits.min, limits.max, 2**24 + 1, -(2**24) - 1, 0, 1], dtype=torch.int64)
+        .clamp(limits.min, limits.max)
+        .to(dtype)
+    )
 
 
 def _survives(values: torch.Tensor, target: torch.dtype) -> bool:
@@ -184,8 +211,23 @@ def _survives(values: torch.Tensor, target: torch.dtype) -> bool:
 
 @pytest.mark.parametrize(
     "code",
-    ["BOOL", "U8", "I8", "I16", "I32", "I64", "F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2",
-     "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F8_E8M0"],
+    [
+        "BOOL",
+        "U8",
+        "I8",
+        "I16",
+        "I32",
+        "I64",
+        "F16",
+        "BF16",
+        "F32",
+        "F64",
+        "F8_E4M3",
+        "F8_E5M2",
+        "F8_E4M3FNUZ",
+        "F8_E5M2FNUZ",
+        "F8_E8M0",
+    ],
 )
 def test_widening_means_every_stored_value_survives_the_round_trip(code: str) -> None:
     values = _values(code)
@@ -203,10 +245,17 @@ def test_widening_means_every_stored_value_survives_the_round_trip(code: str) ->
             assert not _survives(values, target), (code, target)
 
 
-@pytest.mark.parametrize(("source", "target"), [
-    ("F16", torch.bfloat16), ("BF16", torch.float16), ("F32", torch.float16),
-    ("F32", torch.bfloat16), ("F64", torch.float32), ("F8_E4M3", torch.float8_e5m2),
-])
+@pytest.mark.parametrize(
+    ("source", "target"),
+    [
+        ("F16", torch.bfloat16),
+        ("BF16", torch.float16),
+        ("F32", torch.float16),
+        ("F32", torch.bfloat16),
+        ("F64", torch.float32),
+        ("F8_E4M3", torch.float8_e5m2),
+    ],
+)
 def test_a_narrowing_float_pair_loses_some_stored_value(source: str, target: torch.dtype) -> None:
     assert not is_widening(source, target)
     assert not _survives(_values(source), target)

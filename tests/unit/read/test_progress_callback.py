@@ -17,8 +17,9 @@ from hyperckpt._read.tracker import ProgressLine, ProgressTracker, render
 
 
 def model() -> dict[str, torch.Tensor]:
-    return {f"layer.{i}.weight": sample_tensor((64, 33 + i), torch.float32, seed=i)
-            for i in range(8)}
+    return {
+        f"layer.{i}.weight": sample_tensor((64, 33 + i), torch.float32, seed=i) for i in range(8)
+    }
 
 
 @pytest.mark.parametrize("threads", [1, 3])
@@ -43,10 +44,12 @@ def test_staged_reads_count_their_delivered_bytes(tmp_path: Path) -> None:
     tensors = model()
     write_hf_checkpoint(tmp_path, tensors)
     # bfloat16 destinations: every byte goes through staging and a conversion.
-    state = {name: poison_(torch.empty(t.shape, dtype=torch.bfloat16))
-             for name, t in tensors.items()}
-    reader = HuggingFaceStorageReader(tmp_path, progress=(seen := []).append,
-                                      staging_bytes=4096, thread_count=2)
+    state = {
+        name: poison_(torch.empty(t.shape, dtype=torch.bfloat16)) for name, t in tensors.items()
+    }
+    reader = HuggingFaceStorageReader(
+        tmp_path, progress=(seen := []).append, staging_bytes=4096, thread_count=2
+    )
     dcp.load(state, storage_reader=reader, no_dist=True)
     final = seen[-1]
     assert final.bytes_done == final.bytes_total == sum(t.nbytes for t in tensors.values())
@@ -120,9 +123,7 @@ def test_rate_and_eta_follow_the_figures() -> None:
     assert progress.rate == 1e9
     assert progress.eta == pytest.approx(4.0)
     assert Progress(0, 10, 0, 1, 0.0).eta is None
-    assert render("load", progress) == (
-        "load: 2.00/6.00 GB (33%) 1/3 tensors 1.00 GB/s ETA 4 s"
-    )
+    assert render("load", progress) == ("load: 2.00/6.00 GB (33%) 1/3 tensors 1.00 GB/s ETA 4 s")
 
 
 def test_the_progress_line_draws_on_a_terminal_and_erases_itself_at_the_end() -> None:

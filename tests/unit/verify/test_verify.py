@@ -118,16 +118,11 @@ def test_a_checksum_file_may_list_other_files_and_a_missing_one_fails(tmp_path: 
     root = write_hf_checkpoint(tmp_path / "ckpt", tensors())
     (root / "config.json").write_text('{"model_type": "llama"}')
     sums = tmp_path / "sums"
-    sums.write_text(
-        f"{sha256(root / 'config.json')} *./config.json\n"
-        f"{'0' * 64}  tokenizer.json\n"
-    )
+    sums.write_text(f"{sha256(root / 'config.json')} *./config.json\n{'0' * 64}  tokenizer.json\n")
     report = hyperckpt.verify(root, checksums=sums)
     by_name = {f.name: f for f in report.files}
     assert by_name["config.json"].ok
-    assert by_name["config.json"].sha256 == sha256(
-        root / "config.json"
-    )
+    assert by_name["config.json"].sha256 == sha256(root / "config.json")
     assert by_name["tokenizer.json"].missing
     assert [f.name for f in report.mismatches] == ["tokenizer.json"]
 
@@ -264,9 +259,9 @@ def test_a_malformed_checksum_file_is_refused_naming_the_line(text: str, match: 
 
 def test_checksum_files_round_trip_the_gnu_and_bsd_forms_and_escapes() -> None:
     digests = {"a.safetensors": "1" * 64, "odd\\name\n.bin": "2" * 64}
-    assert {k: v.digest for k, v in parse_checksums(
-        format_checksums(digests), source="s"
-    ).items()} == digests
+    assert {
+        k: v.digest for k, v in parse_checksums(format_checksums(digests), source="s").items()
+    } == digests
     bsd = parse_checksums(f"SHA256 (sub/x.bin) = {'F' * 64}\n", source="s")
     assert bsd["sub/x.bin"].digest == "f" * 64
 
@@ -287,8 +282,10 @@ def test_validate_data_exits_1_on_a_checksum_mismatch_and_0_once_fixed(
     shard = sorted(root.glob("*.safetensors"))[0]
     flip_byte(shard, shard.stat().st_size - 1)
     again = tmp_path / "again"
-    assert main(["validate", str(root), "--checksums", str(sums),
-                 "--write-checksums", str(again)]) == 1
+    assert (
+        main(["validate", str(root), "--checksums", str(sums), "--write-checksums", str(again)])
+        == 1
+    )
     out = capsys.readouterr().out
     assert f"MISMATCH {shard.name}" in out
     assert "result: FAILED" in out
@@ -336,8 +333,13 @@ def test_validate_data_of_an_invalid_checkpoint_lists_problems_without_reading(
 def test_save_file_output_with_every_torch_float8_verifies(tmp_path: Path) -> None:
     values = {
         str(dtype).removeprefix("torch."): torch.tensor([1.0, 2.0, NAN]).to(dtype)
-        for dtype in (torch.float8_e5m2, torch.float8_e4m3fn, torch.float8_e4m3fnuz,
-                      torch.float8_e5m2fnuz, torch.float8_e8m0fnu)
+        for dtype in (
+            torch.float8_e5m2,
+            torch.float8_e4m3fn,
+            torch.float8_e4m3fnuz,
+            torch.float8_e5m2fnuz,
+            torch.float8_e8m0fnu,
+        )
     }
     save_file(values, str(tmp_path / "model.safetensors"))
     report = hyperckpt.verify(tmp_path)
