@@ -173,7 +173,7 @@ def requests_of_ranks(
     renumber = np.zeros(len(table), np.int64)
     renumber[order] = np.arange(len(order))
     chunk = renumber[by_table]
-    key = _first_seen_ids(np.column_stack([chunk, offsets, lengths]))
+    key = _first_seen_ids([chunk, *offsets.T, *lengths.T])
     keys = int(key.max(initial=-1)) + 1
     key_chunk = np.zeros(keys, np.int64)
     key_offsets = np.zeros((keys, width), np.int64)
@@ -206,15 +206,22 @@ def requests_of_ranks(
     )
 
 
-def _first_seen_ids(rows: Ints) -> Ints:
-    """For each row of ``rows`` (non-negative integers), the index of its distinct value in
-    order of first appearance (``0 .. distinct - 1``)."""
-    count = len(rows)
+def _first_seen_ids(columns: Sequence[Ints]) -> Ints:
+    """For each row of the equally long ``columns`` (non-negative integers), the index of
+    its distinct value in order of first appearance (``0 .. distinct - 1``)."""
+    count = len(columns[0]) if len(columns) else 0
     if not count:
         return np.zeros(0, np.int64)
-    keys = _packed(rows)
+    keys = _packed(columns, count)
+    if len(keys) == 1:
+        # The usual case, one packed key: np.unique's stable sort (it sorts stably when
+        # asked for indices) gives each distinct value's first row; no rows x columns copy.
+        _, first, inverse = np.unique(keys[0], return_index=True, return_inverse=True)
+        place = np.empty(len(first), np.int64)
+        place[np.argsort(first)] = np.arange(len(first))
+        return place[inverse.reshape(-1)]
     # Stable: the first row of each run of equal rows is the one that appears first.
-    order = np.argsort(keys[0], kind="stable") if len(keys) == 1 else np.lexsort(keys[::-1])
+    order = np.lexsort(keys[::-1])
     starts = np.zeros(count, dtype=bool)
     starts[0] = True
     for key in keys:
@@ -230,13 +237,13 @@ def _first_seen_ids(rows: Ints) -> Ints:
     return ids
 
 
-def _packed(rows: Ints) -> list[Ints]:
-    """``rows``' columns packed into as few int64 keys as hold them, in column order
-    (keys compare as the rows do); constant columns are left out."""
+def _packed(columns: Sequence[Ints], count: int) -> list[Ints]:
+    """The ``count``-long ``columns`` packed into as few int64 keys as hold them, in column
+    order (keys compare as the rows do); constant columns are left out."""
     keys: list[Ints] = []
     key: Ints | None = None
     bits = 0
-    for column in rows.T:
+    for column in columns:
         low, high = int(column.min()), int(column.max())
         if low == high:
             continue
@@ -245,13 +252,13 @@ def _packed(rows: Ints) -> list[Ints]:
         if key is None or bits + width > 62:
             if key is not None:
                 keys.append(key)
-            key, bits = shifted.copy(), width
+            key, bits = shifted, width
         else:
             key = (key << width) | shifted
             bits += width
     if key is not None:
         keys.append(key)
-    return keys or [np.zeros(len(rows), np.int64)]
+    return keys or [np.zeros(count, np.int64)]
 
 
 def _join(parts: Sequence[NDArray[np.signedinteger]]) -> Ints:

@@ -19,7 +19,12 @@ from hypothesis import strategies as st
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
-from hyperckpt._exchange.rank_requests import ChunkOrder, rank_requests, requests_of_ranks
+from hyperckpt._exchange.rank_requests import (
+    ChunkOrder,
+    _first_seen_ids,
+    rank_requests,
+    requests_of_ranks,
+)
 from hyperckpt._exchange.requests import Requests, requests_of
 from hyperckpt._read.storage_info import StorageInfo
 
@@ -134,3 +139,21 @@ def test_ranks_without_items_join_to_no_requests() -> None:
     _assert_equal(joined, requests_of(plans, _storage))
     assert joined.keys == 0
     assert joined.world == 2
+
+
+@given(
+    st.integers(1, 4).flatmap(
+        lambda width: st.lists(
+            st.tuples(*[st.sampled_from([0, 1, 7, 2**20, 2**40 - 1]) for _ in range(width)]),
+            min_size=1,
+            max_size=40,
+        )
+    )
+)
+def test_rows_are_numbered_in_order_of_first_appearance(rows: list[tuple[int, ...]]) -> None:
+    # Values up to 2**40 make rows of three or four columns need two packed keys, so both
+    # the one-key path (np.unique) and the several-key path (lexsort) are drawn.
+    seen: dict[tuple[int, ...], int] = {}
+    expected = [seen.setdefault(row, len(seen)) for row in rows]
+    columns = [np.asarray(column, dtype=np.int64) for column in zip(*rows, strict=True)]
+    np.testing.assert_array_equal(_first_seen_ids(columns), expected)
