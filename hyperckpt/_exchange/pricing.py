@@ -34,8 +34,8 @@ import numpy as np
 from hyperckpt._exchange.costs import STRATEGIES, CostModel, StrategyCost, timing
 from hyperckpt._exchange.overlaps import Coverage, Stripes, most_from_one
 from hyperckpt._exchange.requests import Requests
-from hyperckpt._exchange.schedule import rounds_of, shared_slices
-from hyperckpt._exchange.strategy import Strategy
+from hyperckpt._exchange.schedule import rounds_of
+from hyperckpt._exchange.strategy import Strategy, shared_slices_of
 from hyperckpt._exchange.stripe_plan import cut_stripes
 from hyperckpt._exchange.stripes import ROUTED_BASE, ROUTED_PER_ITEM, StripesTooLarge
 from hyperckpt._read.engine import CHUNK_BYTES
@@ -232,20 +232,7 @@ def _replicated(
 ) -> _Figures:
     """The replicated planner's choices, made on the shared slices only."""
     world = r.world
-    chunk_of_key = np.zeros(r.keys, np.int64)
-    chunk_of_key[r.key] = r.chunk
-    found = shared_slices(
-        world,
-        r.rank,
-        r.key,
-        r.nbytes,
-        lambda k: (
-            r.files[r.chunk_file[chunk_of_key[k]]],
-            int(r.chunk_offset[chunk_of_key[k]]),
-        ),
-        r.item_key,
-        batch_bytes,
-    )
+    found = shared_slices_of(r, batch_bytes)  # kept for the planner, should it win
     ordered, holder_lists, ordered_sizes, readers = (
         found.keys,
         found.holders,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import overload
 
 import numpy as np
@@ -112,6 +112,9 @@ class Requests:
         files: The files, sorted by name (so file indices order as names do).
         raw_keys: Each key's (chunk index, sub-box offsets, lengths), by key index, as
             arrays.
+        memo: What was worked out from these requests once, by name, for the next step
+            that needs it (pricing's shared slices are the replicated planner's); not
+            compared.
     """
 
     world: int
@@ -129,6 +132,7 @@ class Requests:
     chunk_row_bytes: Ints
     files: tuple[str, ...]
     raw_keys: KeyTable
+    memo: dict[str, object] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def keys(self) -> int:

@@ -314,15 +314,18 @@ def replicated_transfers(
     *,
     round_bytes: int,
     batch_bytes: int,
+    found: SharedSlices | None = None,
 ) -> tuple[list[Transfer], dict[ItemKey, int]]:
     """The whole replicated plan, each message once with all its receivers (see
-    :func:`plan_replicated_columns` for the arguments and the rule).
+    :func:`plan_replicated_columns` for the arguments and the rule; ``found``: the
+    :func:`shared_slices` of the same arguments, when already worked out).
 
     Returns:
         The messages in the order every rank walks them, and the key index of each
         shared slice's :data:`ItemKey` (what a compact share names slices by).
     """
-    found = shared_slices(world, rank, key, nbytes, place, item_key_of, batch_bytes)
+    if found is None:
+        found = shared_slices(world, rank, key, nbytes, place, item_key_of, batch_bytes)
     shared = [item_key_of(k) for k in found.keys]
     transfers = _pack(
         shared,

@@ -9,6 +9,7 @@ key numbering included, and so price and plan exactly alike.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import pickle
 
@@ -26,6 +27,7 @@ from hyperckpt._exchange.rank_requests import (
     requests_of_ranks,
 )
 from hyperckpt._exchange.requests import Requests, requests_of
+from hyperckpt._exchange.strategy import shared_slices_of
 from hyperckpt._read.storage_info import StorageInfo
 
 # (name, chunk offsets) -> (file, offset, shape); 2-byte elements, back to back per file
@@ -157,3 +159,17 @@ def test_rows_are_numbered_in_order_of_first_appearance(rows: list[tuple[int, ..
     expected = [seen.setdefault(row, len(seen)) for row in rows]
     columns = [np.asarray(column, dtype=np.int64) for column in zip(*rows, strict=True)]
     np.testing.assert_array_equal(_first_seen_ids(columns), expected)
+
+
+@given(_plans())
+def test_the_shared_slices_are_worked_out_once_and_as_from_scratch(
+    plans: list[LoadPlan],
+) -> None:
+    # Pricing and the replicated planner both take them from the requests' memo.
+    joined = _joined(plans)
+    found = shared_slices_of(joined, 64)
+    assert shared_slices_of(joined, 64) is found
+    fresh = shared_slices_of(dataclasses.replace(joined, memo={}), 64)
+    assert fresh is not found
+    assert dataclasses.astuple(fresh) == dataclasses.astuple(found)
+    assert dataclasses.replace(joined, memo={}) == joined  # the memo is not compared
