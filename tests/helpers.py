@@ -25,6 +25,11 @@ from pathlib import Path
 import torch
 from hypothesis import strategies as st
 from safetensors.torch import save_file
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    TensorProperties,
+    TensorStorageMetadata,
+)
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import Placement, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
@@ -163,6 +168,24 @@ def _bytes(tensor: torch.Tensor) -> torch.Tensor:
         # Bytes first: copying a bool would normalise any nonzero byte to 0x01.
         return tensor.detach().view(torch.uint8).reshape(-1)
     return tensor.detach().reshape(-1).contiguous().view(torch.uint8)
+
+
+def stored_in_rows(shape: tuple[int, ...], pieces: int) -> TensorStorageMetadata:
+    """DCP metadata of a float32 tensor of ``shape`` stored whole (``pieces`` 1, a 0-d or
+    row-less tensor) or in ``pieces`` row pieces (fewer when it has fewer rows)."""
+    size = torch.Size(shape)
+    if pieces == 1 or not shape or shape[0] == 0:
+        chunks = [ChunkStorageMetadata(torch.Size([0] * len(shape)), size)]
+    else:
+        step = -(-shape[0] // pieces)
+        chunks = [
+            ChunkStorageMetadata(
+                torch.Size([row, *[0] * (len(shape) - 1)]),
+                torch.Size([min(step, shape[0] - row), *shape[1:]]),
+            )
+            for row in range(0, shape[0], step)
+        ]
+    return TensorStorageMetadata(TensorProperties(dtype=torch.float32), size, chunks)
 
 
 def assert_names(err: CheckpointError, *, path: str, tensor: str | None) -> None:

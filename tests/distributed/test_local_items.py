@@ -13,17 +13,14 @@ import itertools
 import random
 
 import torch
-from helpers import device_mesh, run_ranks
+from helpers import device_mesh, run_ranks, stored_in_rows
 from torch.distributed.checkpoint.default_planner import (
     DefaultLoadPlanner,
     create_default_local_load_plan,
 )
 from torch.distributed.checkpoint.metadata import (
-    ChunkStorageMetadata,
     Metadata,
     MetadataIndex,
-    TensorProperties,
-    TensorStorageMetadata,
 )
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.placement_types import _StridedShard
@@ -37,21 +34,6 @@ from hyperckpt._read.storage_info import StorageInfo
 _SHAPES = [(8, 6), (7, 5), (3, 1), (1, 9), (5,), (2, 3, 4)]
 
 
-def _stored(shape: torch.Size, pieces: int) -> TensorStorageMetadata:
-    if not shape or pieces == 1:
-        chunks = [ChunkStorageMetadata(torch.Size([0] * len(shape)), shape)]
-    else:
-        step = -(-shape[0] // pieces)
-        chunks = [
-            ChunkStorageMetadata(
-                torch.Size([row, *[0] * (len(shape) - 1)]),
-                torch.Size([min(step, shape[0] - row), *shape[1:]]),
-            )
-            for row in range(0, shape[0], step)
-        ]
-    return TensorStorageMetadata(TensorProperties(dtype=torch.float32), shape, chunks)
-
-
 def _check_items(rank: int, world_size: int) -> bool:
     state: dict[str, object] = {"scalar": torch.zeros(()), "plain": torch.zeros(4, 3)}
     meshes = {"flat": device_mesh((4,)), "grid": device_mesh((2, 2))}
@@ -63,7 +45,7 @@ def _check_items(rank: int, world_size: int) -> bool:
             )
     for pieces in (1, 3):
         metadata = Metadata(
-            {fqn: _stored(value.size(), pieces) for fqn, value in state.items()}  # type: ignore[attr-defined]
+            {fqn: stored_in_rows(value.size(), pieces) for fqn, value in state.items()}  # type: ignore[attr-defined]
         )
         expected = create_default_local_load_plan(state, metadata, True).items
         assert local_read_items(state, metadata, strict=True) == expected, (rank, pieces)
@@ -91,7 +73,7 @@ def _check_compact(rank: int, world_size: int, seed: int) -> bool:
         torch.zeros(8, 4), meshes[0], [_StridedShard(0, split_factor=2)]
     )
     pieces = {fqn: draw.choice([1, 1, 3]) for fqn in state}
-    metadata = Metadata({fqn: _stored(v.size(), pieces[fqn]) for fqn, v in state.items()})  # type: ignore[attr-defined]
+    metadata = Metadata({fqn: stored_in_rows(v.size(), pieces[fqn]) for fqn, v in state.items()})  # type: ignore[attr-defined]
     listed, compact = LoadPlanner(), LoadPlanner()
     compact.compact_items = True
     plans = []

@@ -7,15 +7,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from helpers import write_hf_checkpoint
+from helpers import stored_in_rows, write_hf_checkpoint
 from hypothesis import given
 from hypothesis import strategies as st
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
-    ChunkStorageMetadata,
     Metadata,
-    TensorProperties,
     TensorStorageMetadata,
 )
 from torch.distributed.checkpoint.planner import ReadItem
@@ -26,23 +24,6 @@ from hyperckpt._planner.compact import CompactItems
 from hyperckpt._planner.local_items import mark_whole
 
 _SHAPE = st.lists(st.integers(0, 5), max_size=3).map(tuple)
-
-
-def _stored(shape: tuple[int, ...], pieces: int) -> TensorStorageMetadata:
-    """The tensor stored whole, or in ``pieces`` row pieces."""
-    size = torch.Size(shape)
-    if pieces == 1 or not shape or shape[0] < pieces:
-        chunks = [ChunkStorageMetadata(torch.Size([0] * len(shape)), size)]
-    else:
-        step = -(-shape[0] // pieces)
-        chunks = [
-            ChunkStorageMetadata(
-                torch.Size([row, *[0] * (len(shape) - 1)]),
-                torch.Size([min(step, shape[0] - row), *shape[1:]]),
-            )
-            for row in range(0, shape[0], step)
-        ]
-    return TensorStorageMetadata(TensorProperties(dtype=torch.float32), size, chunks)
 
 
 def _plan(planner: DefaultLoadPlanner, state: dict[str, object], md: Metadata) -> list[ReadItem]:
@@ -81,12 +62,12 @@ def test_the_compact_plan_selects_exactly_the_items_of_the_list_plan(
     known: dict[str, TensorStorageMetadata | BytesStorageMetadata] = {}
     for number, (shape, pieces) in enumerate(drawn):
         name = f"layer.{number}.weight"
-        known[name] = _stored(shape, pieces)
+        known[name] = stored_in_rows(shape, pieces)
         if number != missing:  # a key of the checkpoint this rank does not load
             state[name] = torch.zeros(shape)
     md = Metadata(known)
     expected = _plan(DefaultLoadPlanner(), state, md)
-    if all(pieces == 1 or not shape or shape[0] < pieces for shape, pieces in drawn):
+    if all(len(stored.chunks) == 1 for stored in known.values()):  # type: ignore[union-attr]
         mark_whole(md)  # as hyperckpt's reader marks a checkpoint of whole tensors
     listed = _plan(LoadPlanner(), state, md)
     compact_planner = LoadPlanner()
@@ -104,7 +85,7 @@ def test_compact_items_are_made_once_and_travel_as_a_plain_list() -> None:
     shapes = {"a": (4, 3), "b": (), "c": (0, 2), "d": (6, 2)}
     state: dict[str, object] = {name: torch.zeros(shape) for name, shape in shapes.items()}
     known: dict[str, TensorStorageMetadata | BytesStorageMetadata] = {
-        name: _stored(shape, 2 if name == "d" else 1) for name, shape in shapes.items()
+        name: stored_in_rows(shape, 2 if name == "d" else 1) for name, shape in shapes.items()
     }
     md = Metadata(known)
     planner = LoadPlanner()
@@ -125,9 +106,9 @@ def test_the_reader_marks_metadata_of_whole_tensors_and_only_those(tmp_path: Pat
     write_hf_checkpoint(tmp_path / "hf", tensors)
     whole = HuggingFaceStorageReader(tmp_path / "hf").read_metadata()
     assert getattr(whole, "_hyperckpt_every_tensor_whole", False) is True
-    md = Metadata({"a": _stored((4, 3), 2)})
+    md = Metadata({"a": stored_in_rows((4, 3), 2)})
     assert getattr(md, "_hyperckpt_every_tensor_whole", False) is False
-    assert mark_whole(md) == Metadata({"a": _stored((4, 3), 2)})  # fields unchanged
+    assert mark_whole(md) == Metadata({"a": stored_in_rows((4, 3), 2)})  # fields unchanged
 
 
 def test_request_columns_of_compact_items_equal_those_of_the_items(tmp_path: Path) -> None:
