@@ -50,6 +50,7 @@ __all__ = [
     "choose_exchange",
     "compare",
     "estimate",
+    "host_numbers",
     "pick",
 ]
 
@@ -237,6 +238,14 @@ def pick(costs: Mapping[Strategy, StrategyCost], *, hosts: int) -> Strategy:
     return min(costs, key=lambda s: (costs[s].seconds, STRATEGIES.index(s)))
 
 
+def host_numbers(hosts: Sequence[str]) -> tuple[list[str], list[int]]:
+    """The distinct hosts in order of first appearance, and each rank's host by its number
+    there.  By dict, not ``list.index``: that was ranks x hosts comparisons (8M at 8,192
+    ranks)."""
+    number = {host: i for i, host in enumerate(dict.fromkeys(hosts))}
+    return list(number), [number[host] for host in hosts]
+
+
 def estimate(
     strategy: Strategy,
     plans: Sequence[LoadPlan],
@@ -246,10 +255,7 @@ def estimate(
 ) -> StrategyCost:
     """The model's cost of ``plans``, already planned for ``strategy``."""
     world = len(plans)
-    # By dict, not list.index: that was ranks x hosts comparisons (8M at 8,192 ranks).
-    number = {host: i for i, host in enumerate(dict.fromkeys(hosts))}
-    names = list(number)
-    host_of = [number[host] for host in hosts]
+    names, host_of = host_numbers(hosts)
     read_bytes = [0] * world
     reads = [0] * world
     host_bytes = [0] * len(names)

@@ -31,12 +31,12 @@ from typing import TypeVar
 
 import numpy as np
 
-from hyperckpt._exchange.costs import STRATEGIES, CostModel, StrategyCost, timing
+from hyperckpt._exchange.costs import STRATEGIES, CostModel, StrategyCost, host_numbers, timing
 from hyperckpt._exchange.overlaps import Coverage, Stripes, most_from_one
 from hyperckpt._exchange.requests import Requests
 from hyperckpt._exchange.schedule import rounds_of
 from hyperckpt._exchange.strategy import Strategy, shared_slices_of
-from hyperckpt._exchange.stripe_plan import cut_stripes
+from hyperckpt._exchange.stripe_plan import cut_stripes, part_rows
 from hyperckpt._exchange.stripes import ROUTED_BASE, ROUTED_PER_ITEM, StripesTooLarge
 from hyperckpt._read.engine import CHUNK_BYTES
 
@@ -113,20 +113,20 @@ def replicated_floor(requests: Requests, hosts: Sequence[str], model: CostModel)
     r = requests
     if not len(r.rank):
         return 0.0
-    number = {host: i for i, host in enumerate(dict.fromkeys(hosts))}
-    host_of = np.asarray([number[h] for h in hosts], dtype=np.int64).reshape(-1)
+    names, numbers = host_numbers(hosts)
+    host_of = np.asarray(numbers, dtype=np.int64).reshape(-1)
     on = host_of[r.rank]
-    low = np.full(r.keys, len(number), np.int64)
+    low = np.full(r.keys, len(names), np.int64)
     high = np.full(r.keys, -1, np.int64)
     np.minimum.at(low, r.key, on)
     np.maximum.at(high, r.key, on)
     size = np.zeros(r.keys, np.int64)
     size[r.key] = r.nbytes
     alone = (low == high) & (high >= 0) & (size > 0)
-    only = np.bincount(low[alone], weights=size[alone], minlength=len(number))
+    only = np.bincount(low[alone], weights=size[alone], minlength=len(names))
     # Each such byte range costs its host one read call at least (a shared slice one, an
     # unshared request its calls, one or more when it has bytes).
-    calls = np.bincount(low[alone], minlength=len(number))
+    calls = np.bincount(low[alone], minlength=len(names))
     return max(
         int(nbytes) / (model.storage_gbps * 1e9)
         + int(count) * model.read_latency_ms / 1e3 / max(1, model.reads_in_flight)
@@ -169,10 +169,8 @@ def _price(
 ) -> tuple[dict[Strategy, StrategyCost], int]:
     """:func:`price`, and (when striped is priced) the boxes the stripe planner would route
     (0 otherwise)."""
-    # By dict, not list.index: that was ranks x hosts comparisons (8M at 8,192 ranks).
-    number = {host: i for i, host in enumerate(dict.fromkeys(hosts))}
-    names = list(number)
-    host_of = np.asarray([number[h] for h in hosts], dtype=np.int64).reshape(-1)
+    names, numbers = host_numbers(hosts)
+    host_of = np.asarray(numbers, dtype=np.int64).reshape(-1)
     world = requests.world
     results: dict[Strategy, StrategyCost] = {}
     routed = 0
@@ -328,13 +326,10 @@ def _striped_routes(
     g_start, g_stop, g_reader = g_start[by_start], g_stop[by_start], st_reader[by_start]
     a, b = base[chunk] + first, base[chunk] + stop
     stripes = Stripes(g_start, g_stop, g_reader, host_of[g_reader])
-    # The planner's parts: each stripe cut into runs of at most a round's share of the
-    # fan-out (its own arithmetic), for the boxes it would route.
+    # The planner's parts (its own arithmetic), for the boxes it would route.
     delivered = int(((stop - first) * rows_bytes).sum())
     needed = int(((ext_stop - ext_first) * row_bytes[ext_chunk]).sum())
-    fanout = delivered / needed if needed else 1.0
-    part_bytes = max(1, round_bytes // max(1, round(fanout)))
-    step = np.maximum(1, part_bytes // row_bytes[st_chunk])[by_start]
+    step = part_rows(delivered, needed, round_bytes, row_bytes[st_chunk])[by_start]
     taken, routed = _taken(r, wanted, a, b, rows_bytes, stripes, step)
     by_host, own = stripes.same_host(host_of[rank], rank, a, b, rows_bytes, span)
     reader_host = stripes.host

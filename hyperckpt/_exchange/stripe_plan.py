@@ -47,6 +47,7 @@ __all__ = [
     "columns_of_requests",
     "cut_stripes",
     "narrowest_ints",
+    "part_rows",
     "plan_stripe_arrays",
     "plan_stripes",
     "ramps",
@@ -415,13 +416,9 @@ def plan_stripe_arrays(
     ext_row = row_bytes[ext_chunk]
     st_reader, st_ext, st_first, st_stop = cut_stripes(ext_row, ext_first, ext_stop, readers)
     st_chunk = ext_chunk[st_ext]
-    # How many times, on average, each needed byte is delivered (1 for FSDP, W replicated).
     delivered = int(((r_stop - r_first) * r_row).sum())
     needed = int(((ext_stop - ext_first) * ext_row).sum())
-    fanout = delivered / needed if needed else 1.0
-    part_bytes = max(1, round_bytes // max(1, round(fanout)))
-    # Each stripe split into parts of at most part_bytes (one row at least).
-    step = np.maximum(1, part_bytes // row_bytes[st_chunk])
+    step = part_rows(delivered, needed, round_bytes, row_bytes[st_chunk])
     count = -(-(st_stop - st_first) // step)
     stripe = np.repeat(np.arange(len(st_first)), count)
     p_first = st_first[stripe] + ramps(count) * step[stripe]
@@ -511,6 +508,23 @@ def plan_stripe_arrays(
         message_nbytes=message_nbytes.astype(np.int64),
         columns=columns,
     )
+
+
+def part_rows(delivered: int, needed: int, round_bytes: int, stripe_row_bytes: Ints) -> Ints:
+    """Rows in each part of each stripe (one at least): a part holds at most a round's
+    bytes divided by the fan-out, how many times on average each needed byte is delivered
+    (1 for FSDP, the replicas under HSDP).  Pricing counts the planner's boxes with it.
+
+    Args:
+        delivered: Bytes of every request.
+        needed: Bytes of the union of the requests (what the stripes read).
+        round_bytes: Most bytes a rank reads, and receives, in one round.
+        stripe_row_bytes: Bytes of one row of each stripe's chunk.
+    """
+    fanout = delivered / needed if needed else 1.0
+    part_bytes = max(1, round_bytes // max(1, round(fanout)))
+    rows: Ints = np.maximum(1, part_bytes // stripe_row_bytes)
+    return rows
 
 
 def _sorted_requests(
