@@ -231,9 +231,7 @@ def load(
     # items on the coordinator: they stay on their rank (see prepare_local_plan).
     reader._items_stay = _leaves_plans_alone(planner)
     # Plans that stay on their rank need no ReadItem objects until the reader walks them.
-    compact = isinstance(planner, LoadPlanner) and reader._items_stay
-    if compact:
-        assert isinstance(planner, LoadPlanner)
+    if isinstance(planner, LoadPlanner) and reader._items_stay:
         planner.compact_items = True
     with warnings.catch_warnings():
         # One process without a process group is a supported use here, not a mistake.
