@@ -23,7 +23,7 @@ from hyperckpt._dist.agreement import Failure, agree, distributed
 from hyperckpt._exchange.strategy import Exchange
 from hyperckpt._layout.mapping import MappingLike
 from hyperckpt._layout.model import Kind
-from hyperckpt._load.keys import check_allow_missing, file_of, validate
+from hyperckpt._load.keys import check_allow_missing, validate
 from hyperckpt._load.one_rank import load_one_rank
 from hyperckpt._load.options import (
     ReadOptions,
@@ -190,18 +190,18 @@ def load(
     process_group = options.process_group
     # A refusal on one rank must stop every rank, or the others wait in collectives.
     try:
-        mapped, wanted, skipped = validate(
+        mapped, wanted, skipped, stored = validate(
             state_dict, path, allow_missing, options.mapping, process_group, options.header_reads
         )
         layout = mapped.layout
         conversions = enforce(
             options.dtype_policy,
             (
-                (name, layout.tensors[name].dtype, value.dtype, layout.tensors[name].nbytes)
+                (name, stored[name].dtype, value.dtype, stored[name].nbytes)
                 for name, value in wanted.items()
             ),
             where=str(layout.root),
-            files={name: file_of(layout, name) for name in wanted},
+            files={name: stored[name].file for name in wanted},
         )
         groups = tied_groups(wanted, tied_winners)
         failure = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Collection, Mapping
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -15,13 +16,14 @@ from hyperckpt._format.preview import preview
 from hyperckpt._layout.mapping import MappedLayout
 from hyperckpt._layout.mapping import Mapping as _Mapping
 from hyperckpt._layout.model import CheckpointLayout
+from hyperckpt._layout.whole import WholeTensors
 from hyperckpt._load.describe import describe
 from hyperckpt._planner.keys import did_you_mean
 from hyperckpt._planner.shapes import shape_mismatch
 from hyperckpt._read.dtypes import to_torch_shape
 from hyperckpt.errors import CheckpointError
 
-__all__ = ["check_allow_missing", "file_of", "validate"]
+__all__ = ["Stored", "check_allow_missing", "file_of", "stored_tensors", "validate"]
 
 # The load's logger: these messages read as the load's own.
 logger = logging.getLogger("hyperckpt._load.api")
@@ -51,9 +53,10 @@ def validate(
     mapping: _Mapping | None,
     group: dist.ProcessGroup | None,
     header_reads: HeaderReads,
-) -> tuple[MappedLayout, dict[str, torch.Tensor], list[str]]:
+) -> tuple[MappedLayout, dict[str, torch.Tensor], list[str], dict[str, Stored]]:
     """The validated layout as mapped (the one place a load applies its mapping), the
-    entries to load, and the keys skipped as allowed.
+    entries to load, the keys skipped as allowed, and every stored tensor's dtype, shape,
+    bytes and file (see :func:`stored_tensors`).
 
     Under torch.distributed one rank reads the headers (unless ``header_reads`` says
     otherwise) and the others ``stat`` their files.
@@ -67,9 +70,8 @@ def validate(
     )
     mapped = (mapping or _Mapping(())).apply(described)
     layout = mapped.layout
-    tensor_shapes = {
-        name: to_torch_shape(tensor.dtype, tensor.shape) for name, tensor in layout.tensors.items()
-    }
+    stored = stored_tensors(layout)
+    tensor_shapes = {name: tensor.shape for name, tensor in stored.items()}
     missing = sorted(name for name in state_dict if name not in tensor_shapes)
     allowed = (
         missing if allow_missing is True else [] if allow_missing is False else list(allow_missing)
@@ -100,10 +102,47 @@ def validate(
                 name,
                 tensor_shapes[name],
                 tuple(value.shape),
-                file=file_of(layout, name),
+                file=stored[name].file,
                 origin=_made_of(mapped, name),
             )
-    return mapped, wanted, skipped
+    return mapped, wanted, skipped, stored
+
+
+class Stored(NamedTuple):
+    """What a load needs to know of one stored tensor before reading it.
+
+    Attributes:
+        dtype: The safetensors dtype code, e.g. ``"BF16"``.
+        shape: The whole tensor's size per dimension, in the destination's elements
+            (``F4`` packs two values a byte: see :func:`~hyperckpt._read.dtypes.to_torch_shape`).
+        nbytes: Bytes of data the tensor occupies in its files.
+        file: The file holding its first piece, relative to the checkpoint, for messages.
+    """
+
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    file: str
+
+
+def stored_tensors(layout: CheckpointLayout) -> dict[str, Stored]:
+    """Every tensor of ``layout`` by name, in name order; read from the columns of a
+    Hugging Face checkpoint without building a value object per tensor."""
+    tensors = layout.tensors
+    if isinstance(tensors, WholeTensors):
+        return {
+            name: Stored(code, to_torch_shape(code, shape), stop - start, file)
+            for name, file, code, shape, start, stop in tensors.rows()
+        }
+    return {
+        name: Stored(
+            tensor.dtype,
+            to_torch_shape(tensor.dtype, tensor.shape),
+            tensor.nbytes,
+            tensor.pieces[0].file,
+        )
+        for name, tensor in tensors.items()
+    }
 
 
 def _key_hint(missing: list[str], unused: list[str]) -> str:

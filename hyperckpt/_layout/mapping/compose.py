@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections import abc
 from dataclasses import dataclass
+from itertools import pairwise
 from types import MappingProxyType
 from typing import TypeAlias
 
@@ -101,6 +102,8 @@ class Mapping:
                 disagree, stacked indices leave a gap, or two tensors end up with one name;
                 the message names the rule, the destination and the sources.
         """
+        if not self.rules:
+            return _unchanged(layout)
         tensors: _Tensors = {
             name: _Tensor(tensor, (name,)) for name, tensor in layout.tensors.items()
         }
@@ -134,6 +137,43 @@ class Mapping:
 
     def _context(self) -> str:
         return f" (mapping {self.name!r})" if self.name else ""
+
+
+def _unchanged(layout: CheckpointLayout) -> MappedLayout:
+    """What a mapping without rules gives: the same tensors, in name order, each its own
+    source.  A layout already in name order is kept as it is (a Hugging Face checkpoint's
+    columns stay columns: no value object is built per tensor)."""
+    names = list(layout.tensors)
+    if any(later <= earlier for earlier, later in pairwise(names)):
+        tensors = layout.tensors
+        layout = CheckpointLayout(
+            layout.kind,
+            layout.root,
+            layout.files,
+            MappingProxyType({name: tensors[name] for name in sorted(names)}),
+            index=layout.index,
+        )
+    return MappedLayout(layout, _OwnSources(layout.tensors), ())
+
+
+class _OwnSources(abc.Mapping[str, tuple[str, ...]]):
+    """Each tensor of a layout as its own only source, without a dict of them."""
+
+    __slots__ = ("_tensors",)
+
+    def __init__(self, tensors: abc.Mapping[str, object]) -> None:
+        self._tensors = tensors
+
+    def __getitem__(self, name: str) -> tuple[str, ...]:
+        if name not in self._tensors:
+            raise KeyError(name)
+        return (name,)
+
+    def __iter__(self) -> abc.Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
 
 
 #: What ``mapping=`` accepts: a Mapping, one rule, a dict of renames, a function of the
