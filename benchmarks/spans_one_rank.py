@@ -103,6 +103,7 @@ def _wrap(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             end = time.perf_counter_ns()
             _spent[name] += end - begin
+            _marks[f"{name} end"] = end
             if name.endswith("run_jobs"):
                 _marks["last read"] = end
 
@@ -149,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         specs = llama_specs(args.size)
         if not (directory / "model.safetensors.index.json").exists():
             write_checkpoint(directory, specs)
-        dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=0, world_size=1)
+        dist.init_process_group(
+            "gloo", init_method=f"file://{tmp}/rendezvous", rank=0, world_size=1
+        )
         state: dict[str, Any] = dict(_state_dict(args.layout, specs, 1))
         if args.no_group:
             state = {key: value.to_local() for key, value in state.items()}
@@ -176,6 +179,15 @@ def main(argv: list[str] | None = None) -> int:
             row["before the first read"] = (marks["first read"] - begin) / 1e6
             row["the reads"] = (marks["last read"] - marks["first read"]) / 1e6
             row["after the last read"] = (end - marks["last read"]) / 1e6
+            ends = (
+                ("last read", "in ReadEngine.run after the reads"),
+                ("ReadEngine.run end", "in read_data after the engine"),
+                ("_SafetensorsReader.read_data end", "in load_one_rank after read_data"),
+                ("load_one_rank end", "in hyperckpt.load after load_one_rank"),
+            )
+            for (mark, label), following in zip(ends, [*ends[1:], None], strict=True):
+                stop = end if following is None else marks[following[0]]
+                row[label] = (stop - marks[mark]) / 1e6
             row["main-thread CPU"] = main_cpu * 1e3
             row["process CPU"] = cpu * 1e3
             row["preadv limit (alternating)"] = limit * 1e3

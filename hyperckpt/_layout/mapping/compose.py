@@ -38,6 +38,8 @@ class MappedLayout:
     def unused(self, wanted: abc.Iterable[str]) -> tuple[str, ...]:
         """Checkpoint tensors that no name of ``wanted`` (destinations) takes, sorted."""
         taken = set(wanted)
+        if isinstance(self.sources, _OwnSources):  # each tensor its own source
+            return tuple(sorted(name for name in self.sources if name not in taken))
         return tuple(
             sorted(s for dest, names in self.sources.items() if dest not in taken for s in names)
         )
