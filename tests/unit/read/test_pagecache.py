@@ -95,6 +95,31 @@ def test_cachestat_counts_exactly_the_pages_that_were_read_back(data_file: Path)
     assert (head, half, tail) == (0.0, 0.5, 1.0)
 
 
+def test_cachestat_judges_a_long_range_from_groups_that_see_a_4_mib_hole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not _disk_backed(tmp_path):
+        pytest.skip("the test directory is in memory (tmpfs): its pages cannot be evicted")
+    path = tmp_path / "long.bin"
+    path.write_bytes(os.urandom(64 * 2**20))
+    _evict(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no read-ahead into the hole
+        os.pread(fd, 41 * 2**20, 0)
+        os.pread(fd, 19 * 2**20, 45 * 2**20)  # all but the 4 MiB at 41 MiB
+        sampled = pagecache._cachestat(fd, 0, 64 * 2**20)
+        monkeypatch.setattr(pagecache, "FULL_SCAN_PAGES", 2**30)
+        every_page = pagecache._cachestat(fd, 0, 64 * 2**20)
+    finally:
+        os.close(fd)
+    if sampled is None:
+        pytest.skip("cachestat is not available here (Linux before 6.5)")
+    assert every_page == 4 / 64
+    assert sampled == 1 / pagecache.CACHESTAT_SAMPLES  # one group of the 16 in the hole
+    assert cold.MAP_THRESHOLD < sampled < cold.COLD_THRESHOLD  # seen: not mapped, not cold
+
+
 def test_the_mincore_samples_answer_where_cachestat_cannot(
     data_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
