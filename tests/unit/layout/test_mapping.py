@@ -8,9 +8,11 @@ tensor built by ``torch.cat``/``torch.stack``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
+from types import MappingProxyType
 
 import pytest
 import torch
@@ -191,6 +193,35 @@ def _plain(tmp_path: Path) -> dict[str, torch.Tensor]:
     }
     write_hf_checkpoint(tmp_path, tensors)
     return tensors
+
+
+def test_a_mapping_without_rules_keeps_the_described_layout_each_tensor_its_own_source(
+    tmp_path: Path,
+) -> None:
+    _plain(tmp_path)
+    described = describe(tmp_path)
+    mapped = Mapping(()).apply(described)
+    assert mapped.layout is described  # the columns stay columns: nothing rebuilt per tensor
+    assert dict(mapped.sources) == {name: (name,) for name in described.tensors}
+    assert mapped.unused(["layers.0.w", "not.in.the.checkpoint"]) == ("layers.1.w", "norm")
+    assert mapped.unmatched == ()
+
+
+def test_a_mapping_without_rules_puts_a_layout_out_of_name_order_in_order(
+    tmp_path: Path,
+) -> None:
+    tensors = {"z.w": sample_tensor((2, 2), torch.float32, seed=1)}
+    tensors["a.w"] = sample_tensor((2, 2), torch.float32, seed=2)
+    write_sharded(tmp_path, {"shard-1.safetensors": {n: (t, (0, 0)) for n, t in tensors.items()}})
+    described = describe(tmp_path)
+    backwards = dataclasses.replace(
+        described,
+        tensors=MappingProxyType({n: described.tensors[n] for n in ["z.w", "a.w"]}),
+    )
+    mapped = Mapping(()).apply(backwards)
+    assert list(mapped.layout.tensors) == ["a.w", "z.w"]
+    assert dict(mapped.layout.tensors) == dict(described.tensors)
+    assert dict(mapped.sources) == {"a.w": ("a.w",), "z.w": ("z.w",)}
 
 
 @pytest.mark.parametrize(
