@@ -80,6 +80,15 @@ class CompactItems(Sequence[ReadItem]):
             self._cuts = []
         return items
 
+    def entries(self) -> Iterator[tuple[str, _Cut] | tuple[None, ReadItem]]:
+        """In plan order: ``(key, cut)`` for each row, ``(None, item)`` for each item kept
+        whole (every item once they are made), without making the rows' items."""
+        if self._items is not None:
+            for item in self._items:
+                yield None, item
+            return
+        yield from zip(self._keys, self._cuts, strict=True)
+
     def requests(self) -> Iterator[Request]:
         """Each item's tensor key, stored chunk's offsets, sub-box offsets in the chunk and
         lengths, in plan order, without making the items (what the exchange's request

@@ -35,20 +35,23 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Literal, get_args
+from typing import TYPE_CHECKING, Final, Literal, cast, get_args
 
 import torch
 from torch.distributed.checkpoint.planner import LoadPlanner, ReadItem
 
 from hyperckpt._format.header import DTYPES
 from hyperckpt._format.preview import preview
+from hyperckpt._planner.compact import CompactItems
 from hyperckpt._read.dtypes import to_torch_dtype
+from hyperckpt._read.storage_info import by_name
 from hyperckpt.errors import CheckpointError
 
 if TYPE_CHECKING:
     from hyperckpt._layout.model import CheckpointLayout
+    from hyperckpt._planner.local_items import _Cut
     from hyperckpt._read.storage_info import StorageInfo
 
 __all__ = [
@@ -311,11 +314,15 @@ def plan_conversions(
     policy: DtypePolicy,
     *,
     where: str,
+    names: Mapping[str, StorageInfo] | None = None,
 ) -> tuple[Conversion, ...]:
     """Check a rank's read items against ``policy`` before any byte is read.
 
     The destination dtypes come from the planner's state dict (``DefaultLoadPlanner`` and
-    :class:`hyperckpt.LoadPlanner` keep it), so nothing is resolved early.
+    :class:`hyperckpt.LoadPlanner` keep it), so nothing is resolved early.  The policy is
+    asked once per pair of (stored, destination) dtypes; only tensors that convert are
+    kept for the report.  The rows of a compact plan are read as rows (no ``ReadItem``
+    made), their chunks found by key in ``names`` (see :func:`hyperckpt._read.storage_info.by_name`).
 
     Raises:
         CheckpointError: A conversion is forbidden, or ``policy`` is not ``"convert"`` and
@@ -333,16 +340,40 @@ def plan_conversions(
         return ()
     rows = []
     files: dict[str, str] = {}
-    for item in items:
-        info = storage[item.storage_index]
-        fqn = item.dest_index.fqn
+    same: dict[tuple[str, torch.dtype], bool] = {}
+    for fqn, info, lengths in _tensors(items, storage, names):
         destination = state_dict.get(fqn)
         if not isinstance(destination, torch.Tensor):
             continue
-        nbytes = math.prod(item.lengths) * to_torch_dtype(info.dtype).itemsize
+        pair = (info.dtype, destination.dtype)
+        kept = same.get(pair)
+        if kept is None:
+            kept = same[pair] = _same(*pair)
+        if kept:
+            continue
+        nbytes = math.prod(lengths) * to_torch_dtype(info.dtype).itemsize
         rows.append((fqn, info.dtype, destination.dtype, nbytes))
         files.setdefault(fqn, info.file)
     return enforce(policy, rows, where=where, files=files)
+
+
+def _tensors(
+    items: Iterable[ReadItem],
+    storage: Mapping[object, StorageInfo],
+    names: Mapping[str, StorageInfo] | None,
+) -> Iterator[tuple[str, StorageInfo, Sequence[int]]]:
+    """``(destination key, stored chunk, lengths)`` of each item or row, in plan order."""
+    if not isinstance(items, CompactItems) or not items.rows():
+        for item in items:
+            yield item.dest_index.fqn, storage[item.storage_index], item.lengths
+        return
+    names = by_name(storage) if names is None else names
+    for key, cut in items.entries():
+        if key is None:
+            item = cast(ReadItem, cut)
+            yield item.dest_index.fqn, storage[item.storage_index], item.lengths
+        else:
+            yield key, names[key], cast("_Cut", cut).lengths or ()
 
 
 def destination_dtype(name: str) -> torch.dtype:

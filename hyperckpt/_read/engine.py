@@ -83,8 +83,8 @@ from hyperckpt._read.remote import (
     RemoteReads,
     get_size,
 )
-from hyperckpt._read.requests import resolve, spans
-from hyperckpt._read.routes import MAX_GAP, route, share
+from hyperckpt._read.routes import MAX_GAP, share
+from hyperckpt._read.rows import routed
 from hyperckpt._read.staging import Staging
 from hyperckpt._read.stats import LoadStats
 from hyperckpt._read.storage_info import StorageInfo
@@ -205,11 +205,16 @@ class ReadEngine:
         items: Sequence[ReadItem],
         storage: Mapping[object, StorageInfo],
         planner: LoadPlanner,
+        *,
+        names: Mapping[str, StorageInfo] | None = None,
     ) -> LoadStats:
         """Read every item into the destination ``planner.resolve_tensor`` gives, then commit.
 
         Destinations are resolved up front (in plan order), filled by the thread pool, and
-        committed in plan order once every byte has arrived (device copies included).
+        committed in plan order once every byte has arrived (device copies included).  The
+        rows of a compact plan are read without a ``ReadItem`` each where their planner
+        allows (see :mod:`hyperckpt._read.rows`); ``names`` is ``storage`` by tensor key
+        (:func:`~hyperckpt._read.storage_info.by_name`), when the caller keeps it.
 
         Returns:
             What this call did, counted apart from the engine's other calls.
@@ -219,7 +224,7 @@ class ReadEngine:
                 value cannot be converted to its destination's dtype.
             CheckpointChangedError: A file changed since its header was read.
         """
-        return _Load(self).run(items, storage, planner)
+        return _Load(self).run(items, storage, planner, names)
 
 
 class _Load:
@@ -238,17 +243,21 @@ class _Load:
         items: Sequence[ReadItem],
         storage: Mapping[object, StorageInfo],
         planner: LoadPlanner,
+        names: Mapping[str, StorageInfo] | None,
     ) -> LoadStats:
         """See :meth:`ReadEngine.run`; call once."""
         engine = self._engine
         begin = time.perf_counter()
-        requests = [resolve(item, storage[item.storage_index], planner) for item in items]
+        routes, committed = routed(
+            items, storage, planner, cuda=torch.cuda.is_available(), names=names
+        )
+        spans = routes.spans()
         staging = Staging(max(1, engine.options.staging_bytes))
         files: dict[str, StorageFile] = {}
         device: DeviceRing | None = None
         mapped: MappedFiles | None = None
         try:
-            for name in sorted({request.name for request in requests}):
+            for name in sorted(spans):
                 files[name] = engine.storage.open_unchanged(name, engine.stamps[name], again=_AGAIN)
             reads: FileReads | RemoteReads
             fds: dict[str, int] = {}
@@ -257,9 +266,8 @@ class _Load:
                 reads = RemoteReads({n: f for n, f in files.items() if isinstance(f, S3File)})
             else:
                 fds = {name: file.fileno() for name, file in files.items()}
-                cold = find_cold(spans(requests), fds) if engine.page_cache_aware else None
+                cold = find_cold(spans, fds) if engine.page_cache_aware else None
                 reads = FileReads(fds, cold if cold is not None and cold.cold_bytes else None)
-            routes = route(requests, cuda=torch.cuda.is_available())
             budget = share(routes, limit=staging.limit, threads=engine.threads)
             # Held here until the jobs are done: they hold its address only.
             scratch = staging.allocate(max(1, budget.scratch_bytes)) if routes.in_place else None
@@ -272,7 +280,7 @@ class _Load:
                 reads.scratch = address
                 budget = replace(budget, scratch_bytes=MAX_RUN_GAP)
 
-            needed = sum(request.box.nbytes for request in requests)
+            needed = routes.needed()
 
             def plan(mappable: Mappable, costs: Costs = DEFAULT_COSTS) -> list[Job]:
                 return make_jobs(
@@ -344,12 +352,12 @@ class _Load:
                 mapped.release()
             for file in files.values():
                 file.close()
-        for request in requests:
+        for request in committed:
             planner.commit_tensor(request.item, request.target)
         return LoadStats(
             tensors=len(items),
             bytes_read=reads.bytes_read + (mapped.bytes_copied if mapped is not None else 0),
-            bytes_needed=sum(request.box.nbytes for request in requests),
+            bytes_needed=needed,
             reads=reads.calls,
             files=len(files),
             seconds=time.perf_counter() - begin,

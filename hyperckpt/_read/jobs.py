@@ -10,11 +10,10 @@ ordered by file and offset.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 import torch
-from torch.distributed.checkpoint.planner import ReadItem
 
 from hyperckpt._read import sysio as _sysio
 from hyperckpt._read.boxes import Box, narrow
@@ -50,8 +49,9 @@ COLD_CHUNK_BYTES = 32 * 2**20
 #: staging: small enough that the copy out of it finds the rows still in the core's cache.
 STAGE_BLOCK = 2**20
 
-#: Bytes delivered to each read item: what the progress tracker is told after a job.
-Parts = list[tuple[ReadItem, int]]
+#: Bytes delivered to each read item (by its progress key, see
+#: :attr:`~hyperckpt._read.requests.Request.key`): what the progress tracker is told after a job.
+Parts = list[tuple[Hashable, int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,7 +282,7 @@ def _direct_jobs(
     extents: list[tuple[int, int, int]],
     scratch: int,
     gap: int,
-    owners: list[tuple[int, int, ReadItem]],
+    owners: list[tuple[int, int, Hashable]],
     mostly_cold: frozenset[str],
     over_read: float | None,
     chunk: int | None,
@@ -293,12 +293,14 @@ def _direct_jobs(
         extents, gap=gap, scratch=scratch, chunk=chunk, aligned=cold, over_read=over_read
     )
     by_address = sorted(owners, key=lambda owner: owner[0])
+    starts = [address for address, _, _ in by_address]
     return [
-        ScatterRead(name, offset, buffers, _owned(buffers, by_address)) for offset, buffers in reads
+        ScatterRead(name, offset, buffers, _owned(buffers, by_address, starts))
+        for offset, buffers in reads
     ]
 
 
-def _mapped_runs(name: str, offset: int, length: int, address: int, item: ReadItem) -> list[Job]:
+def _mapped_runs(name: str, offset: int, length: int, address: int, item: Hashable) -> list[Job]:
     """One run copied from a map in parts of at most :data:`CHUNK_BYTES` (threads share them)."""
     jobs: list[Job] = []
     for first in range(0, length, CHUNK_BYTES):
@@ -314,7 +316,7 @@ def _mapped_parts(request: Request) -> list[Job]:
     for offsets, lengths in blocks_within(box, CHUNK_BYTES):
         part = box.sub(offsets, lengths)
         destination = narrow(target, offsets, lengths)
-        parts = [(request.item, part.nbytes)]
+        parts = [(request.key, part.nbytes)]
         jobs.append(MappedPart(request.name, part.span()[0], part, destination, parts))
     return jobs
 
@@ -371,7 +373,7 @@ def _strided_jobs(request: Request, scratch: int, together: bool) -> list[Job]:
     jobs: list[Job] = []
     for first in range(0, starts.numel(), each):
         part = starts[first : first + each]
-        parts = [(request.item, part.numel() * run)]
+        parts = [(request.key, part.numel() * run)]
         jobs.append(
             RunsRead(
                 request.name,
@@ -396,7 +398,7 @@ def _staged_jobs(request: Request, limit: int) -> list[Job]:
     for offsets, lengths in blocks_within(box, limit):
         part = box.sub(offsets, lengths)
         destination = narrow(target, offsets, lengths)
-        parts = [(request.item, part.nbytes)]
+        parts = [(request.key, part.nbytes)]
         jobs.append(
             StagedPart(request.name, part.span()[0], request, part, destination, one_run, parts)
         )
@@ -412,7 +414,7 @@ def _device_jobs(request: Request, budget: Budget) -> list[Job]:
     for offsets, lengths in blocks_within(box, limit):
         part = box.sub(offsets, lengths)
         destination = narrow(request.target, offsets, lengths)
-        parts = [(request.item, part.nbytes)]
+        parts = [(request.key, part.nbytes)]
         jobs.append(DevicePart(request.name, part.span()[0], request, part, destination, parts))
     return jobs
 
@@ -442,11 +444,11 @@ def per_job(pitch: int) -> int:
 
 
 def _owned(
-    buffers: list[tuple[int, int]], owners: list[tuple[int, int, ReadItem]]
-) -> list[tuple[ReadItem, int]]:
+    buffers: list[tuple[int, int]], owners: list[tuple[int, int, Hashable]], starts: list[int]
+) -> list[tuple[Hashable, int]]:
     """Which read item each destination buffer of a coalesced read belongs to, with its
-    bytes (scratch buffers for gaps belong to none); ``owners`` sorted by address."""
-    starts = [address for address, _, _ in owners]
+    bytes (scratch buffers for gaps belong to none); ``owners`` sorted by address,
+    ``starts`` their addresses (made once per file: once per read made it quadratic)."""
     parts = []
     for address, length in buffers:
         index = bisect.bisect_right(starts, address) - 1
