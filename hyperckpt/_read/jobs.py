@@ -232,16 +232,19 @@ def make_jobs(
         for extent, owner in zip(extents, owners, strict=True):
             offset, length, address = extent
             usable = mappable(name, offset, length) and strategy in (None, Strategy.MAP)
-            part = CHUNK_BYTES if usable else None
-            chosen = choose_run(
-                length,
-                ranks=ranks,
-                chunk=CHUNK_BYTES,
-                map_part=part,
-                threads=budget.threads * max(1, ranks),
-                costs=costs,
-            )
-            if usable and (strategy is Strategy.MAP or chosen is Strategy.MAP):
+            # Without a map the rule has nothing to weigh: the run is read in place.
+            if usable and (
+                strategy is Strategy.MAP
+                or choose_run(
+                    length,
+                    ranks=ranks,
+                    chunk=CHUNK_BYTES,
+                    map_part=CHUNK_BYTES,
+                    threads=budget.threads * max(1, ranks),
+                    costs=costs,
+                )
+                is Strategy.MAP
+            ):
                 jobs.extend(_mapped_runs(name, offset, length, address, owner[2]))
             else:
                 kept.append(extent)

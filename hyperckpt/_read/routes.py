@@ -111,7 +111,8 @@ class Router:
     def direct(self, name: str, offset: int, length: int, address: int, key: Hashable) -> None:
         """Route one byte range of file ``name`` read in place at ``address`` (``length``
         bytes, more than none), counted under ``key``."""
-        self._widest = max(self._widest, length)
+        if length > self._widest:
+            self._widest = length
         extents = self._direct.get(name)
         if extents is None:
             extents = self._direct[name] = []

@@ -75,7 +75,7 @@ def routed(
     direct = router.direct
     # Per cut: the chunk shape it was cut from, and the first element and count of its
     # one byte run (None: strided); per stored dtype code: the torch dtype.
-    runs: dict[int, tuple[tuple[int, ...], tuple[int, int] | None]] = {}
+    runs: dict[_Cut, tuple[tuple[int, ...], tuple[int, int] | None]] = {}
     dtypes: dict[str, torch.dtype] = {}
     for key, cut in items.entries():
         if key is None:
@@ -86,9 +86,9 @@ def routed(
             continue
         cut = cast("_Cut", cut)
         info = names[key]
-        run = runs.get(id(cut))
+        run = runs.get(cut)  # a cut hashes by identity
         if run is None:
-            run = runs[id(cut)] = (
+            run = runs[cut] = (
                 info.shape,
                 Box(0, info.shape, cut.box.offsets, cut.lengths, 1).one_run(),  # type: ignore[arg-type]
             )
