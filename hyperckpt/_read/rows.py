@@ -104,7 +104,7 @@ def routed(
             and info.shape == run[0]
             and type(local) in _PLAIN
             and local.shape == cut.lengths  # type: ignore[union-attr]
-            and local.dtype == dtype  # type: ignore[union-attr]
+            and local.dtype is dtype  # type: ignore[union-attr]
             and local.is_cpu  # type: ignore[union-attr]
             and local.is_contiguous()  # type: ignore[union-attr]
         ):
