@@ -139,7 +139,15 @@ def reader_setup(
     routes.spans()
     routes.needed()
     budget = share(routes, limit=DEFAULT_STAGING_BYTES, threads=2)
-    jobs = make_jobs(routes, budget, scratch=1, mostly_cold=frozenset(), strategy=None, ranks=1)
+    jobs = make_jobs(
+        routes,
+        budget,
+        scratch=1,
+        mostly_cold=frozenset(),
+        strategy=None,
+        ranks=1,
+        counted=False,  # no progress callback, as by default
+    )
     for request in committed:
         planner.commit_tensor(request.item, request.target)
     return len(jobs)

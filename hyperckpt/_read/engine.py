@@ -294,6 +294,7 @@ class _Load:
                     over_read=REMOTE_OVER_READ if remote else None,
                     chunk=get_size(needed, budget.threads) if remote else None,
                     costs=costs,
+                    counted=engine.progress is not None,
                 )
 
             if engine.memory_map and cold is not None:

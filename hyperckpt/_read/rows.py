@@ -77,14 +77,14 @@ def routed(
     # one byte run (None: strided); per stored dtype code: the torch dtype.
     runs: dict[_Cut, tuple[tuple[int, ...], tuple[int, int] | None]] = {}
     dtypes: dict[str, torch.dtype] = {}
-    for key, cut in items.entries():
+    cut: _Cut
+    for key, cut in items.entries():  # type: ignore[assignment]  # (None, ReadItem) below
         if key is None:
             item = cast(ReadItem, cut)
             request = resolve(item, storage[item.storage_index], planner)
             router.add(request)
             committed.append(request)
             continue
-        cut = cast("_Cut", cut)
         info = names[key]
         run = runs.get(cut)  # a cut hashes by identity
         if run is None:
