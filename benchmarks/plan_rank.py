@@ -63,8 +63,8 @@ from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.engine import DEFAULT_STAGING_BYTES
 from hyperckpt._read.jobs import make_jobs
 from hyperckpt._read.routes import share
-from hyperckpt._read.rows import routed
-from hyperckpt._read.storage_info import StorageInfo, by_name
+from hyperckpt._read.rows import routed, row_chunks
+from hyperckpt._read.storage_info import StorageInfo
 
 logger = logging.getLogger("plan_rank")
 _EXPERT = re.compile(r"\.experts\.(\d+)\.")
@@ -133,7 +133,7 @@ def reader_setup(
     chunks by key, the dtype policy, each item or row resolved and routed, the staging
     budget, the reads planned as jobs (every file warm, none mapped), and the commits that
     remain.  Returns the number of jobs."""
-    names = by_name(storage)
+    names = row_chunks(items, storage)  # type: ignore[arg-type]
     plan_conversions(items, storage, planner, "convert", where="bench", names=names)  # type: ignore[arg-type]
     routes, committed = routed(items, storage, planner, cuda=False, names=names)  # type: ignore[arg-type]
     routes.spans()

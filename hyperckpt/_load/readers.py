@@ -51,8 +51,9 @@ from hyperckpt._read.dtype_policy import (
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.engine import ReadEngine
 from hyperckpt._read.progress import log_load_summary
+from hyperckpt._read.rows import row_chunks
 from hyperckpt._read.stats import LoadStats
-from hyperckpt._read.storage_info import StorageInfo, by_name
+from hyperckpt._read.storage_info import StorageInfo
 from hyperckpt._read.threads import HostShare, local_ranks
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
 from hyperckpt._storage.places import is_remote
@@ -299,7 +300,8 @@ class _SafetensorsReader(FileSystemReader):
         if kept is not None and not plan.items:  # kept here in prepare_local_plan
             plan = dataclasses.replace(plan, items=kept)
         # The rows of a compact plan find their chunks by key (made once, for both walks).
-        names = by_name(self.storage_data) if isinstance(plan.items, CompactItems) else None
+        items = plan.items
+        names = row_chunks(items, self.storage_data) if isinstance(items, CompactItems) else None
         # The policy looks at dtypes per tensor only, so it can refuse before any collective.
         self.last_conversions = plan_conversions(
             plan.items,

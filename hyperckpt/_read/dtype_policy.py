@@ -46,7 +46,7 @@ from hyperckpt._format.header import DTYPES
 from hyperckpt._format.preview import preview
 from hyperckpt._planner.compact import CompactItems
 from hyperckpt._read.dtypes import to_torch_dtype
-from hyperckpt._read.storage_info import by_name
+from hyperckpt._read.rows import row_chunks
 from hyperckpt.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -322,7 +322,7 @@ def plan_conversions(
     :class:`hyperckpt.LoadPlanner` keep it), so nothing is resolved early.  The policy is
     asked once per pair of (stored, destination) dtypes; only tensors that convert are
     kept for the report.  The rows of a compact plan are read as rows (no ``ReadItem``
-    made), their chunks found by key in ``names`` (see :func:`hyperckpt._read.storage_info.by_name`).
+    made), their chunks found by key in ``names`` (see :func:`hyperckpt._read.rows.row_chunks`).
 
     Raises:
         CheckpointError: A conversion is forbidden, or ``policy`` is not ``"convert"`` and
@@ -356,7 +356,7 @@ def plan_conversions(
     if isinstance(items, CompactItems) and items.rows():
         # The rows in one tight loop (92k of a DeepSeek-V3 rank): the pair of dtypes asked
         # of the policy once; the items kept whole after it.
-        names = by_name(storage) if names is None else names
+        names = row_chunks(items, storage) if names is None else names
         whole = []
         for key, cut in items.entries():
             if key is None:

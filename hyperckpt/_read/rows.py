@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, cast
 
 import torch
+from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadPlanner, ReadItem
 from torch.distributed.tensor import DTensor
 
@@ -31,7 +32,28 @@ from hyperckpt._read.storage_info import StorageInfo, by_name
 if TYPE_CHECKING:
     from hyperckpt._planner.local_items import _Cut
 
-__all__ = ["routed"]
+__all__ = ["routed", "row_chunks"]
+
+#: Rows per stored chunk below which a plan's rows look their chunks up one by one rather
+#: than by a table of every chunk (an EP rank of DeepSeek-V3 has 2k rows of 92k chunks).
+_FEW_ROWS = 1 / 8
+
+
+def row_chunks(
+    items: CompactItems, storage: Mapping[object, StorageInfo]
+) -> dict[str, StorageInfo]:
+    """The stored chunk of each row's tensor by the tensor's key: looked up row by row
+    when the rows are few against the chunks, else :func:`by_name` of every chunk (one
+    dictionary pass, ~0.02 s for 92k chunks; each row's own lookup costs ~10 times a
+    chunk's pass)."""
+    if items.rows() >= _FEW_ROWS * len(storage):
+        return by_name(storage)
+    found: dict[str, StorageInfo] = {}
+    for key, cut in items.entries():
+        if key is not None:
+            found[key] = storage[MetadataIndex(key, cut.dest_offsets)]
+    return found
+
 
 #: Exact types whose destination ``LoadPlanner.lookup_tensor`` returns as they are.
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -52,7 +74,7 @@ def routed(
         storage: The metadata's storage data (where each chunk's bytes live).
         planner: Gives the destinations, and is told each commit.
         cuda: Whether CUDA is available.
-        names: :func:`by_name` of ``storage`` when the caller keeps it; made here when
+        names: :func:`row_chunks` of the plan when the caller keeps it; made here when
             the plan has rows and it is not given.
 
     Returns:
@@ -70,7 +92,7 @@ def routed(
             router.add(request)
             committed.append(request)
         return router.routes(), committed
-    names = by_name(storage) if names is None else names
+    names = row_chunks(items, storage) if names is None else names
     state = planner.state_dict  # type: ignore[attr-defined]
     direct = router.direct
     # Per cut: the chunk shape it was cut from, and the first element and count of its
