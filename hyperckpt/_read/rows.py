@@ -14,7 +14,7 @@ any item; so is every item of a plain ``dcp.load``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, TypeGuard, cast
 
 import torch
 from torch.distributed.checkpoint.metadata import MetadataIndex
@@ -32,7 +32,7 @@ from hyperckpt._read.storage_info import StorageInfo, by_name
 if TYPE_CHECKING:
     from hyperckpt._planner.local_items import _Cut
 
-__all__ = ["routed", "row_chunks"]
+__all__ = ["reads_rows", "routed", "row_chunks"]
 
 #: Rows per stored chunk below which a plan's rows look their chunks up one by one rather
 #: than by a table of every chunk (an EP rank of DeepSeek-V3 has 2k rows of 92k chunks).
@@ -57,6 +57,13 @@ def row_chunks(
 
 #: Exact types whose destination ``LoadPlanner.lookup_tensor`` returns as they are.
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def reads_rows(items: Sequence[ReadItem], planner: LoadPlanner) -> TypeGuard[CompactItems]:
+    """Whether :func:`routed` reads ``items`` as rows: a compact plan with rows not yet
+    made into items, of a planner that :func:`resolves_in_place`.  Its reads are then
+    counted under each row's tensor key (see :attr:`Request.key`), else under each item."""
+    return isinstance(items, CompactItems) and items.rows() > 0 and resolves_in_place(planner)
 
 
 def routed(
@@ -86,7 +93,7 @@ def routed(
     """
     router = Router(cuda=cuda)
     committed: list[Request] = []
-    if not (isinstance(items, CompactItems) and items.rows() and resolves_in_place(planner)):
+    if not reads_rows(items, planner):
         for item in items:
             request = resolve(item, storage[item.storage_index], planner)
             router.add(request)
