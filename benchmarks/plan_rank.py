@@ -58,12 +58,12 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 import hyperckpt
 from hyperckpt._cli.dryrun import placements_for
 from hyperckpt._planner.local_items import mark_whole
-from hyperckpt._read.dtype_policy import plan_conversions
+from hyperckpt._read.dtype_policy import plan_conversions, request_conversions
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.engine import DEFAULT_STAGING_BYTES
 from hyperckpt._read.jobs import make_jobs
 from hyperckpt._read.routes import share
-from hyperckpt._read.rows import routed, row_chunks
+from hyperckpt._read.rows import reads_rows, routed, row_chunks
 from hyperckpt._read.storage_info import StorageInfo
 
 logger = logging.getLogger("plan_rank")
@@ -134,8 +134,12 @@ def reader_setup(
     budget, the reads planned as jobs (every file warm, none mapped), and the commits that
     remain.  Returns the number of jobs."""
     names = row_chunks(items, storage)  # type: ignore[arg-type]
-    plan_conversions(items, storage, planner, "convert", where="bench", names=names)  # type: ignore[arg-type]
+    in_walk = reads_rows(items, planner)  # type: ignore[arg-type]  # no exchange here
+    if not in_walk:
+        plan_conversions(items, storage, planner, "convert", where="bench", names=names)  # type: ignore[arg-type]
     routes, committed = routed(items, storage, planner, cuda=False, names=names)  # type: ignore[arg-type]
+    if in_walk:  # the policy asked of the requests the walk resolved, as read_data asks it
+        request_conversions(committed, "convert", where="bench")
     routes.spans()
     routes.needed()
     budget = share(routes, limit=DEFAULT_STAGING_BYTES, threads=2)

@@ -47,10 +47,12 @@ from hyperckpt._read.dtype_policy import (
     DtypePolicy,
     log_conversions,
     plan_conversions,
+    request_conversions,
 )
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.engine import ReadEngine
 from hyperckpt._read.progress import log_load_summary
+from hyperckpt._read.requests import Request
 from hyperckpt._read.rows import reads_rows, row_chunks
 from hyperckpt._read.stats import LoadStats
 from hyperckpt._read.storage_info import StorageInfo
@@ -302,16 +304,23 @@ class _SafetensorsReader(FileSystemReader):
         # The rows of a compact plan find their chunks by key (made once, for both walks).
         items = plan.items
         names = row_chunks(items, self.storage_data) if isinstance(items, CompactItems) else None
-        # The policy looks at dtypes per tensor only, so it can refuse before any collective.
-        self.last_conversions = plan_conversions(
-            plan.items,
-            self.storage_data,
-            planner,
-            self.options.dtype_policy,
-            where=str(layout.root),
-            names=names,
-        )
         schedule = plan.storage_data
+        # Rows the engine reads as rows, with no exchange to follow: the policy is asked in
+        # the engine's walk over them (a row read in place has its stored dtype), after
+        # routing and before any file is opened.  Otherwise it looks at dtypes per tensor
+        # first, so it can refuse before any collective.
+        in_walk = reads_rows(items, planner) and not isinstance(
+            schedule, (ReplicatedSchedule, StripeSchedule, StripeShare, ReplicatedShare)
+        )
+        if not in_walk:
+            self.last_conversions = plan_conversions(
+                items,
+                self.storage_data,
+                planner,
+                self.options.dtype_policy,
+                where=str(layout.root),
+                names=names,
+            )
         if isinstance(schedule, (StripeShare, ReplicatedShare)):
             schedule = schedule.schedule(self._chunk_table())  # this rank's part, from arrays
         exchange = None
@@ -357,7 +366,17 @@ class _SafetensorsReader(FileSystemReader):
                 group=self._group(),
             )
         else:
-            self.last_stats = engine.run(plan.items, self.storage_data, planner, names=names)
+            policy = None
+            if in_walk:
+
+                def policy(requests: abc.Sequence[Request]) -> None:
+                    self.last_conversions = request_conversions(
+                        requests, self.options.dtype_policy, where=str(layout.root)
+                    )
+
+            self.last_stats = engine.run(
+                plan.items, self.storage_data, planner, names=names, policy=policy
+            )
         # Slices received from other ranks are counted as they complete the load.
         tracker.finish(complete=exchanged)
         log_load_summary(self.last_stats)

@@ -52,6 +52,7 @@ from hyperckpt.errors import CheckpointError
 if TYPE_CHECKING:
     from hyperckpt._layout.model import CheckpointLayout
     from hyperckpt._planner.local_items import _Cut
+    from hyperckpt._read.requests import Request
     from hyperckpt._read.storage_info import StorageInfo
 
 __all__ = [
@@ -68,6 +69,7 @@ __all__ = [
     "layout_conversions",
     "log_conversions",
     "plan_conversions",
+    "request_conversions",
     "torch_name",
 ]
 
@@ -374,6 +376,25 @@ def plan_conversions(
         destination = state_dict.get(fqn)
         if isinstance(destination, torch.Tensor):
             converts(fqn, storage[item.storage_index], destination.dtype, item.lengths)
+    return enforce(policy, rows, where=where, files=files)
+
+
+def request_conversions(
+    requests: Iterable[Request], policy: DtypePolicy, *, where: str
+) -> tuple[Conversion, ...]:
+    """:func:`plan_conversions` of requests already resolved: each destination's dtype
+    against its stored one.
+
+    Raises:
+        CheckpointError: A conversion is forbidden.
+    """
+    rows = []
+    files: dict[str, str] = {}
+    for request in requests:
+        dtype = request.target.dtype
+        if dtype is not request.dtype:
+            rows.append((request.fqn, request.info.dtype, dtype, request.box.nbytes))
+            files.setdefault(request.fqn, request.info.file)
     return enforce(policy, rows, where=where, files=files)
 
 

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -83,6 +83,7 @@ from hyperckpt._read.remote import (
     RemoteReads,
     get_size,
 )
+from hyperckpt._read.requests import Request
 from hyperckpt._read.routes import MAX_GAP, share
 from hyperckpt._read.rows import routed
 from hyperckpt._read.staging import Staging
@@ -207,6 +208,7 @@ class ReadEngine:
         planner: LoadPlanner,
         *,
         names: Mapping[str, StorageInfo] | None = None,
+        policy: Callable[[Sequence[Request]], None] | None = None,
     ) -> LoadStats:
         """Read every item into the destination ``planner.resolve_tensor`` gives, then commit.
 
@@ -214,7 +216,9 @@ class ReadEngine:
         committed in plan order once every byte has arrived (device copies included).  The
         rows of a compact plan are read without a ``ReadItem`` each where their planner
         allows (see :mod:`hyperckpt._read.rows`); ``names`` is ``storage`` by tensor key
-        (:func:`~hyperckpt._read.storage_info.by_name`), when the caller keeps it.
+        (:func:`~hyperckpt._read.rows.row_chunks`), when the caller keeps it.  ``policy``
+        is shown the requests resolved through the planner (every request that may convert a
+        dtype: a row read in place never does) before any file is opened, and may refuse.
 
         Returns:
             What this call did, counted apart from the engine's other calls.
@@ -224,7 +228,7 @@ class ReadEngine:
                 value cannot be converted to its destination's dtype.
             CheckpointChangedError: A file changed since its header was read.
         """
-        return _Load(self).run(items, storage, planner, names)
+        return _Load(self).run(items, storage, planner, names, policy)
 
 
 class _Load:
@@ -244,6 +248,7 @@ class _Load:
         storage: Mapping[object, StorageInfo],
         planner: LoadPlanner,
         names: Mapping[str, StorageInfo] | None,
+        policy: Callable[[Sequence[Request]], None] | None,
     ) -> LoadStats:
         """See :meth:`ReadEngine.run`; call once."""
         engine = self._engine
@@ -251,6 +256,8 @@ class _Load:
         routes, committed = routed(
             items, storage, planner, cuda=torch.cuda.is_available(), names=names
         )
+        if policy is not None:
+            policy(committed)
         spans = routes.spans()
         staging = Staging(max(1, engine.options.staging_bytes))
         files: dict[str, StorageFile] = {}

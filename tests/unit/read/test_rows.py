@@ -9,12 +9,14 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from helpers import poison_, sample_tensor, write_hf_checkpoint
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import ReadItem
 
 import hyperckpt
 from hyperckpt import HuggingFaceStorageReader, LoadPlanner, Progress
 from hyperckpt._planner.load_planner import resolves_in_place
+from hyperckpt._read.dtype_policy import Conversion
 
 _STORED = {
     "embed.weight": (torch.bfloat16, (16, 8)),
@@ -101,3 +103,32 @@ def test_progress_counts_every_byte_and_tensor_of_the_rows(
     assert final.tensors_done == final.tensors_total == sum(t.numel() > 0 for t in stored.values())
     for name, truth in stored.items():
         assert torch.equal(state[name], truth.to(state[name].dtype)), name
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # DCP warns when no process group is up
+@pytest.mark.parametrize("compact", [True, False])
+def test_the_rows_walk_refuses_a_narrowing_before_writing_a_byte_and_reports_the_widening(
+    tmp_path: Path, compact: bool
+) -> None:
+    stored = _checkpoint(tmp_path)
+    narrowed = _poisoned(stored)
+    narrowed["layer.0.weight"] = poison_(torch.empty(8, 8, dtype=torch.bfloat16))
+    planner = LoadPlanner()
+    planner.compact_items = compact
+    reader = HuggingFaceStorageReader(tmp_path / "ckpt", dtype_policy="no-narrowing")
+    with pytest.raises(CheckpointException, match="refuses 1 tensor") as caught:
+        dcp.load(narrowed, storage_reader=reader, planner=planner, no_dist=True)
+    assert "'layer.0.weight' stored F32 -> bfloat16" in str(caught.value)
+    for name, value in narrowed.items():
+        assert _bits(value) == _bits(poison_(torch.empty_like(value))), name
+    widened = _poisoned(stored, wider="layer.0.weight")
+    planner = LoadPlanner()
+    planner.compact_items = compact
+    dcp.load(widened, storage_reader=reader, planner=planner, no_dist=True)
+    assert reader.last_conversions == (Conversion("F32", "float64", 1, 8 * 8 * 4, True),)
+    for name, truth in stored.items():
+        assert torch.equal(widened[name], truth.to(widened[name].dtype)), name
+
+
+def _bits(tensor: torch.Tensor) -> bytes:
+    return tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
