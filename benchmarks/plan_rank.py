@@ -9,6 +9,13 @@ the rank, both planners run ``set_up_planner`` + ``create_local_plan`` on the sa
 dict; the items must be equal.  The meta tensors are made real first, untimed (DCP's
 set-up does that in place, so the planner that ran first used to pay for it alone).
 
+What the rank then does with the plan before its first byte is timed too, apart and added
+to the plan: the reader's set-up from the plan (:func:`reader_setup`: the same steps
+``read_data`` takes before it opens a file — the dtype policy, the rows or items resolved
+to their destinations and routed, the staging budget, the reads planned as jobs — on
+storage data laid out as a checkpoint of ``--files`` files; every file taken as warm and
+none mapped, so the cost rule's residency probe, which needs the files, is not counted).
+
 Layouts: ``fsdp`` (``Shard(0)`` over all ranks), ``fsdp-tp`` (the TP plan of ``hyperckpt
 plan`` over 8 ranks times FSDP; packed weights as ``_StridedShard``), ``ep`` (DeepSeek's
 routed experts whole on one rank each, ``expert % W``; everything else ``Shard(0)``).
@@ -24,6 +31,7 @@ import argparse
 import gc
 import json
 import logging
+import math
 import re
 import sys
 import time
@@ -37,6 +45,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import (
     ChunkStorageMetadata,
     Metadata,
+    MetadataIndex,
     TensorProperties,
     TensorStorageMetadata,
 )
@@ -49,7 +58,13 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 import hyperckpt
 from hyperckpt._cli.dryrun import placements_for
 from hyperckpt._planner.local_items import mark_whole
+from hyperckpt._read.dtype_policy import plan_conversions, request_conversions
 from hyperckpt._read.dtypes import to_torch_dtype
+from hyperckpt._read.engine import DEFAULT_STAGING_BYTES
+from hyperckpt._read.jobs import make_jobs
+from hyperckpt._read.routes import share
+from hyperckpt._read.rows import reads_rows, routed, row_chunks
+from hyperckpt._read.storage_info import StorageInfo
 
 logger = logging.getLogger("plan_rank")
 _EXPERT = re.compile(r"\.experts\.(\d+)\.")
@@ -91,7 +106,60 @@ def state_and_metadata(
     return state, mark_whole(Metadata(known))
 
 
-def plan_held(state: dict[str, object], md: Metadata) -> tuple[float, float, list[object]]:
+def storage_of(
+    shapes: list[tuple[str, str, tuple[int, ...]]], files: int
+) -> dict[object, StorageInfo]:
+    """Storage data of the checkpoint as hyperckpt's reader makes it for a Hugging Face
+    checkpoint of ``files`` files: tensors dealt out in order, each file's data contiguous."""
+    storage: dict[object, StorageInfo] = {}
+    per_file = -(-len(shapes) // files)
+    offset = 0
+    for number, (name, code, shape) in enumerate(shapes):
+        if number % per_file == 0:
+            offset = 8
+        nbytes = math.prod(shape) * to_torch_dtype(code).itemsize
+        file = f"model-{number // per_file + 1:05d}-of-{files:05d}.safetensors"
+        storage[MetadataIndex(name, torch.Size([0] * len(shape)))] = StorageInfo(
+            file, offset, nbytes, code, tuple(shape)
+        )
+        offset += nbytes
+    return storage
+
+
+def reader_setup(
+    planner: hyperckpt.LoadPlanner, items: object, storage: dict[object, StorageInfo]
+) -> int:
+    """What ``read_data`` does with a plan before its first read, without files: the
+    chunks by key, the dtype policy, each item or row resolved and routed, the staging
+    budget, the reads planned as jobs (every file warm, none mapped), and the commits that
+    remain.  Returns the number of jobs."""
+    names = row_chunks(items, storage)  # type: ignore[arg-type]
+    in_walk = reads_rows(items, planner)  # type: ignore[arg-type]  # no exchange here
+    if not in_walk:
+        plan_conversions(items, storage, planner, "convert", where="bench", names=names)  # type: ignore[arg-type]
+    routes, committed = routed(items, storage, planner, cuda=False, names=names)  # type: ignore[arg-type]
+    if in_walk:  # the policy asked of the requests the walk resolved, as read_data asks it
+        request_conversions(committed, "convert", where="bench")
+    routes.spans()
+    routes.needed()
+    budget = share(routes, limit=DEFAULT_STAGING_BYTES, threads=2)
+    jobs = make_jobs(
+        routes,
+        budget,
+        scratch=1,
+        mostly_cold=frozenset(),
+        strategy=None,
+        ranks=1,
+        counted=False,  # no progress callback, as by default
+    )
+    for request in committed:
+        planner.commit_tensor(request.item, request.target)
+    return len(jobs)
+
+
+def plan_held(
+    state: dict[str, object], md: Metadata, storage: dict[object, StorageInfo]
+) -> tuple[float, float, list[object], int]:
     """CPU seconds of ``hyperckpt.LoadPlanner``'s local plan as ``hyperckpt.load`` makes it:
     compact items (rows; ``hyperckpt.load``'s plans stay on their rank), with the cyclic
     collector held by the caller for the whole DCP call, so the collection that would walk
@@ -99,12 +167,14 @@ def plan_held(state: dict[str, object], md: Metadata) -> tuple[float, float, lis
     dropped and the collector restarted inside the timed span.
 
     Returns:
-        The plan's CPU seconds; the CPU seconds the reader's first walk then spends making
-        the ``ReadItem``s from the rows (timed apart, in a second run, collector held as
-        ``hyperckpt.load`` holds it); and those items, to compare with torch's.
+        The plan's CPU seconds; the CPU seconds of the reader's set-up from that plan
+        before its first read (:func:`reader_setup`: timed apart, in a second run,
+        collector held as ``hyperckpt.load`` holds it); the items the rows stand for (made
+        after the timed spans, to compare with torch's); and the number of jobs.
     """
     timings = []
     items: list[object] = []
+    jobs = 0
     for walk in (False, True):
         planner = hyperckpt.LoadPlanner()
         planner.compact_items = True
@@ -116,15 +186,16 @@ def plan_held(state: dict[str, object], md: Metadata) -> tuple[float, float, lis
             local = planner.create_local_plan()
             planned = time.process_time()
             if walk:
-                items = list(local.items)  # what the reader's first walk makes
+                jobs = reader_setup(planner, local.items, storage)
                 timings.append(time.process_time() - planned)
+                items = list(local.items)  # untimed: to compare with torch's
             del local, planner
         finally:
             gc.enable()
         gc.collect(0)
         if not walk:
             timings.append(time.process_time() - begin)
-    return timings[0], timings[1], items
+    return timings[0], timings[1], items, jobs
 
 
 def plan(
@@ -155,12 +226,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layouts", nargs="+", default=["fsdp", "ep", "fsdp-tp"])
     parser.add_argument("--worlds", nargs="+", type=int, default=[8, 64, 1024])
     parser.add_argument("--rank", type=int, default=1, help="the rank to pose as")
+    parser.add_argument(
+        "--files", type=int, default=163, help="checkpoint files (DeepSeek-V3 has 163)"
+    )
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/plan_rank.json"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     rows = []
     for model in args.models:
         shapes = MODELS[model][0]()
+        storage = storage_of(shapes, args.files)
         for layout in args.layouts:
             for world in args.worlds:
                 dist.init_process_group("fake", store=FakeStore(), rank=args.rank, world_size=world)
@@ -172,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
                     _init_state_dict(state)
                     theirs, torch_s, torch_peak = plan(DefaultLoadPlanner, state, md)
                     ours, ours_s, ours_peak = plan(hyperckpt.LoadPlanner, state, md)
-                    held_s, made_s, made = plan_held(state, md)
+                    held_s, setup_s, made, jobs = plan_held(state, md, storage)
                 finally:
                     dist.destroy_process_group()
                 items = len(theirs.items)  # type: ignore[attr-defined]
@@ -191,7 +266,10 @@ def main(argv: list[str] | None = None) -> int:
                     "speedup": torch_s / ours_s if ours_s else None,
                     "hyperckpt_load_seconds": held_s,
                     "load_speedup": torch_s / held_s if held_s else None,
-                    "items_made_seconds": made_s,
+                    "reader_setup_seconds": setup_s,
+                    "reader_jobs": jobs,
+                    "plan_and_setup_seconds": held_s + setup_s,
+                    "plan_and_setup_speedup": torch_s / (held_s + setup_s),
                     "torch_peak_bytes": torch_peak,
                     "hyperckpt_peak_bytes": ours_peak,
                     "same_items": same,
@@ -199,8 +277,8 @@ def main(argv: list[str] | None = None) -> int:
                 }
                 logger.info(
                     "%s %s %d ranks, rank %d: %d items; torch %.2f s, hyperckpt %.2f s (%.0fx), "
-                    "as hyperckpt.load plans %.2f s (%.0fx; the reader then makes its items in "
-                    "%.2f s); same items: %s, compact: %s",
+                    "as hyperckpt.load plans %.2f s (%.0fx); the reader's set-up from the plan "
+                    "%.2f s (%d jobs); plan + set-up %.2f s (%.1fx); same items: %s, compact: %s",
                     model,
                     layout,
                     world,
@@ -211,7 +289,10 @@ def main(argv: list[str] | None = None) -> int:
                     row["speedup"] or 0,
                     held_s,
                     row["load_speedup"] or 0,
-                    made_s,
+                    setup_s,
+                    jobs,
+                    held_s + setup_s,
+                    row["plan_and_setup_speedup"],
                     same,
                     same_compact,
                 )

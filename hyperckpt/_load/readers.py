@@ -9,12 +9,13 @@ shared between ranks as :mod:`hyperckpt._load.exchange_plan` planned them.
 
 from __future__ import annotations
 
+import collections.abc as abc
 import dataclasses
 import logging
 import math
 import os
 import threading
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar, cast
 
 import torch.distributed as dist
 from torch.distributed.checkpoint.filesystem import FileSystemReader
@@ -39,22 +40,29 @@ from hyperckpt._load.exchange_plan import BATCH_BYTES, mark_plan, share_plans
 from hyperckpt._load.metadata import to_metadata
 from hyperckpt._load.options import ReadOptions, broadcast_alias, keyword_options, one_options
 from hyperckpt._load.per_thread import PerThread
+from hyperckpt._planner.compact import CompactItems
 from hyperckpt._planner.plain_call import plan_to_read
 from hyperckpt._read.dtype_policy import (
     Conversion,
     DtypePolicy,
     log_conversions,
     plan_conversions,
+    request_conversions,
 )
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.engine import ReadEngine
 from hyperckpt._read.progress import log_load_summary
+from hyperckpt._read.requests import Request
+from hyperckpt._read.rows import reads_rows, row_chunks
 from hyperckpt._read.stats import LoadStats
 from hyperckpt._read.storage_info import StorageInfo
 from hyperckpt._read.threads import HostShare, local_ranks
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
 from hyperckpt._storage.places import is_remote
 from hyperckpt.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from hyperckpt._planner.local_items import _Cut
 
 __all__ = [
     "BATCH_BYTES",
@@ -290,18 +298,29 @@ class _SafetensorsReader(FileSystemReader):
                 f"drive the reader",
                 path=str(self.path),
             )
-        # The policy looks at dtypes per tensor only, so it can refuse before any collective.
-        self.last_conversions = plan_conversions(
-            plan.items,
-            self.storage_data,
-            planner,
-            self.options.dtype_policy,
-            where=str(layout.root),
-        )
         kept, self.kept_items = self.kept_items, None
         if kept is not None and not plan.items:  # kept here in prepare_local_plan
             plan = dataclasses.replace(plan, items=kept)
+        # The rows of a compact plan find their chunks by key (made once, for both walks).
+        items = plan.items
+        names = row_chunks(items, self.storage_data) if isinstance(items, CompactItems) else None
         schedule = plan.storage_data
+        # Rows the engine reads as rows, with no exchange to follow: the policy is asked in
+        # the engine's walk over them (a row read in place has its stored dtype), after
+        # routing and before any file is opened.  Otherwise it looks at dtypes per tensor
+        # first, so it can refuse before any collective.
+        in_walk = reads_rows(items, planner) and not isinstance(
+            schedule, (ReplicatedSchedule, StripeSchedule, StripeShare, ReplicatedShare)
+        )
+        if not in_walk:
+            self.last_conversions = plan_conversions(
+                items,
+                self.storage_data,
+                planner,
+                self.options.dtype_policy,
+                where=str(layout.root),
+                names=names,
+            )
         if isinstance(schedule, (StripeShare, ReplicatedShare)):
             schedule = schedule.schedule(self._chunk_table())  # this rank's part, from arrays
         exchange = None
@@ -313,8 +332,6 @@ class _SafetensorsReader(FileSystemReader):
             exchange = (self._group(), dist.get_world_size(self._group()))
         plan, exchanging = plan_to_read(plan, planner, self.metadata, exchange=exchange)
         tracker = ProgressTracker(self.options.progress)
-        for item in plan.items:
-            tracker.expect(item, self._nbytes(item))
         shared = (
             schedule
             if isinstance(schedule, (HostShare, ReplicatedSchedule, StripeSchedule))
@@ -333,6 +350,11 @@ class _SafetensorsReader(FileSystemReader):
             isinstance(schedule, StripeSchedule)
             or (isinstance(schedule, ReplicatedSchedule) and schedule.rounds > 0)
         )
+        if self.options.progress is not None:  # without a callback nobody asks
+            # Counted under the keys the reads report: a row's tensor key where the engine
+            # reads the rows as rows, else each item (made now if they are rows).
+            by_rows = not exchanged and reads_rows(plan.items, planner)
+            self._expect(tracker, plan.items, names if by_rows else None)
         if exchanged:
             assert isinstance(schedule, (ReplicatedSchedule, StripeSchedule))
             self.last_stats, self.last_broadcast = load_exchanged(
@@ -344,7 +366,17 @@ class _SafetensorsReader(FileSystemReader):
                 group=self._group(),
             )
         else:
-            self.last_stats = engine.run(plan.items, self.storage_data, planner)
+            policy = None
+            if in_walk:
+
+                def policy(requests: abc.Sequence[Request]) -> None:
+                    self.last_conversions = request_conversions(
+                        requests, self.options.dtype_policy, where=str(layout.root)
+                    )
+
+            self.last_stats = engine.run(
+                plan.items, self.storage_data, planner, names=names, policy=policy
+            )
         # Slices received from other ranks are counted as they complete the load.
         tracker.finish(complete=exchanged)
         log_load_summary(self.last_stats)
@@ -406,8 +438,28 @@ class _SafetensorsReader(FileSystemReader):
         info: StorageInfo = self.storage_data[item.storage_index]
         return info
 
-    def _nbytes(self, item: ReadItem) -> int:
-        return math.prod(item.lengths) * to_torch_dtype(self._info(item).dtype).itemsize
+    def _expect(
+        self,
+        tracker: ProgressTracker,
+        items: abc.Sequence[ReadItem],
+        names: abc.Mapping[str, StorageInfo] | None,
+    ) -> None:
+        """Register each item's bytes under its progress key (a compact row's: its tensor
+        key, as the engine counts it; see :class:`~hyperckpt._read.requests.Request`)."""
+        if names is None or not isinstance(items, CompactItems):
+            for item in items:
+                tracker.expect(item, self._nbytes(item.lengths, self._info(item)))
+            return
+        for key, cut in items.entries():
+            if key is None:
+                item = cast(ReadItem, cut)
+                tracker.expect(item, self._nbytes(item.lengths, self._info(item)))
+            else:
+                tracker.expect(key, self._nbytes(cast("_Cut", cut).lengths or (), names[key]))
+
+    @staticmethod
+    def _nbytes(lengths: abc.Sequence[int], info: StorageInfo) -> int:
+        return math.prod(lengths) * to_torch_dtype(info.dtype).itemsize
 
     def _rank(self) -> int:
         return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0

@@ -41,13 +41,14 @@ class CompactItems(Sequence[ReadItem]):
     index or length-independent query and kept; the rows are dropped then.
     """
 
-    __slots__ = ("_cuts", "_items", "_keys")
+    __slots__ = ("_cuts", "_items", "_keys", "_whole")
 
     def __init__(self) -> None:
         # Parallel lists: a key and its cut, or None and a whole ReadItem.
         self._keys: list[str | None] = []
         self._cuts: list[_Cut | ReadItem] = []
         self._items: list[ReadItem] | None = None
+        self._whole = 0  # how many of the entries are whole items
 
     def add(self, key: str, cut: _Cut) -> None:
         """Append the read item of tensor ``key``, stored whole, cut by ``cut``."""
@@ -63,10 +64,11 @@ class CompactItems(Sequence[ReadItem]):
         for item in items:
             self._keys.append(None)
             self._cuts.append(item)
+            self._whole += 1
 
     def rows(self) -> int:
         """How many items are still rows (not made yet)."""
-        return 0 if self._items is not None else sum(key is not None for key in self._keys)
+        return 0 if self._items is not None else len(self._keys) - self._whole
 
     def made(self) -> list[ReadItem]:
         """The items, made now if not yet (once)."""
@@ -79,6 +81,15 @@ class CompactItems(Sequence[ReadItem]):
             self._keys = []
             self._cuts = []
         return items
+
+    def entries(self) -> Iterator[tuple[str, _Cut] | tuple[None, ReadItem]]:
+        """In plan order: ``(key, cut)`` for each row, ``(None, item)`` for each item kept
+        whole (every item once they are made), without making the rows' items."""
+        if self._items is not None:
+            for item in self._items:
+                yield None, item
+            return
+        yield from zip(self._keys, self._cuts, strict=True)
 
     def requests(self) -> Iterator[Request]:
         """Each item's tensor key, stored chunk's offsets, sub-box offsets in the chunk and

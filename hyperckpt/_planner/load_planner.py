@@ -25,6 +25,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
+from torch.distributed.checkpoint.planner import LoadPlanner as DcpLoadPlanner
 from torch.distributed.checkpoint.planner_helpers import (
     _init_state_dict,
     create_read_items_for_chunk_list,
@@ -39,7 +40,7 @@ from hyperckpt._planner.regions import DTENSOR, FSDP, Order, Region, local_regio
 from hyperckpt._planner.shapes import shape_mismatch
 from hyperckpt.errors import CheckpointError
 
-__all__ = ["LoadPlanner", "StridedLayout", "strided_regions"]
+__all__ = ["LoadPlanner", "StridedLayout", "resolves_in_place", "strided_regions"]
 
 #: Exact types that DCP's lookup returns as they are when asked at the origin.
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -51,6 +52,22 @@ _PLAIN_PLACEMENTS = frozenset({Shard, Replicate})
 #: How to read ``_StridedShard`` placements; see :class:`LoadPlanner`.
 StridedLayout = Literal["auto", "dtensor", "fsdp"]
 _ORDERS: tuple[Order, ...] = (FSDP, DTENSOR)
+
+
+def resolves_in_place(planner: DcpLoadPlanner) -> bool:
+    """Whether ``planner`` is a :class:`LoadPlanner` whose destinations are found as this
+    module finds them and whose commit does nothing (torch's): a reader may then take a
+    compact row's destination from the state dict itself (``resolve_tensor`` would return
+    the same memory) and skip its commit.  A subclass that changes any of the four steps
+    gets every item resolved and committed through it."""
+    cls = type(planner)
+    return (
+        isinstance(planner, LoadPlanner)
+        and cls.lookup_tensor is LoadPlanner.lookup_tensor  # type: ignore[attr-defined]
+        and cls.resolve_tensor is DefaultLoadPlanner.resolve_tensor
+        and cls.transform_tensor is DefaultLoadPlanner.transform_tensor  # type: ignore[attr-defined]
+        and cls.commit_tensor is DefaultLoadPlanner.commit_tensor
+    )
 
 
 class LoadPlanner(DefaultLoadPlanner):

@@ -41,11 +41,9 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
 from typing import Literal, NamedTuple, TypeVar
-
-from torch.distributed.checkpoint.planner import ReadItem
 
 from hyperckpt._read.boxes import narrow
 from hyperckpt._read.columns import DEFAULT_COSTS, Costs, Strategy, choose_run, estimate
@@ -219,10 +217,10 @@ def _largest_mapped_request(
 
 def _largest_mapped_run(
     routes: Routes, budget: Budget, costs: Costs, mappable: Mappable, ranks: int
-) -> tuple[str, int, int, int, ReadItem] | None:
+) -> tuple[str, int, int, int, Hashable] | None:
     """The longest run the rule maps, when it is at least :data:`LEAST` bytes."""
     threads = budget.threads * max(1, ranks)
-    found: tuple[str, int, int, int, ReadItem] | None = None
+    found: tuple[str, int, int, int, Hashable] | None = None
     for name, extents in routes.direct.items():
         for (offset, length, address), owner in zip(extents, routes.owners[name], strict=True):
             if length < max(LEAST, found[2] if found is not None else 0):
@@ -275,7 +273,7 @@ def _probe_strided(request: Request, budget: Budget, ranks: int, scratch: int, d
 
 
 def _probe_run(
-    extent: tuple[str, int, int, int, ReadItem], budget: Budget, ranks: int, scratch: int, do: Do
+    extent: tuple[str, int, int, int, Hashable], budget: Budget, ranks: int, scratch: int, do: Do
 ) -> float:
     """The one-run scale from up to ``2 * ROUNDS`` parts of the run ``extent`` (file,
     offset, length, destination address, read item)."""
@@ -312,7 +310,7 @@ def _only(
     *,
     strided: list[Request] | None = None,
     direct: dict[str, list[tuple[int, int, int]]] | None = None,
-    owners: dict[str, list[tuple[int, int, ReadItem]]] | None = None,
+    owners: dict[str, list[tuple[int, int, Hashable]]] | None = None,
 ) -> Routes:
     return Routes(
         direct=direct or {},

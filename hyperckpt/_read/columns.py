@@ -221,11 +221,20 @@ def estimate(
     return result
 
 
-def _mapped(span: int, needed: int, count: int, part: int, weight: float, costs: Costs) -> float:
+def _mapped(
+    span: int,
+    needed: int,
+    count: int,
+    part: int,
+    weight: float,
+    costs: Costs,
+    page: float | None = None,
+) -> float:
+    """A map copy's cost; ``page``: the cost of a page, if not ``costs.mapped_page``."""
     pages = -(-span // _PAGE) + 1
     return (
         math.ceil(span / max(1, part)) * costs.map_call
-        + pages * costs.mapped_page
+        + pages * (costs.mapped_page if page is None else page)
         + needed * costs.mapped_byte * weight
         + count * costs.mapped_row
     )
@@ -294,7 +303,7 @@ def run_estimates(
     weight = 1.0 + costs.rank_share * max(0, ranks - 1)
     read = math.ceil(length / max(1, chunk)) * costs.call + length * costs.placed_byte * weight
     shared = costs.mapped_page * (1.0 + costs.map_threads * max(0, threads - 1))
-    mapped = _mapped(length, length, 1, map_part, weight, replace(costs, mapped_page=shared))
+    mapped = _mapped(length, length, 1, map_part, weight, costs, page=shared)
     return read, mapped * costs.run_map_scale
 
 

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -83,8 +83,9 @@ from hyperckpt._read.remote import (
     RemoteReads,
     get_size,
 )
-from hyperckpt._read.requests import resolve, spans
-from hyperckpt._read.routes import MAX_GAP, route, share
+from hyperckpt._read.requests import Request
+from hyperckpt._read.routes import MAX_GAP, share
+from hyperckpt._read.rows import routed
 from hyperckpt._read.staging import Staging
 from hyperckpt._read.stats import LoadStats
 from hyperckpt._read.storage_info import StorageInfo
@@ -205,11 +206,19 @@ class ReadEngine:
         items: Sequence[ReadItem],
         storage: Mapping[object, StorageInfo],
         planner: LoadPlanner,
+        *,
+        names: Mapping[str, StorageInfo] | None = None,
+        policy: Callable[[Sequence[Request]], None] | None = None,
     ) -> LoadStats:
         """Read every item into the destination ``planner.resolve_tensor`` gives, then commit.
 
         Destinations are resolved up front (in plan order), filled by the thread pool, and
-        committed in plan order once every byte has arrived (device copies included).
+        committed in plan order once every byte has arrived (device copies included).  The
+        rows of a compact plan are read without a ``ReadItem`` each where their planner
+        allows (see :mod:`hyperckpt._read.rows`); ``names`` is ``storage`` by tensor key
+        (:func:`~hyperckpt._read.rows.row_chunks`), when the caller keeps it.  ``policy``
+        is shown the requests resolved through the planner (every request that may convert a
+        dtype: a row read in place never does) before any file is opened, and may refuse.
 
         Returns:
             What this call did, counted apart from the engine's other calls.
@@ -219,7 +228,7 @@ class ReadEngine:
                 value cannot be converted to its destination's dtype.
             CheckpointChangedError: A file changed since its header was read.
         """
-        return _Load(self).run(items, storage, planner)
+        return _Load(self).run(items, storage, planner, names, policy)
 
 
 class _Load:
@@ -238,17 +247,24 @@ class _Load:
         items: Sequence[ReadItem],
         storage: Mapping[object, StorageInfo],
         planner: LoadPlanner,
+        names: Mapping[str, StorageInfo] | None,
+        policy: Callable[[Sequence[Request]], None] | None,
     ) -> LoadStats:
         """See :meth:`ReadEngine.run`; call once."""
         engine = self._engine
         begin = time.perf_counter()
-        requests = [resolve(item, storage[item.storage_index], planner) for item in items]
+        routes, committed = routed(
+            items, storage, planner, cuda=torch.cuda.is_available(), names=names
+        )
+        if policy is not None:
+            policy(committed)
+        spans = routes.spans()
         staging = Staging(max(1, engine.options.staging_bytes))
         files: dict[str, StorageFile] = {}
         device: DeviceRing | None = None
         mapped: MappedFiles | None = None
         try:
-            for name in sorted({request.name for request in requests}):
+            for name in sorted(spans):
                 files[name] = engine.storage.open_unchanged(name, engine.stamps[name], again=_AGAIN)
             reads: FileReads | RemoteReads
             fds: dict[str, int] = {}
@@ -257,9 +273,8 @@ class _Load:
                 reads = RemoteReads({n: f for n, f in files.items() if isinstance(f, S3File)})
             else:
                 fds = {name: file.fileno() for name, file in files.items()}
-                cold = find_cold(spans(requests), fds) if engine.page_cache_aware else None
+                cold = find_cold(spans, fds) if engine.page_cache_aware else None
                 reads = FileReads(fds, cold if cold is not None and cold.cold_bytes else None)
-            routes = route(requests, cuda=torch.cuda.is_available())
             budget = share(routes, limit=staging.limit, threads=engine.threads)
             # Held here until the jobs are done: they hold its address only.
             scratch = staging.allocate(max(1, budget.scratch_bytes)) if routes.in_place else None
@@ -272,7 +287,7 @@ class _Load:
                 reads.scratch = address
                 budget = replace(budget, scratch_bytes=MAX_RUN_GAP)
 
-            needed = sum(request.box.nbytes for request in requests)
+            needed = routes.needed()
 
             def plan(mappable: Mappable, costs: Costs = DEFAULT_COSTS) -> list[Job]:
                 return make_jobs(
@@ -286,6 +301,7 @@ class _Load:
                     over_read=REMOTE_OVER_READ if remote else None,
                     chunk=get_size(needed, budget.threads) if remote else None,
                     costs=costs,
+                    counted=engine.progress is not None,
                 )
 
             if engine.memory_map and cold is not None:
@@ -344,12 +360,12 @@ class _Load:
                 mapped.release()
             for file in files.values():
                 file.close()
-        for request in requests:
+        for request in committed:
             planner.commit_tensor(request.item, request.target)
         return LoadStats(
             tensors=len(items),
             bytes_read=reads.bytes_read + (mapped.bytes_copied if mapped is not None else 0),
-            bytes_needed=sum(request.box.nbytes for request in requests),
+            bytes_needed=needed,
             reads=reads.calls,
             files=len(files),
             seconds=time.perf_counter() - begin,

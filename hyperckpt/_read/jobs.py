@@ -10,11 +10,11 @@ ordered by file and offset.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+import operator
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 import torch
-from torch.distributed.checkpoint.planner import ReadItem
 
 from hyperckpt._read import sysio as _sysio
 from hyperckpt._read.boxes import Box, narrow
@@ -50,8 +50,9 @@ COLD_CHUNK_BYTES = 32 * 2**20
 #: staging: small enough that the copy out of it finds the rows still in the core's cache.
 STAGE_BLOCK = 2**20
 
-#: Bytes delivered to each read item: what the progress tracker is told after a job.
-Parts = list[tuple[ReadItem, int]]
+#: Bytes delivered to each read item (by its progress key, see
+#: :attr:`~hyperckpt._read.requests.Request.key`): what the progress tracker is told after a job.
+Parts = list[tuple[Hashable, int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +184,8 @@ class MappedPart:
 
 
 Job = ScatterRead | RunsRead | StagedPart | DevicePart | MappedRun | MappedPart
+#: Jobs sort by file, then first byte.
+_BY_PLACE = operator.attrgetter("name", "offset")
 #: Whether a half-open byte range of a file (name, offset, length) may be copied from a
 #: memory map: the file is held under a read lease and the range is in the page cache.
 Mappable = Callable[[str, int, int], bool]
@@ -204,6 +207,7 @@ def make_jobs(
     over_read: float | None = None,
     chunk: int | None = None,
     costs: Costs = DEFAULT_COSTS,
+    counted: bool = True,
 ) -> list[Job]:
     """The jobs that read every routed request, ordered by file and offset.
 
@@ -224,6 +228,9 @@ def make_jobs(
         chunk: Most bytes one read of a file that is not mostly cold spans (objects in a
             store: larger, a request costs a round trip); ``None``: :data:`CHUNK_BYTES`.
         costs: The cost rule's constants (with the map's calibrated scales).
+        counted: Whether the jobs name the bytes they deliver to each read item (for a
+            progress tracker); ``False`` leaves the coalesced reads' ``parts`` empty rather
+            than finding each buffer's owner (a search per read, ~1 µs each).
     """
     jobs: list[Job] = []
     for name, extents in routes.direct.items():
@@ -232,16 +239,19 @@ def make_jobs(
         for extent, owner in zip(extents, owners, strict=True):
             offset, length, address = extent
             usable = mappable(name, offset, length) and strategy in (None, Strategy.MAP)
-            part = CHUNK_BYTES if usable else None
-            chosen = choose_run(
-                length,
-                ranks=ranks,
-                chunk=CHUNK_BYTES,
-                map_part=part,
-                threads=budget.threads * max(1, ranks),
-                costs=costs,
-            )
-            if usable and (strategy is Strategy.MAP or chosen is Strategy.MAP):
+            # Without a map the rule has nothing to weigh: the run is read in place.
+            if usable and (
+                strategy is Strategy.MAP
+                or choose_run(
+                    length,
+                    ranks=ranks,
+                    chunk=CHUNK_BYTES,
+                    map_part=CHUNK_BYTES,
+                    threads=budget.threads * max(1, ranks),
+                    costs=costs,
+                )
+                is Strategy.MAP
+            ):
                 jobs.extend(_mapped_runs(name, offset, length, address, owner[2]))
             else:
                 kept.append(extent)
@@ -257,6 +267,7 @@ def make_jobs(
                     mostly_cold,
                     over_read,
                     chunk,
+                    counted,
                 )
             )
     for request in routes.strided:
@@ -273,7 +284,7 @@ def make_jobs(
         jobs.extend(_staged_jobs(request, budget.host_block))
     for request in routes.device:
         jobs.extend(_device_jobs(request, budget))
-    jobs.sort(key=lambda job: (job.name, job.offset))
+    jobs.sort(key=_BY_PLACE)
     return jobs
 
 
@@ -282,23 +293,28 @@ def _direct_jobs(
     extents: list[tuple[int, int, int]],
     scratch: int,
     gap: int,
-    owners: list[tuple[int, int, ReadItem]],
+    owners: list[tuple[int, int, Hashable]],
     mostly_cold: frozenset[str],
     over_read: float | None,
     chunk: int | None,
+    counted: bool,
 ) -> list[Job]:
     cold = name in mostly_cold
     chunk = COLD_CHUNK_BYTES if cold else chunk or CHUNK_BYTES
     reads = coalesce(
         extents, gap=gap, scratch=scratch, chunk=chunk, aligned=cold, over_read=over_read
     )
+    if not counted:
+        return [ScatterRead(name, offset, buffers, []) for offset, buffers in reads]
     by_address = sorted(owners, key=lambda owner: owner[0])
+    starts = [address for address, _, _ in by_address]
     return [
-        ScatterRead(name, offset, buffers, _owned(buffers, by_address)) for offset, buffers in reads
+        ScatterRead(name, offset, buffers, _owned(buffers, by_address, starts))
+        for offset, buffers in reads
     ]
 
 
-def _mapped_runs(name: str, offset: int, length: int, address: int, item: ReadItem) -> list[Job]:
+def _mapped_runs(name: str, offset: int, length: int, address: int, item: Hashable) -> list[Job]:
     """One run copied from a map in parts of at most :data:`CHUNK_BYTES` (threads share them)."""
     jobs: list[Job] = []
     for first in range(0, length, CHUNK_BYTES):
@@ -314,7 +330,7 @@ def _mapped_parts(request: Request) -> list[Job]:
     for offsets, lengths in blocks_within(box, CHUNK_BYTES):
         part = box.sub(offsets, lengths)
         destination = narrow(target, offsets, lengths)
-        parts = [(request.item, part.nbytes)]
+        parts = [(request.key, part.nbytes)]
         jobs.append(MappedPart(request.name, part.span()[0], part, destination, parts))
     return jobs
 
@@ -371,7 +387,7 @@ def _strided_jobs(request: Request, scratch: int, together: bool) -> list[Job]:
     jobs: list[Job] = []
     for first in range(0, starts.numel(), each):
         part = starts[first : first + each]
-        parts = [(request.item, part.numel() * run)]
+        parts = [(request.key, part.numel() * run)]
         jobs.append(
             RunsRead(
                 request.name,
@@ -396,7 +412,7 @@ def _staged_jobs(request: Request, limit: int) -> list[Job]:
     for offsets, lengths in blocks_within(box, limit):
         part = box.sub(offsets, lengths)
         destination = narrow(target, offsets, lengths)
-        parts = [(request.item, part.nbytes)]
+        parts = [(request.key, part.nbytes)]
         jobs.append(
             StagedPart(request.name, part.span()[0], request, part, destination, one_run, parts)
         )
@@ -412,7 +428,7 @@ def _device_jobs(request: Request, budget: Budget) -> list[Job]:
     for offsets, lengths in blocks_within(box, limit):
         part = box.sub(offsets, lengths)
         destination = narrow(request.target, offsets, lengths)
-        parts = [(request.item, part.nbytes)]
+        parts = [(request.key, part.nbytes)]
         jobs.append(DevicePart(request.name, part.span()[0], request, part, destination, parts))
     return jobs
 
@@ -442,11 +458,11 @@ def per_job(pitch: int) -> int:
 
 
 def _owned(
-    buffers: list[tuple[int, int]], owners: list[tuple[int, int, ReadItem]]
-) -> list[tuple[ReadItem, int]]:
+    buffers: list[tuple[int, int]], owners: list[tuple[int, int, Hashable]], starts: list[int]
+) -> list[tuple[Hashable, int]]:
     """Which read item each destination buffer of a coalesced read belongs to, with its
-    bytes (scratch buffers for gaps belong to none); ``owners`` sorted by address."""
-    starts = [address for address, _, _ in owners]
+    bytes (scratch buffers for gaps belong to none); ``owners`` sorted by address,
+    ``starts`` their addresses (made once per file: once per read made it quadratic)."""
     parts = []
     for address, length in buffers:
         index = bisect.bisect_right(starts, address) - 1

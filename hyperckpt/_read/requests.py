@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -27,7 +27,9 @@ class Request:
         dtype: The stored dtype, as torch names it.
         target: The destination (detached), shaped like ``box``.
         fqn: The destination's fully qualified name, for messages.
-        item: The read item (the key of its progress and of its commit).
+        item: The read item (what its commit is told).
+        key: What the progress tracker counts its bytes under: the read item, or the
+            tensor's key for a row of a compact plan.
     """
 
     name: str
@@ -37,15 +39,19 @@ class Request:
     target: torch.Tensor
     fqn: str
     item: ReadItem
+    key: Hashable
 
 
-def resolve(item: ReadItem, info: StorageInfo, planner: LoadPlanner) -> Request:
+def resolve(
+    item: ReadItem, info: StorageInfo, planner: LoadPlanner, key: Hashable = None
+) -> Request:
     """``item`` with the destination ``planner.resolve_tensor`` gives it.
 
     Args:
         item: One read item of the plan.
         info: Where the bytes of the chunk it reads live.
         planner: Gives the destination.
+        key: What progress counts it under; ``None``: the item.
 
     Raises:
         CheckpointError: The item asks for a non-tensor value, or the destination's shape
@@ -71,7 +77,7 @@ def resolve(item: ReadItem, info: StorageInfo, planner: LoadPlanner) -> Request:
         )
     dtype = to_torch_dtype(info.dtype)
     box = Box(info.offset, info.shape, tuple(item.storage_offsets), lengths, dtype.itemsize)
-    return Request(info.file, info, box, dtype, target, fqn, item)
+    return Request(info.file, info, box, dtype, target, fqn, item, item if key is None else key)
 
 
 def spans(requests: Iterable[Request]) -> dict[str, tuple[int, int]]:

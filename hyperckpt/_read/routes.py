@@ -8,14 +8,12 @@ count where the limit cannot give each thread room.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
-
-from torch.distributed.checkpoint.planner import ReadItem
 
 from hyperckpt._read.requests import Request
 
-__all__ = ["MAX_GAP", "MIN_THREAD_STAGING", "Budget", "Routes", "route", "share"]
+__all__ = ["MAX_GAP", "MIN_THREAD_STAGING", "Budget", "Router", "Routes", "route", "share"]
 
 #: Bytes between two ranges that are read and dropped rather than paying a second call.
 MAX_GAP = 16 * 2**10
@@ -33,7 +31,8 @@ class Routes:
     Attributes:
         direct: Per file, ``(file offset, length, address)`` of each one-run request whose
             destination is a contiguous CPU tensor of the stored dtype (read in place).
-        owners: Per file, ``(address, length, read item)`` of the same requests.
+        owners: Per file, ``(address, length, progress key)`` of the same requests (see
+            :attr:`~hyperckpt._read.requests.Request.key`).
         strided: Strided requests bound for a contiguous CPU tensor of the stored dtype
             (column slices: read by a :mod:`~hyperckpt._read.columns` strategy).
         staged: Requests read into a host buffer and copied once (a dtype conversion, a
@@ -43,7 +42,7 @@ class Routes:
     """
 
     direct: dict[str, list[tuple[int, int, int]]]
-    owners: dict[str, list[tuple[int, int, ReadItem]]]
+    owners: dict[str, list[tuple[int, int, Hashable]]]
     strided: list[Request]
     staged: list[Request]
     device: list[Request]
@@ -54,6 +53,84 @@ class Routes:
         """Whether some reads land in place (and need a scratch buffer for their gaps)."""
         return bool(self.direct or self.strided)
 
+    def spans(self) -> dict[str, tuple[int, int]]:
+        """Per file, the half-open byte range (absolute in the file) from the first byte a
+        request needs to the last."""
+        found: dict[str, tuple[int, int]] = {}
+        for name, extents in self.direct.items():
+            low = min(offset for offset, _, _ in extents)
+            found[name] = (low, max(offset + length for offset, length, _ in extents))
+        for request in (*self.strided, *self.staged, *self.device):
+            offset, length = request.box.span()
+            low, high = found.get(request.name, (offset, offset + length))
+            found[request.name] = (min(low, offset), max(high, offset + length))
+        return found
+
+    def needed(self) -> int:
+        """Bytes the requests deliver."""
+        direct = sum(length for extents in self.direct.values() for _, length, _ in extents)
+        others = (*self.strided, *self.staged, *self.device)
+        return direct + sum(request.box.nbytes for request in others)
+
+
+class Router:
+    """Builds :class:`Routes` one request at a time (:func:`route` over a list).
+
+    Args:
+        cuda: Whether CUDA is available (else a CUDA destination is staged, and its copy
+            raises what torch says).
+    """
+
+    __slots__ = ("_cuda", "_device", "_direct", "_owners", "_staged", "_strided", "_widest")
+
+    def __init__(self, *, cuda: bool) -> None:
+        self._cuda = cuda
+        self._direct: dict[str, list[tuple[int, int, int]]] = {}
+        self._owners: dict[str, list[tuple[int, int, Hashable]]] = {}
+        self._staged: list[Request] = []
+        self._strided: list[Request] = []
+        self._device: list[Request] = []
+        self._widest = 0
+
+    def add(self, request: Request) -> None:
+        """Route ``request``; an empty one is dropped."""
+        target, box = request.target, request.box
+        if box.nbytes == 0:
+            return
+        self._widest = max(self._widest, box.span()[1])
+        kind = target.device.type
+        if kind == "cuda" and self._cuda:
+            self._device.append(request)
+        elif not (kind == "cpu" and target.dtype == request.dtype and target.is_contiguous()):
+            self._staged.append(request)
+        elif (extent := box.one_run()) is not None:
+            self.direct(request.name, *extent, target.data_ptr(), request.key)
+        else:
+            self._strided.append(request)
+
+    def direct(self, name: str, offset: int, length: int, address: int, key: Hashable) -> None:
+        """Route one byte range of file ``name`` read in place at ``address`` (``length``
+        bytes, more than none), counted under ``key``."""
+        if length > self._widest:
+            self._widest = length
+        extents = self._direct.get(name)
+        if extents is None:
+            extents = self._direct[name] = []
+            self._owners[name] = []
+        extents.append((offset, length, address))
+        self._owners[name].append((address, length, key))
+
+    def routes(self) -> Routes:
+        """The requests routed so far."""
+        return Routes(
+            self._direct,
+            self._owners,
+            self._strided,
+            self._staged,
+            self._device,
+            self._widest or 1,
+        )
+
 
 def route(requests: Iterable[Request], *, cuda: bool) -> Routes:
     """Sort the requests by the way they are read; empty ones are dropped.
@@ -63,28 +140,10 @@ def route(requests: Iterable[Request], *, cuda: bool) -> Routes:
         cuda: Whether CUDA is available (else a CUDA destination is staged, and its copy
             raises what torch says).
     """
-    direct: dict[str, list[tuple[int, int, int]]] = {}
-    owners: dict[str, list[tuple[int, int, ReadItem]]] = {}
-    staged: list[Request] = []
-    strided: list[Request] = []
-    device: list[Request] = []
-    widest = 0
+    router = Router(cuda=cuda)
     for request in requests:
-        target, box = request.target, request.box
-        if box.nbytes == 0:
-            continue
-        widest = max(widest, box.span()[1])
-        kind = target.device.type
-        if kind == "cuda" and cuda:
-            device.append(request)
-        elif not (kind == "cpu" and target.dtype == request.dtype and target.is_contiguous()):
-            staged.append(request)
-        elif (extent := box.one_run()) is not None:
-            direct.setdefault(request.name, []).append((*extent, target.data_ptr()))
-            owners.setdefault(request.name, []).append((target.data_ptr(), extent[1], request.item))
-        else:
-            strided.append(request)
-    return Routes(direct, owners, strided, staged, device, widest or 1)
+        router.add(request)
+    return router.routes()
 
 
 @dataclass(frozen=True, slots=True)

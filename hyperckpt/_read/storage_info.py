@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["StorageInfo"]
+__all__ = ["StorageInfo", "by_name"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,3 +25,10 @@ class StorageInfo:
     length: int
     dtype: str
     shape: tuple[int, ...]
+
+
+def by_name(storage: Mapping[object, StorageInfo]) -> dict[str, StorageInfo]:
+    """Each tensor's stored chunk by the tensor's key (storage data is keyed by DCP's
+    ``MetadataIndex``): exact for every tensor stored as one chunk, the only ones a compact
+    plan has rows for; a tensor of several chunks keeps one of them."""
+    return {index.fqn: info for index, info in storage.items()}  # type: ignore[attr-defined]

@@ -1,0 +1,153 @@
+"""A plan's read items resolved and routed; the rows of a compact plan without a ``ReadItem`` each.
+
+Under :func:`hyperckpt.load` the planner hands the reader its items as rows (see
+:mod:`hyperckpt._planner.compact`): one (tensor key, cut) per tensor stored whole.  When the
+planner finds destinations as :class:`hyperckpt.LoadPlanner` does and commits nothing
+(:func:`~hyperckpt._planner.load_planner.resolves_in_place`), a row whose destination is a
+contiguous CPU tensor of the stored dtype, shaped as the cut, goes straight to the byte
+range it reads in place: its destination is the state dict's tensor (a DTensor's local
+tensor, which ``resolve_tensor`` returns too), its byte range the cut's first element and
+count, worked out once per cut.  Every other row is made into its item and resolved like
+any item; so is every item of a plain ``dcp.load``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, TypeGuard, cast
+
+import torch
+from torch.distributed.checkpoint.metadata import MetadataIndex
+from torch.distributed.checkpoint.planner import LoadPlanner, ReadItem
+from torch.distributed.tensor import DTensor
+
+from hyperckpt._planner.compact import CompactItems
+from hyperckpt._planner.load_planner import resolves_in_place
+from hyperckpt._read.boxes import Box
+from hyperckpt._read.dtypes import to_torch_dtype
+from hyperckpt._read.requests import Request, resolve
+from hyperckpt._read.routes import Router, Routes
+from hyperckpt._read.storage_info import StorageInfo, by_name
+
+if TYPE_CHECKING:
+    from hyperckpt._planner.local_items import _Cut
+
+__all__ = ["reads_rows", "routed", "row_chunks"]
+
+#: Rows per stored chunk below which a plan's rows look their chunks up one by one rather
+#: than by a table of every chunk (an EP rank of DeepSeek-V3 has 2k rows of 92k chunks).
+_FEW_ROWS = 1 / 8
+
+
+def row_chunks(
+    items: CompactItems, storage: Mapping[object, StorageInfo]
+) -> dict[str, StorageInfo]:
+    """The stored chunk of each row's tensor by the tensor's key: looked up row by row
+    when the rows are few against the chunks, else :func:`by_name` of every chunk (one
+    dictionary pass, ~0.02 s for 92k chunks; each row's own lookup costs ~10 times a
+    chunk's pass)."""
+    if items.rows() >= _FEW_ROWS * len(storage):
+        return by_name(storage)
+    found: dict[str, StorageInfo] = {}
+    for key, cut in items.entries():
+        if key is not None:
+            found[key] = storage[MetadataIndex(key, cut.dest_offsets)]
+    return found
+
+
+#: Exact types whose destination ``LoadPlanner.lookup_tensor`` returns as they are.
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def reads_rows(items: Sequence[ReadItem], planner: LoadPlanner) -> TypeGuard[CompactItems]:
+    """Whether :func:`routed` reads ``items`` as rows: a compact plan with rows not yet
+    made into items, of a planner that :func:`resolves_in_place`.  Its reads are then
+    counted under each row's tensor key (see :attr:`Request.key`), else under each item."""
+    return isinstance(items, CompactItems) and items.rows() > 0 and resolves_in_place(planner)
+
+
+def routed(
+    items: Sequence[ReadItem],
+    storage: Mapping[object, StorageInfo],
+    planner: LoadPlanner,
+    *,
+    cuda: bool,
+    names: Mapping[str, StorageInfo] | None = None,
+) -> tuple[Routes, list[Request]]:
+    """Resolve and route a plan's items, in plan order.
+
+    Args:
+        items: The plan's items, or its compact rows.
+        storage: The metadata's storage data (where each chunk's bytes live).
+        planner: Gives the destinations, and is told each commit.
+        cuda: Whether CUDA is available.
+        names: :func:`row_chunks` of the plan when the caller keeps it; made here when
+            the plan has rows and it is not given.
+
+    Returns:
+        The routes, and the requests whose items must be committed (a row read in place
+        has none: its planner's commit does nothing).
+
+    Raises:
+        CheckpointError: As :func:`~hyperckpt._read.requests.resolve`.
+    """
+    router = Router(cuda=cuda)
+    committed: list[Request] = []
+    if not reads_rows(items, planner):
+        for item in items:
+            request = resolve(item, storage[item.storage_index], planner)
+            router.add(request)
+            committed.append(request)
+        return router.routes(), committed
+    names = row_chunks(items, storage) if names is None else names
+    state = planner.state_dict  # type: ignore[attr-defined]
+    direct = router.direct
+    # Per cut: the chunk shape it was cut from, and the first element and count of its
+    # one byte run (None: strided); per stored dtype code: the torch dtype.
+    runs: dict[_Cut, tuple[tuple[int, ...], tuple[int, int] | None]] = {}
+    dtypes: dict[str, torch.dtype] = {}
+    cut: _Cut
+    for key, cut in items.entries():  # type: ignore[assignment]  # (None, ReadItem) below
+        if key is None:
+            item = cast(ReadItem, cut)
+            request = resolve(item, storage[item.storage_index], planner)
+            router.add(request)
+            committed.append(request)
+            continue
+        info = names[key]
+        run = runs.get(cut)  # a cut hashes by identity
+        if run is None:
+            run = runs[cut] = (
+                info.shape,
+                Box(0, info.shape, cut.box.offsets, cut.lengths, 1).one_run(),  # type: ignore[arg-type]
+            )
+        dtype = dtypes.get(info.dtype)
+        if dtype is None:
+            dtype = dtypes[info.dtype] = to_torch_dtype(info.dtype)
+        value = state.get(key)
+        kind = type(value)
+        local = value._local_tensor if kind is DTensor else value if kind in _PLAIN else None
+        extent = run[1]
+        if (
+            extent is not None
+            and info.shape == run[0]
+            and type(local) in _PLAIN
+            and local.shape == cut.lengths  # type: ignore[union-attr]
+            and local.dtype is dtype  # type: ignore[union-attr]
+            and local.is_cpu  # type: ignore[union-attr]
+            and local.is_contiguous()  # type: ignore[union-attr]
+        ):
+            if extent[1]:
+                itemsize = dtype.itemsize
+                direct(
+                    info.file,
+                    info.offset + extent[0] * itemsize,
+                    extent[1] * itemsize,
+                    local.data_ptr(),  # type: ignore[union-attr]
+                    key,
+                )
+            continue
+        request = resolve(cut.item(key, cut.dest_offsets), info, planner, key)
+        router.add(request)
+        committed.append(request)
+    return router.routes(), committed
