@@ -33,6 +33,7 @@ import numpy as np
 
 from hyperckpt._exchange.costs import STRATEGIES, CostModel, StrategyCost, host_numbers, timing
 from hyperckpt._exchange.overlaps import Coverage, Stripes, most_from_one
+from hyperckpt._exchange.packed import packed_order
 from hyperckpt._exchange.requests import Requests
 from hyperckpt._exchange.schedule import rounds_of
 from hyperckpt._exchange.strategy import Strategy, shared_slices_of
@@ -290,18 +291,17 @@ def _striped_routes(
     chunk, first, stop = r.chunk[wanted], r.first[wanted], r.stop[wanted]
     rank, rows_bytes = r.rank[wanted], box_row[wanted]
     # The union of the requested rows per chunk (touching ranges merge), as the planner does.
-    order = np.lexsort((stop, first, chunk))
+    order = packed_order((chunk, first, stop))
     c, f, s = chunk[order], first[order], stop[order]
     span = int(r.chunk_rows.max(initial=0)) + 2
     reach = np.maximum.accumulate(c * span + s) - c * span  # running max of stop per chunk
     begins = np.ones(len(c), dtype=bool)
     if len(c):
         begins[1:] = (c[1:] != c[:-1]) | (f[1:] > reach[:-1])
-    group = np.cumsum(begins) - 1
     ext_chunk = c[begins]
     ext_first = f[begins]
-    ext_stop = np.zeros(len(ext_chunk), np.int64)
-    np.maximum.at(ext_stop, group, s)
+    # Each extent's requests are one run of the sorted requests.
+    ext_stop = np.maximum.reduceat(s, np.flatnonzero(begins)) if len(s) else s
     offsets = r.chunk_offset[ext_chunk] + ext_first * row_bytes[ext_chunk]
     file_order = np.lexsort((ext_first, ext_chunk, offsets, r.chunk_file[ext_chunk]))
     ext_chunk, ext_first, ext_stop = (

@@ -22,6 +22,7 @@ from numpy.typing import NDArray
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import ReadItem
 
+from hyperckpt._exchange.packed import packed_keys
 from hyperckpt._exchange.requests import KeyTable, Requests, chunk_facts, request_cost
 from hyperckpt._exchange.stripe_plan import chunk_table, narrowest_ints
 from hyperckpt._planner.compact import CompactItems, request_of
@@ -212,7 +213,7 @@ def _first_seen_ids(columns: Sequence[Ints]) -> Ints:
     count = len(columns[0]) if len(columns) else 0
     if not count:
         return np.zeros(0, np.int64)
-    keys = _packed(columns, count)
+    keys = packed_keys(columns, count)
     if len(keys) == 1:
         # The usual case, one packed key: np.unique's stable sort (it sorts stably when
         # asked for indices) gives each distinct value's first row; no rows x columns copy.
@@ -235,30 +236,6 @@ def _first_seen_ids(columns: Sequence[Ints]) -> Ints:
     ids = np.empty(count, np.int64)
     ids[order] = number[first][group]
     return ids
-
-
-def _packed(columns: Sequence[Ints], count: int) -> list[Ints]:
-    """The ``count``-long ``columns`` packed into as few int64 keys as hold them, in column
-    order (keys compare as the rows do); constant columns are left out."""
-    keys: list[Ints] = []
-    key: Ints | None = None
-    bits = 0
-    for column in columns:
-        low, high = int(column.min()), int(column.max())
-        if low == high:
-            continue
-        width = (high - low).bit_length()
-        shifted = column - low
-        if key is None or bits + width > 62:
-            if key is not None:
-                keys.append(key)
-            key, bits = shifted, width
-        else:
-            key = (key << width) | shifted
-            bits += width
-    if key is not None:
-        keys.append(key)
-    return keys or [np.zeros(count, np.int64)]
 
 
 def _join(parts: Sequence[NDArray[np.signedinteger]]) -> Ints:

@@ -23,6 +23,7 @@ import numpy as np
 from numpy.typing import NDArray
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
+from hyperckpt._exchange.packed import packed_order
 from hyperckpt._exchange.requests import KeyTable, RawKey, Requests
 from hyperckpt._exchange.schedule import ALIGN, ItemKey, item_key
 from hyperckpt._exchange.stripes import (
@@ -405,10 +406,9 @@ def plan_stripe_arrays(
     begins = np.ones(len(r_chunk), dtype=bool)
     if len(r_chunk):
         begins[1:] = (r_chunk[1:] != r_chunk[:-1]) | (r_first[1:] > reach[:-1])
-    group = np.cumsum(begins) - 1
     ext_chunk, ext_first = r_chunk[begins], r_first[begins]
-    ext_stop = np.zeros(len(ext_chunk), np.int64)
-    np.maximum.at(ext_stop, group, r_stop)
+    # Each extent's requests are one run of the sorted requests.
+    ext_stop = np.maximum.reduceat(r_stop, np.flatnonzero(begins)) if len(r_stop) else r_stop
     row_bytes = c.chunk_row_bytes
     offsets = c.chunk_offset[ext_chunk] + ext_first * row_bytes[ext_chunk]
     in_file = np.lexsort((ext_first, ext_chunk, offsets, c.chunk_file[ext_chunk]))
@@ -461,7 +461,7 @@ def plan_stripe_arrays(
     ordinal[by_reader] = ramps(np.bincount(p_reader, minlength=world))
     # Slots: boxes by (round, source, receiver), then placement and request order.
     b_round, b_source = p_round[b_part], p_reader[b_part]
-    order = np.lexsort((np.arange(len(b_part)), where[b_part], b_receiver, b_source, b_round))
+    order = packed_order((b_round, b_source, b_receiver, where[b_part]))  # stable: request order
     b_round, b_source, b_receiver = b_round[order], b_source[order], b_receiver[order]
     b_part, b_req, b_a, b_b, b_bytes = (
         b_part[order],
@@ -534,7 +534,7 @@ def _sorted_requests(
     order of each chunk's requests (its tuples compared the ``item_key`` last)."""
     chunk, first, stop = c.chunk[wanted], c.first[wanted], c.stop[wanted]
     rank, key, row = c.rank[wanted], c.key[wanted], c.box_row[wanted]
-    order = np.lexsort((key, rank, stop, first, chunk))
+    order = packed_order((chunk, first, stop, rank, key))
     chunk, first, stop, rank, key, row = (
         chunk[order],
         first[order],
