@@ -36,7 +36,7 @@ def packed_keys(columns: Sequence[NDArray[np.integer]], count: int) -> list[Ints
         if low == high:
             continue
         width = (high - low).bit_length()
-        shifted = column.astype(np.int64) - low
+        shifted = np.subtract(column, low, dtype=np.int64)
         if key is None or bits + width > _KEY_BITS:
             if key is not None:
                 keys.append(key)

@@ -117,13 +117,19 @@ def replicated_floor(requests: Requests, hosts: Sequence[str], model: CostModel)
     names, numbers = host_numbers(hosts)
     host_of = np.asarray(numbers, dtype=np.int64).reshape(-1)
     on = host_of[r.rank]
-    low = np.full(r.keys, len(names), np.int64)
-    high = np.full(r.keys, -1, np.int64)
-    np.minimum.at(low, r.key, on)
-    np.maximum.at(high, r.key, on)
-    size = np.zeros(r.keys, np.int64)
-    size[r.key] = r.nbytes
-    alone = (low == high) & (high >= 0) & (size > 0)
+    if r.keys == len(r.rank):
+        # Every byte range asked once (FSDP): each is its asking host's alone; no per-key
+        # minimum and maximum over millions of scattered keys.
+        alone = r.nbytes > 0
+        low, size = on, r.nbytes
+    else:
+        low = np.full(r.keys, len(names), np.int64)
+        high = np.full(r.keys, -1, np.int64)
+        np.minimum.at(low, r.key, on)
+        np.maximum.at(high, r.key, on)
+        size = np.zeros(r.keys, np.int64)
+        size[r.key] = r.nbytes
+        alone = (low == high) & (high >= 0) & (size > 0)
     only = np.bincount(low[alone], weights=size[alone], minlength=len(names))
     # Each such byte range costs its host one read call at least (a shared slice one, an
     # unshared request its calls, one or more when it has bytes).
@@ -288,8 +294,11 @@ def _striped_routes(
     row_bytes = r.chunk_row_bytes
     box_row = np.where(r.stop > r.first, r.nbytes // np.maximum(1, r.stop - r.first), 0)
     wanted = (r.stop > r.first) & (box_row > 0)
-    chunk, first, stop = r.chunk[wanted], r.first[wanted], r.stop[wanted]
-    rank, rows_bytes = r.rank[wanted], box_row[wanted]
+    if wanted.all():  # the usual case: no copies of the columns
+        chunk, first, stop, rank, rows_bytes = r.chunk, r.first, r.stop, r.rank, box_row
+    else:
+        chunk, first, stop = r.chunk[wanted], r.first[wanted], r.stop[wanted]
+        rank, rows_bytes = r.rank[wanted], box_row[wanted]
     # The union of the requested rows per chunk (touching ranges merge), as the planner does.
     order = packed_order((chunk, first, stop))
     c, f, s = chunk[order], first[order], stop[order]

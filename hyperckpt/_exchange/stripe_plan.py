@@ -23,7 +23,7 @@ import numpy as np
 from numpy.typing import NDArray
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
-from hyperckpt._exchange.packed import packed_order
+from hyperckpt._exchange.packed import packed_keys, packed_order
 from hyperckpt._exchange.requests import KeyTable, RawKey, Requests
 from hyperckpt._exchange.schedule import ALIGN, ItemKey, item_key
 from hyperckpt._exchange.stripes import (
@@ -443,13 +443,21 @@ def plan_stripe_arrays(
     low = np.searchsorted(g_reach, g_first, side="right")
     high = np.searchsorted(g_begin, g_stop, side="left")
     width = np.maximum(0, high - low)
+    # (Temporaries are made in place where they can be: each is a fresh, faulted-in
+    # allocation as long as the boxes at 8,192 ranks.)
     b_part = np.repeat(np.arange(len(p_first)), width)
-    b_req = np.repeat(low, width) + ramps(width)
-    b_a = np.maximum(g_begin[b_req], g_first[b_part])
-    b_b = np.minimum(g_end[b_req], g_stop[b_part])
+    b_req = np.repeat(low - (np.cumsum(width) - width), width)
+    b_req += np.arange(len(b_req))
+    b_a = g_begin[b_req]
+    np.maximum(b_a, np.repeat(g_first, width), out=b_a)
+    b_b = g_end[b_req]
+    np.minimum(b_b, np.repeat(g_stop, width), out=b_b)
     inside = b_a < b_b
-    b_part, b_req, b_a, b_b = b_part[inside], b_req[inside], b_a[inside], b_b[inside]
-    b_bytes = (b_b - b_a) * r_row[b_req]
+    if not inside.all():
+        b_part, b_req, b_a, b_b = b_part[inside], b_req[inside], b_a[inside], b_b[inside]
+    del inside
+    b_bytes = b_b - b_a
+    b_bytes *= r_row[b_req]
     b_receiver = r_rank[b_req]
     p_bytes = (p_stop - p_first) * row_bytes[p_chunk]
     p_round, placed = _place(p_reader, p_bytes, b_part, b_receiver, b_bytes, world, round_bytes)
@@ -460,23 +468,16 @@ def plan_stripe_arrays(
     by_reader = np.lexsort((where, p_reader))
     ordinal[by_reader] = ramps(np.bincount(p_reader, minlength=world))
     # Slots: boxes by (round, source, receiver), then placement and request order.
-    b_round, b_source = p_round[b_part], p_reader[b_part]
-    order = packed_order((b_round, b_source, b_receiver, where[b_part]))  # stable: request order
-    b_round, b_source, b_receiver = b_round[order], b_source[order], b_receiver[order]
-    b_part, b_req, b_a, b_b, b_bytes = (
-        b_part[order],
-        b_req[order],
-        b_a[order],
-        b_b[order],
-        b_bytes[order],
-    )
+    # (A part's round and reader are one number, the reader's message group.)
+    p_group = p_round * world + p_reader
+    order = packed_order((p_group[b_part], b_receiver, where[b_part]))  # stable: request order
+    b_part, b_receiver = b_part[order], b_receiver[order]
+    b_req, b_a, b_b, b_bytes = b_req[order], b_a[order], b_b[order], b_bytes[order]
+    b_group = p_group[b_part]
     starts = np.ones(len(order), dtype=bool)
     if len(order):
-        starts[1:] = (
-            (b_round[1:] != b_round[:-1])
-            | (b_source[1:] != b_source[:-1])
-            | (b_receiver[1:] != b_receiver[:-1])
-        )
+        starts[1:] = (b_group[1:] != b_group[:-1]) | (b_receiver[1:] != b_receiver[:-1])
+    del b_group
     message = np.cumsum(starts) - 1
     aligned = -(-b_bytes // ALIGN) * ALIGN
     total = np.cumsum(aligned)
@@ -501,8 +502,8 @@ def plan_stripe_arrays(
         slot_stop=b_b - chunk_base,
         slot_offset=slot_offset,
         slot_nbytes=b_bytes,
-        message_round=b_round[first_of],
-        message_source=b_source[first_of],
+        message_round=p_round[b_part[first_of]],
+        message_source=p_reader[b_part[first_of]],
         message_receiver=b_receiver[first_of],
         message_start=first_of.astype(np.int64),
         message_nbytes=message_nbytes.astype(np.int64),
@@ -532,26 +533,33 @@ def _sorted_requests(
 ) -> tuple[Ints, Ints, Ints, Ints, Ints, Ints]:
     """The wanted requests sorted by (chunk, first, stop, rank, request): the old planner's
     order of each chunk's requests (its tuples compared the ``item_key`` last)."""
-    chunk, first, stop = c.chunk[wanted], c.first[wanted], c.stop[wanted]
-    rank, key, row = c.rank[wanted], c.key[wanted], c.box_row[wanted]
-    order = packed_order((chunk, first, stop, rank, key))
-    chunk, first, stop, rank, key, row = (
-        chunk[order],
-        first[order],
-        stop[order],
-        rank[order],
-        key[order],
-        row[order],
-    )
+    # Each column is gathered once, in sorted order (at 8,192 ranks every 4.6M-long
+    # temporary is fresh memory the kernel has to fault in).
+    take = None if wanted.all() else np.flatnonzero(wanted)
+    columns = [c.chunk, c.first, c.stop, c.rank, c.key]
+    if take is not None:
+        columns = [column[take] for column in columns]
+    rows = packed_keys(columns[:4], len(columns[0]))
+    local = np.lexsort((columns[4], *rows[::-1]))
+    del columns
+    order = local if take is None else take[local]
+    chunk, first, stop = c.chunk[order], c.first[order], c.stop[order]
+    rank, key, row = c.rank[order], c.key[order], c.box_row[order]
     if len(chunk) > 1:
         # Requests of one rank for the same rows of a chunk but other columns: order them
         # by their item_key tuples (rare: a loop over those runs only).
-        tie = (
-            (chunk[1:] == chunk[:-1])
-            & (first[1:] == first[:-1])
-            & (stop[1:] == stop[:-1])
-            & (rank[1:] == rank[:-1])
-        )
+        if len(rows) == 1:
+            same = rows[0][local]
+            tie = same[1:] == same[:-1]
+            del same
+        else:
+            tie = (
+                (chunk[1:] == chunk[:-1])
+                & (first[1:] == first[:-1])
+                & (stop[1:] == stop[:-1])
+                & (rank[1:] == rank[:-1])
+            )
+        del rows
         if (tie & (key[1:] != key[:-1])).any():
             run_start = np.flatnonzero(np.diff(np.concatenate(([0], tie.astype(np.int8)))) == 1)
             run_stop = np.flatnonzero(np.diff(np.concatenate((tie.astype(np.int8), [0]))) == -1)

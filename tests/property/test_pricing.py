@@ -198,3 +198,34 @@ def test_pricing_counts_the_boxes_the_stripe_planner_routes(
             pytest.raises(StripesTooLarge),
         ):
             plan_stripe_arrays(columns, round_bytes=round_bytes)
+
+
+@given(_layouts(), st.sampled_from([0.0, 0.05, 1.0]))
+def test_the_replicated_floor_counts_the_byte_ranges_only_one_host_asks_for(
+    layout: tuple[list[LoadPlan], list[str]], latency: float
+) -> None:
+    """The floor from a walk over the keys, whether every key is asked once (FSDP, the
+    floor's shortcut) or some are asked by several ranks."""
+    plans, hosts = layout
+    model = CostModel(storage_gbps=1e-6, interconnect_gbps=5e-6, read_latency_ms=latency)
+    requests = requests_of(plans, _storage)
+    askers: dict[int, set[str]] = {}
+    size: dict[int, int] = {}
+    for rank, key, nbytes in zip(
+        requests.rank.tolist(), requests.key.tolist(), requests.nbytes.tolist(), strict=True
+    ):
+        askers.setdefault(key, set()).add(hosts[rank])
+        size[key] = nbytes
+    only = {host: 0 for host in hosts}
+    calls = {host: 0 for host in hosts}
+    for key, where in askers.items():
+        if len(where) == 1 and size[key] > 0:
+            (host,) = where
+            only[host] += size[key]
+            calls[host] += 1
+    expected = max(
+        only[h] / (model.storage_gbps * 1e9)
+        + calls[h] * model.read_latency_ms / 1e3 / max(1, model.reads_in_flight)
+        for h in only
+    )
+    assert replicated_floor(requests, hosts, model) == pytest.approx(expected, rel=1e-12)
