@@ -438,55 +438,87 @@ def plan_stripe_arrays(
     limit = ROUTED_BASE + ROUTED_PER_ITEM * c.items
     if routed > limit:
         raise StripesTooLarge(routed, limit, world)
-    # Every request's rows within every part: boxes by part, then request order.
+    # Every request's rows within every part (a box), made a block of parts at a time:
+    # a temporary as long as all the boxes (4.6M at 8,192 ranks) is memory the kernel
+    # faults in afresh each time, one of a block's stays in the allocator and the caches.
     g_reach = np.maximum.accumulate(g_end) if len(g_end) else g_end
     low = np.searchsorted(g_reach, g_first, side="right")
     high = np.searchsorted(g_begin, g_stop, side="left")
     width = np.maximum(0, high - low)
-    # (Temporaries are made in place where they can be: each is a fresh, faulted-in
-    # allocation as long as the boxes at 8,192 ranks.)
-    b_part = np.repeat(np.arange(len(p_first)), width)
-    b_req = np.repeat(low - (np.cumsum(width) - width), width)
-    b_req += np.arange(len(b_req))
-    b_a = g_begin[b_req]
-    np.maximum(b_a, np.repeat(g_first, width), out=b_a)
-    b_b = g_end[b_req]
-    np.minimum(b_b, np.repeat(g_stop, width), out=b_b)
-    inside = b_a < b_b
-    if not inside.all():
-        b_part, b_req, b_a, b_b = b_part[inside], b_req[inside], b_a[inside], b_b[inside]
-    del inside
-    b_bytes = b_b - b_a
-    b_bytes *= r_row[b_req]
-    b_receiver = r_rank[b_req]
+    boxes = _Boxes(low, width, g_begin, g_end, g_first, g_stop, r_row, r_rank)
+    # Bytes each part sends each other rank, as (part, receiver) pairs sorted by pair.
+    pairs = [
+        boxes.sent(np.arange(first, stop, dtype=np.int64), p_reader, world)
+        for first, stop in _blocks(width, np.arange(len(width)))
+    ]
+    pair = _join([p for p, _ in pairs])
+    sizes = _join([s for _, s in pairs])
+    del pairs
     p_bytes = (p_stop - p_first) * row_bytes[p_chunk]
-    p_round, placed = _place(p_reader, p_bytes, b_part, b_receiver, b_bytes, world, round_bytes)
+    p_round, placed = _place(p_reader, p_bytes, pair, sizes, world, round_bytes)
+    del pair, sizes
     # Parts in placement order, and each part's ordinal among its reader's parts.
     where = np.empty(len(placed), np.int64)
     where[placed] = np.arange(len(placed))
     ordinal = np.empty(len(placed), np.int64)
     by_reader = np.lexsort((where, p_reader))
     ordinal[by_reader] = ramps(np.bincount(p_reader, minlength=world))
-    # Slots: boxes by (round, source, receiver), then placement and request order.
-    # (A part's round and reader are one number, the reader's message group.)
+    # Slots: boxes by (round, source, receiver), then placement and request order.  A
+    # part's round and reader are one number, its message group; placement order is
+    # round by round, readers ascending, so the groups come in order along it and a
+    # block of whole groups sorts alone.
     p_group = p_round * world + p_reader
-    order = packed_order((p_group[b_part], b_receiver, where[b_part]))  # stable: request order
-    b_part, b_receiver = b_part[order], b_receiver[order]
-    b_req, b_a, b_b, b_bytes = b_req[order], b_a[order], b_b[order], b_bytes[order]
-    b_group = p_group[b_part]
-    starts = np.ones(len(order), dtype=bool)
-    if len(order):
+    in_order = p_group[placed]
+    group_starts = np.flatnonzero(np.concatenate(([True], in_order[1:] != in_order[:-1])))
+    slots: list[tuple[Ints, ...]] = []
+    messages: list[tuple[Ints, ...]] = []
+    done = 0
+    for first, stop in _blocks(width[placed], group_starts):
+        b_part, b_req, b_a, b_b = boxes.made(placed[first:stop])
+        b_receiver = r_rank[b_req]
+        b_group = p_group[b_part]
+        order = packed_order((b_group, b_receiver))  # stable: placement, request order
+        b_part, b_req, b_a, b_b = b_part[order], b_req[order], b_a[order], b_b[order]
+        b_receiver, b_group = b_receiver[order], b_group[order]
+        b_bytes = (b_b - b_a) * r_row[b_req]
+        starts = np.ones(len(order), dtype=bool)
         starts[1:] = (b_group[1:] != b_group[:-1]) | (b_receiver[1:] != b_receiver[:-1])
-    del b_group
-    message = np.cumsum(starts) - 1
-    aligned = -(-b_bytes // ALIGN) * ALIGN
-    total = np.cumsum(aligned)
-    first_of = np.flatnonzero(starts)
-    before = (total - aligned)[first_of]
-    slot_offset = total - aligned - before[message]
-    last = np.append(first_of[1:], len(order)) - 1
-    message_nbytes = slot_offset[last] + b_bytes[last] if len(order) else np.zeros(0, np.int64)
-    chunk_base = base[r_chunk[b_req]]
+        message = np.cumsum(starts) - 1
+        aligned = -(-b_bytes // ALIGN) * ALIGN
+        total = np.cumsum(aligned) - aligned
+        first_of = np.flatnonzero(starts)
+        slot_offset = total - total[first_of][message]
+        if not len(order):  # (every part meets a request; kept for safety)
+            continue
+        last = np.append(first_of[1:], len(order)) - 1
+        chunk_base = base[r_chunk[b_req]]
+        slots.append(
+            (
+                r_key[b_req],
+                ordinal[b_part],
+                b_a - chunk_base,
+                b_b - chunk_base,
+                slot_offset,
+                b_bytes,
+            )
+        )
+        messages.append(
+            (
+                p_round[b_part[first_of]],
+                p_reader[b_part[first_of]],
+                b_receiver[first_of],
+                first_of + done,
+                slot_offset[last] + b_bytes[last],
+            )
+        )
+        done += len(order)
+    slot_key, slot_part, slot_first, slot_stop, slot_offset, slot_nbytes = (
+        _join([block[column] for block in slots]) for column in range(6)
+    )
+    del slots
+    m_round, m_source, m_receiver, m_start, m_nbytes = (
+        _join([block[column] for block in messages]) for column in range(5)
+    )
     return StripePlan(
         world=world,
         rounds=int(p_round.max(initial=-1)) + 1,
@@ -496,19 +528,95 @@ def plan_stripe_arrays(
         part_first=p_first[placed],
         part_stop=p_stop[placed],
         part_ordinal=ordinal[placed],
-        slot_key=r_key[b_req],
-        slot_part=ordinal[b_part],
-        slot_first=b_a - chunk_base,
-        slot_stop=b_b - chunk_base,
+        slot_key=slot_key,
+        slot_part=slot_part,
+        slot_first=slot_first,
+        slot_stop=slot_stop,
         slot_offset=slot_offset,
-        slot_nbytes=b_bytes,
-        message_round=p_round[b_part[first_of]],
-        message_source=p_reader[b_part[first_of]],
-        message_receiver=b_receiver[first_of],
-        message_start=first_of.astype(np.int64),
-        message_nbytes=message_nbytes.astype(np.int64),
+        slot_nbytes=slot_nbytes,
+        message_round=m_round,
+        message_source=m_source,
+        message_receiver=m_receiver,
+        message_start=m_start,
+        message_nbytes=m_nbytes,
         columns=columns,
     )
+
+
+#: Boxes made at once (an upper bound per block, unless one group of parts has more).
+BLOCK_BOXES = 1 << 19
+
+
+def _blocks(width: Ints, cuts: Ints) -> list[tuple[int, int]]:
+    """Consecutive ranges of the parts whose boxes (``width`` each, in this order) add up
+    to about :data:`BLOCK_BOXES`, cut only at ``cuts`` (ascending part positions, 0 first)."""
+    if not len(width):
+        return []
+    before = np.concatenate(([0], np.cumsum(width)))[cuts].tolist()
+    edges = cuts.tolist()
+    out: list[tuple[int, int]] = []
+    first, begun = 0, 0
+    for edge, boxes in zip(edges[1:], before[1:], strict=True):
+        if boxes - begun >= BLOCK_BOXES:
+            out.append((first, edge))
+            first, begun = edge, boxes
+    out.append((first, len(width)))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Boxes:
+    """Makes the boxes of given parts: each request's rows within the part, for the
+    requests from ``low`` on (``width`` of them) that the part meets, in request order.
+
+    Row positions are global (chunk after chunk); ``g_begin``/``g_end`` are the sorted
+    requests', ``g_first``/``g_stop`` the parts'.
+    """
+
+    low: Ints
+    width: Ints
+    g_begin: Ints
+    g_end: Ints
+    g_first: Ints
+    g_stop: Ints
+    row: Ints
+    rank: Ints
+
+    def made(self, parts: Ints) -> tuple[Ints, Ints, Ints, Ints]:
+        """Each box's part, request, first and stop row (global), part after part."""
+        width = self.width[parts]
+        b_part = np.repeat(parts, width)
+        b_req = np.repeat(self.low[parts] - (np.cumsum(width) - width), width)
+        b_req += np.arange(len(b_req))
+        b_a = np.maximum(self.g_begin[b_req], np.repeat(self.g_first[parts], width))
+        b_b = np.minimum(self.g_end[b_req], np.repeat(self.g_stop[parts], width))
+        inside = b_a < b_b
+        if inside.all():
+            return b_part, b_req, b_a, b_b
+        return b_part[inside], b_req[inside], b_a[inside], b_b[inside]
+
+    def sent(self, parts: Ints, reader: Ints, world: int) -> tuple[Ints, Ints]:
+        """The (part x world + receiver) pairs, ascending, and their bytes, of the boxes
+        of ``parts`` (ascending) whose receiver is not the part's reader."""
+        b_part, b_req, b_a, b_b = self.made(parts)
+        receiver = self.rank[b_req]
+        moved = receiver != reader[b_part]
+        pair = b_part[moved] * world + receiver[moved]
+        nbytes = ((b_b - b_a) * self.row[b_req])[moved]
+        if len(pair) and bool((pair[1:] >= pair[:-1]).all()):
+            # The usual case (FSDP): a part's receivers come in rank order, so equal pairs
+            # are runs; summed per run without np.unique's sort.
+            first = np.flatnonzero(np.concatenate(([True], pair[1:] != pair[:-1])))
+            return pair[first], np.add.reduceat(nbytes, first)
+        unique, inverse = np.unique(pair, return_inverse=True)
+        summed = np.bincount(inverse.reshape(-1), weights=nbytes, minlength=len(unique))
+        return unique, summed.astype(np.int64)
+
+
+def _join(parts: Sequence[Ints]) -> Ints:
+    if not parts:
+        return np.zeros(0, np.int64)
+    return np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
 
 
 def part_rows(delivered: int, needed: int, round_bytes: int, stripe_row_bytes: Ints) -> Ints:
@@ -631,9 +739,8 @@ def cut_stripes(
 def _place(
     reader: Ints,
     nbytes: Ints,
-    box_part: Ints,
-    box_receiver: Ints,
-    box_bytes: Ints,
+    unique: Ints,
+    sizes: Ints,
     world: int,
     round_bytes: int,
 ) -> tuple[Ints, Ints]:
@@ -641,26 +748,19 @@ def _place(
     reads and every receiver's receipts stay within ``round_bytes`` (a part alone always
     fits an empty round).
 
+    Args:
+        reader: Each part's reader.
+        nbytes: Each part's bytes.
+        unique: The (part x world + receiver) pairs of the bytes each part sends another
+            rank, ascending.
+        sizes: Those bytes, by pair.
+        world: Ranks in the load.
+        round_bytes: The round budget.
+
     Returns:
         Each part's round, and the parts in placement order.
     """
     parts = len(reader)
-    # Bytes each part sends each other rank: (part, receiver) pairs, sorted by part.
-    moved = box_receiver != reader[box_part]
-    pair = box_part[moved]
-    pair *= world
-    pair += box_receiver[moved]
-    moved_bytes = box_bytes[moved]
-    del moved
-    if len(pair) and bool((pair[1:] >= pair[:-1]).all()):
-        # The usual case (FSDP): a part's receivers come in rank order, so equal pairs are
-        # runs; summed per run without np.unique's sort of every box.
-        first = np.flatnonzero(np.concatenate(([True], pair[1:] != pair[:-1])))
-        unique, sizes = pair[first], np.add.reduceat(moved_bytes, first)
-    else:
-        unique, inverse = np.unique(pair, return_inverse=True)
-        sizes = np.bincount(inverse.reshape(-1), weights=moved_bytes).astype(np.int64)
-    del pair, moved_bytes
     receivers = unique % world
     edges = np.searchsorted(unique // world, np.arange(parts + 1))
     queues: dict[int, list[int]] = {}
