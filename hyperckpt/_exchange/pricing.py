@@ -226,6 +226,10 @@ def _off(r: Requests, host_of: Ints, hosts: int) -> _Figures:
 
 def _host_union(r: Requests, host_of: Ints, hosts: int, mask: np.ndarray) -> Ints:
     """Bytes of the distinct byte ranges each host's ranks ask for, among ``mask``."""
+    if r.keys == len(r.rank):
+        # Every byte range asked once (FSDP): each is distinct, no np.unique over them all.
+        nbytes = np.bincount(host_of[r.rank[mask]], weights=r.nbytes[mask], minlength=hosts)
+        return nbytes.astype(np.int64)
     pairs = host_of[r.rank[mask]] * max(1, r.keys) + r.key[mask]
     unique, where = np.unique(pairs, return_index=True)
     sizes = r.nbytes[mask][where]
@@ -415,29 +419,34 @@ def _taken(
     """Bytes all boxes take from each stripe, and the boxes the stripe planner routes: one
     per (box, part) pair, a stripe's parts being runs of ``step`` rows from its first.
     Identical boxes (replicas: under HSDP, every host's copy) weigh together."""
-    if r.keys == len(r.rank):  # every box asked once (FSDP): nothing to weigh together
-        copies = np.ones(len(a), np.int64)
-    else:
+    copies: Ints | None = None  # every box asked once (FSDP): nothing to weigh together
+    if r.keys != len(r.rank):
         count = np.bincount(r.key[wanted], minlength=r.keys)
         one = np.zeros(r.keys, np.int64)
         one[r.key[wanted][::-1]] = np.arange(len(a))[::-1]
         one = one[count > 0]
         copies = count[count > 0]
         a, b, weight = a[one], b[one], weight[one]
-    taken, low, high = stripes.taken(a, b, weight * copies)
+    taken, low, high = stripes.taken(a, b, weight if copies is None else weight * copies)
     if not len(a):
         return taken, 0
     # The parts a box meets: from the one holding its first row to the one holding its last.
     parts = -(-(stripes.stop - stripes.start) // step)
     before = np.concatenate(([0], np.cumsum(parts)))
-    last = high - 1
-    met = (
-        before[last]
-        + -(-(b - stripes.start[last]) // step[last])
-        - before[low]
-        - (a - stripes.start[low]) // step[low]
-    )
-    return taken, int((met * copies).sum())
+    # (In place: each temporary is as long as the boxes.)
+    high -= 1  # the stripe of each box's last row
+    met = b - stripes.start[high]
+    np.negative(met, out=met)
+    met //= step[high]
+    np.negative(met, out=met)
+    met += before[high]
+    del high
+    met -= before[low]
+    into = a - stripes.start[low]
+    into //= step[low]
+    met -= into
+    del into
+    return taken, int(met.sum() if copies is None else (met * copies).sum())
 
 
 def _most_from_one_stripe(
