@@ -169,8 +169,12 @@ def requests_of_ranks(
     offsets = _join_padded([r.offsets for r in ranks], width)
     lengths = _join_padded([r.lengths for r in ranks], width)
     # Chunks, then keys, numbered as they first appear (what the item walk does).
-    used, first_seen = np.unique(by_table, return_index=True)
-    order = used[np.argsort(first_seen, kind="stable")]
+    # (Each table entry's first row by np.minimum.at: the table is small, the rows many;
+    # np.unique sorted all the rows.)
+    first_seen = np.full(len(table), len(by_table), np.int64)
+    np.minimum.at(first_seen, by_table, np.arange(len(by_table)))
+    used = np.flatnonzero(first_seen < len(by_table))
+    order = used[np.argsort(first_seen[used], kind="stable")]
     renumber = np.zeros(len(table), np.int64)
     renumber[order] = np.arange(len(order))
     chunk = renumber[by_table]
