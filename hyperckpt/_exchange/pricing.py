@@ -33,10 +33,11 @@ import numpy as np
 
 from hyperckpt._exchange.costs import STRATEGIES, CostModel, StrategyCost, host_numbers, timing
 from hyperckpt._exchange.overlaps import Coverage, Stripes, most_from_one
+from hyperckpt._exchange.packed import packed_order
 from hyperckpt._exchange.requests import Requests
 from hyperckpt._exchange.schedule import rounds_of
 from hyperckpt._exchange.strategy import Strategy, shared_slices_of
-from hyperckpt._exchange.stripe_plan import cut_stripes, part_rows
+from hyperckpt._exchange.stripe_plan import BLOCK_BOXES, cut_stripes, part_rows
 from hyperckpt._exchange.stripes import ROUTED_BASE, ROUTED_PER_ITEM, StripesTooLarge
 from hyperckpt._read.engine import CHUNK_BYTES
 
@@ -116,13 +117,19 @@ def replicated_floor(requests: Requests, hosts: Sequence[str], model: CostModel)
     names, numbers = host_numbers(hosts)
     host_of = np.asarray(numbers, dtype=np.int64).reshape(-1)
     on = host_of[r.rank]
-    low = np.full(r.keys, len(names), np.int64)
-    high = np.full(r.keys, -1, np.int64)
-    np.minimum.at(low, r.key, on)
-    np.maximum.at(high, r.key, on)
-    size = np.zeros(r.keys, np.int64)
-    size[r.key] = r.nbytes
-    alone = (low == high) & (high >= 0) & (size > 0)
+    if r.keys == len(r.rank):
+        # Every byte range asked once (FSDP): each is its asking host's alone; no per-key
+        # minimum and maximum over millions of scattered keys.
+        alone = r.nbytes > 0
+        low, size = on, r.nbytes
+    else:
+        low = np.full(r.keys, len(names), np.int64)
+        high = np.full(r.keys, -1, np.int64)
+        np.minimum.at(low, r.key, on)
+        np.maximum.at(high, r.key, on)
+        size = np.zeros(r.keys, np.int64)
+        size[r.key] = r.nbytes
+        alone = (low == high) & (high >= 0) & (size > 0)
     only = np.bincount(low[alone], weights=size[alone], minlength=len(names))
     # Each such byte range costs its host one read call at least (a shared slice one, an
     # unshared request its calls, one or more when it has bytes).
@@ -219,6 +226,10 @@ def _off(r: Requests, host_of: Ints, hosts: int) -> _Figures:
 
 def _host_union(r: Requests, host_of: Ints, hosts: int, mask: np.ndarray) -> Ints:
     """Bytes of the distinct byte ranges each host's ranks ask for, among ``mask``."""
+    if r.keys == len(r.rank):
+        # Every byte range asked once (FSDP): each is distinct, no np.unique over them all.
+        nbytes = np.bincount(host_of[r.rank[mask]], weights=r.nbytes[mask], minlength=hosts)
+        return nbytes.astype(np.int64)
     pairs = host_of[r.rank[mask]] * max(1, r.keys) + r.key[mask]
     unique, where = np.unique(pairs, return_index=True)
     sizes = r.nbytes[mask][where]
@@ -287,21 +298,23 @@ def _striped_routes(
     row_bytes = r.chunk_row_bytes
     box_row = np.where(r.stop > r.first, r.nbytes // np.maximum(1, r.stop - r.first), 0)
     wanted = (r.stop > r.first) & (box_row > 0)
-    chunk, first, stop = r.chunk[wanted], r.first[wanted], r.stop[wanted]
-    rank, rows_bytes = r.rank[wanted], box_row[wanted]
+    if wanted.all():  # the usual case: no copies of the columns
+        chunk, first, stop, rank, rows_bytes = r.chunk, r.first, r.stop, r.rank, box_row
+    else:
+        chunk, first, stop = r.chunk[wanted], r.first[wanted], r.stop[wanted]
+        rank, rows_bytes = r.rank[wanted], box_row[wanted]
     # The union of the requested rows per chunk (touching ranges merge), as the planner does.
-    order = np.lexsort((stop, first, chunk))
+    order = packed_order((chunk, first, stop))
     c, f, s = chunk[order], first[order], stop[order]
     span = int(r.chunk_rows.max(initial=0)) + 2
     reach = np.maximum.accumulate(c * span + s) - c * span  # running max of stop per chunk
     begins = np.ones(len(c), dtype=bool)
     if len(c):
         begins[1:] = (c[1:] != c[:-1]) | (f[1:] > reach[:-1])
-    group = np.cumsum(begins) - 1
     ext_chunk = c[begins]
     ext_first = f[begins]
-    ext_stop = np.zeros(len(ext_chunk), np.int64)
-    np.maximum.at(ext_stop, group, s)
+    # Each extent's requests are one run of the sorted requests.
+    ext_stop = np.maximum.reduceat(s, np.flatnonzero(begins)) if len(s) else s
     offsets = r.chunk_offset[ext_chunk] + ext_first * row_bytes[ext_chunk]
     file_order = np.lexsort((ext_first, ext_chunk, offsets, r.chunk_file[ext_chunk]))
     ext_chunk, ext_first, ext_stop = (
@@ -331,7 +344,15 @@ def _striped_routes(
     needed = int(((ext_stop - ext_first) * row_bytes[ext_chunk]).sum())
     step = part_rows(delivered, needed, round_bytes, row_bytes[st_chunk])[by_start]
     taken, routed = _taken(r, wanted, a, b, rows_bytes, stripes, step)
-    by_host, own = stripes.same_host(host_of[rank], rank, a, b, rows_bytes, span)
+    by_host = np.zeros(len(g_start), np.int64)
+    own = np.zeros(len(g_start), np.int64)
+    for at in range(0, len(a), BLOCK_BOXES):  # sums over the boxes, a block at a time
+        end = at + BLOCK_BOXES
+        block_host, block_own = stripes.same_host(
+            host_of[rank[at:end]], rank[at:end], a[at:end], b[at:end], rows_bytes[at:end], span
+        )
+        by_host += block_host
+        own += block_own
     reader_host = stripes.host
     out = _sum_by(reader_host, taken - by_host, hosts)
     intra = _sum_by(reader_host, by_host - own, hosts)
@@ -406,29 +427,32 @@ def _taken(
     """Bytes all boxes take from each stripe, and the boxes the stripe planner routes: one
     per (box, part) pair, a stripe's parts being runs of ``step`` rows from its first.
     Identical boxes (replicas: under HSDP, every host's copy) weigh together."""
-    if r.keys == len(r.rank):  # every box asked once (FSDP): nothing to weigh together
-        copies = np.ones(len(a), np.int64)
-    else:
+    copies: Ints | None = None  # every box asked once (FSDP): nothing to weigh together
+    if r.keys != len(r.rank):
         count = np.bincount(r.key[wanted], minlength=r.keys)
         one = np.zeros(r.keys, np.int64)
         one[r.key[wanted][::-1]] = np.arange(len(a))[::-1]
         one = one[count > 0]
         copies = count[count > 0]
         a, b, weight = a[one], b[one], weight[one]
-    taken, low, high = stripes.taken(a, b, weight * copies)
-    if not len(a):
-        return taken, 0
+    weighted = weight if copies is None else weight * copies
     # The parts a box meets: from the one holding its first row to the one holding its last.
     parts = -(-(stripes.stop - stripes.start) // step)
     before = np.concatenate(([0], np.cumsum(parts)))
-    last = high - 1
-    met = (
-        before[last]
-        + -(-(b - stripes.start[last]) // step[last])
-        - before[low]
-        - (a - stripes.start[low]) // step[low]
-    )
-    return taken, int((met * copies).sum())
+    taken = np.zeros(len(stripes.start), np.int64)
+    routed = 0
+    # A block of boxes at a time (both figures are sums over the boxes): no temporary as
+    # long as all the boxes (4.6M at 8,192 ranks, memory faulted in afresh each time).
+    for at in range(0, len(a), BLOCK_BOXES):
+        end = at + BLOCK_BOXES
+        block, low, high = stripes.taken(a[at:end], b[at:end], weighted[at:end])
+        taken += block
+        high -= 1  # the stripe of each box's last row
+        met = -(-(b[at:end] - stripes.start[high]) // step[high]) + before[high]
+        met -= before[low]
+        met -= (a[at:end] - stripes.start[low]) // step[low]
+        routed += int(met.sum() if copies is None else (met * copies[at:end]).sum())
+    return taken, routed
 
 
 def _most_from_one_stripe(

@@ -22,6 +22,7 @@ from numpy.typing import NDArray
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import ReadItem
 
+from hyperckpt._exchange.packed import packed_keys
 from hyperckpt._exchange.requests import KeyTable, Requests, chunk_facts, request_cost
 from hyperckpt._exchange.stripe_plan import chunk_table, narrowest_ints
 from hyperckpt._planner.compact import CompactItems, request_of
@@ -168,8 +169,12 @@ def requests_of_ranks(
     offsets = _join_padded([r.offsets for r in ranks], width)
     lengths = _join_padded([r.lengths for r in ranks], width)
     # Chunks, then keys, numbered as they first appear (what the item walk does).
-    used, first_seen = np.unique(by_table, return_index=True)
-    order = used[np.argsort(first_seen, kind="stable")]
+    # (Each table entry's first row by np.minimum.at: the table is small, the rows many;
+    # np.unique sorted all the rows.)
+    first_seen = np.full(len(table), len(by_table), np.int64)
+    np.minimum.at(first_seen, by_table, np.arange(len(by_table)))
+    used = np.flatnonzero(first_seen < len(by_table))
+    order = used[np.argsort(first_seen[used], kind="stable")]
     renumber = np.zeros(len(table), np.int64)
     renumber[order] = np.arange(len(order))
     chunk = renumber[by_table]
@@ -212,7 +217,7 @@ def _first_seen_ids(columns: Sequence[Ints]) -> Ints:
     count = len(columns[0]) if len(columns) else 0
     if not count:
         return np.zeros(0, np.int64)
-    keys = _packed(columns, count)
+    keys = packed_keys(columns, count)
     if len(keys) == 1:
         # The usual case, one packed key: np.unique's stable sort (it sorts stably when
         # asked for indices) gives each distinct value's first row; no rows x columns copy.
@@ -235,30 +240,6 @@ def _first_seen_ids(columns: Sequence[Ints]) -> Ints:
     ids = np.empty(count, np.int64)
     ids[order] = number[first][group]
     return ids
-
-
-def _packed(columns: Sequence[Ints], count: int) -> list[Ints]:
-    """The ``count``-long ``columns`` packed into as few int64 keys as hold them, in column
-    order (keys compare as the rows do); constant columns are left out."""
-    keys: list[Ints] = []
-    key: Ints | None = None
-    bits = 0
-    for column in columns:
-        low, high = int(column.min()), int(column.max())
-        if low == high:
-            continue
-        width = (high - low).bit_length()
-        shifted = column - low
-        if key is None or bits + width > 62:
-            if key is not None:
-                keys.append(key)
-            key, bits = shifted, width
-        else:
-            key = (key << width) | shifted
-            bits += width
-    if key is not None:
-        keys.append(key)
-    return keys or [np.zeros(count, np.int64)]
 
 
 def _join(parts: Sequence[NDArray[np.signedinteger]]) -> Ints:

@@ -23,6 +23,7 @@ import numpy as np
 from numpy.typing import NDArray
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
+from hyperckpt._exchange.packed import packed_keys, packed_order
 from hyperckpt._exchange.requests import KeyTable, RawKey, Requests
 from hyperckpt._exchange.schedule import ALIGN, ItemKey, item_key
 from hyperckpt._exchange.stripes import (
@@ -190,8 +191,12 @@ class StripePlan:
         other = self.message_receiver != self.message_source
         owner = np.concatenate((self.message_source, self.message_receiver[other]))
         owned = np.concatenate((index, index[other]))
-        order = np.lexsort((owned, owner))
-        owner, owned = owner[order], owned[order]
+        # By (owner, message): the pairs are distinct, so sorting them packed into one
+        # number (a plain sort of values) gives np.lexsort's order in one pass.
+        bits = max(1, len(index).bit_length())
+        pairs = np.sort((owner << bits) | owned)
+        owner, owned = pairs >> bits, pairs & ((1 << bits) - 1)
+        del pairs
         message_edges = np.searchsorted(owner, np.arange(world + 1))
         part_order = np.argsort(self.part_reader, kind="stable")
         part_edges = np.searchsorted(self.part_reader[part_order], np.arange(world + 1))
@@ -405,10 +410,9 @@ def plan_stripe_arrays(
     begins = np.ones(len(r_chunk), dtype=bool)
     if len(r_chunk):
         begins[1:] = (r_chunk[1:] != r_chunk[:-1]) | (r_first[1:] > reach[:-1])
-    group = np.cumsum(begins) - 1
     ext_chunk, ext_first = r_chunk[begins], r_first[begins]
-    ext_stop = np.zeros(len(ext_chunk), np.int64)
-    np.maximum.at(ext_stop, group, r_stop)
+    # Each extent's requests are one run of the sorted requests.
+    ext_stop = np.maximum.reduceat(r_stop, np.flatnonzero(begins)) if len(r_stop) else r_stop
     row_bytes = c.chunk_row_bytes
     offsets = c.chunk_offset[ext_chunk] + ext_first * row_bytes[ext_chunk]
     in_file = np.lexsort((ext_first, ext_chunk, offsets, c.chunk_file[ext_chunk]))
@@ -438,54 +442,87 @@ def plan_stripe_arrays(
     limit = ROUTED_BASE + ROUTED_PER_ITEM * c.items
     if routed > limit:
         raise StripesTooLarge(routed, limit, world)
-    # Every request's rows within every part: boxes by part, then request order.
+    # Every request's rows within every part (a box), made a block of parts at a time:
+    # a temporary as long as all the boxes (4.6M at 8,192 ranks) is memory the kernel
+    # faults in afresh each time, one of a block's stays in the allocator and the caches.
     g_reach = np.maximum.accumulate(g_end) if len(g_end) else g_end
     low = np.searchsorted(g_reach, g_first, side="right")
     high = np.searchsorted(g_begin, g_stop, side="left")
     width = np.maximum(0, high - low)
-    b_part = np.repeat(np.arange(len(p_first)), width)
-    b_req = np.repeat(low, width) + ramps(width)
-    b_a = np.maximum(g_begin[b_req], g_first[b_part])
-    b_b = np.minimum(g_end[b_req], g_stop[b_part])
-    inside = b_a < b_b
-    b_part, b_req, b_a, b_b = b_part[inside], b_req[inside], b_a[inside], b_b[inside]
-    b_bytes = (b_b - b_a) * r_row[b_req]
-    b_receiver = r_rank[b_req]
+    boxes = _Boxes(low, width, g_begin, g_end, g_first, g_stop, r_row, r_rank)
+    # Bytes each part sends each other rank, as (part, receiver) pairs sorted by pair.
+    pairs = [
+        boxes.sent(np.arange(first, stop, dtype=np.int64), p_reader, world)
+        for first, stop in _blocks(width, np.arange(len(width)))
+    ]
+    pair = _join([p for p, _ in pairs])
+    sizes = _join([s for _, s in pairs])
+    del pairs
     p_bytes = (p_stop - p_first) * row_bytes[p_chunk]
-    p_round, placed = _place(p_reader, p_bytes, b_part, b_receiver, b_bytes, world, round_bytes)
+    p_round, placed = _place(p_reader, p_bytes, pair, sizes, world, round_bytes)
+    del pair, sizes
     # Parts in placement order, and each part's ordinal among its reader's parts.
     where = np.empty(len(placed), np.int64)
     where[placed] = np.arange(len(placed))
     ordinal = np.empty(len(placed), np.int64)
     by_reader = np.lexsort((where, p_reader))
     ordinal[by_reader] = ramps(np.bincount(p_reader, minlength=world))
-    # Slots: boxes by (round, source, receiver), then placement and request order.
-    b_round, b_source = p_round[b_part], p_reader[b_part]
-    order = np.lexsort((np.arange(len(b_part)), where[b_part], b_receiver, b_source, b_round))
-    b_round, b_source, b_receiver = b_round[order], b_source[order], b_receiver[order]
-    b_part, b_req, b_a, b_b, b_bytes = (
-        b_part[order],
-        b_req[order],
-        b_a[order],
-        b_b[order],
-        b_bytes[order],
-    )
-    starts = np.ones(len(order), dtype=bool)
-    if len(order):
-        starts[1:] = (
-            (b_round[1:] != b_round[:-1])
-            | (b_source[1:] != b_source[:-1])
-            | (b_receiver[1:] != b_receiver[:-1])
+    # Slots: boxes by (round, source, receiver), then placement and request order.  A
+    # part's round and reader are one number, its message group; placement order is
+    # round by round, readers ascending, so the groups come in order along it and a
+    # block of whole groups sorts alone.
+    p_group = p_round * world + p_reader
+    in_order = p_group[placed]
+    group_starts = np.flatnonzero(np.concatenate(([True], in_order[1:] != in_order[:-1])))
+    slots: list[tuple[Ints, ...]] = []
+    messages: list[tuple[Ints, ...]] = []
+    done = 0
+    for first, stop in _blocks(width[placed], group_starts):
+        b_part, b_req, b_a, b_b = boxes.made(placed[first:stop])
+        b_receiver = r_rank[b_req]
+        b_group = p_group[b_part]
+        order = packed_order((b_group, b_receiver))  # stable: placement, request order
+        b_part, b_req, b_a, b_b = b_part[order], b_req[order], b_a[order], b_b[order]
+        b_receiver, b_group = b_receiver[order], b_group[order]
+        b_bytes = (b_b - b_a) * r_row[b_req]
+        starts = np.ones(len(order), dtype=bool)
+        starts[1:] = (b_group[1:] != b_group[:-1]) | (b_receiver[1:] != b_receiver[:-1])
+        message = np.cumsum(starts) - 1
+        aligned = -(-b_bytes // ALIGN) * ALIGN
+        total = np.cumsum(aligned) - aligned
+        first_of = np.flatnonzero(starts)
+        slot_offset = total - total[first_of][message]
+        if not len(order):  # (every part meets a request; kept for safety)
+            continue
+        last = np.append(first_of[1:], len(order)) - 1
+        chunk_base = base[r_chunk[b_req]]
+        slots.append(
+            (
+                r_key[b_req],
+                ordinal[b_part],
+                b_a - chunk_base,
+                b_b - chunk_base,
+                slot_offset,
+                b_bytes,
+            )
         )
-    message = np.cumsum(starts) - 1
-    aligned = -(-b_bytes // ALIGN) * ALIGN
-    total = np.cumsum(aligned)
-    first_of = np.flatnonzero(starts)
-    before = (total - aligned)[first_of]
-    slot_offset = total - aligned - before[message]
-    last = np.append(first_of[1:], len(order)) - 1
-    message_nbytes = slot_offset[last] + b_bytes[last] if len(order) else np.zeros(0, np.int64)
-    chunk_base = base[r_chunk[b_req]]
+        messages.append(
+            (
+                p_round[b_part[first_of]],
+                p_reader[b_part[first_of]],
+                b_receiver[first_of],
+                first_of + done,
+                slot_offset[last] + b_bytes[last],
+            )
+        )
+        done += len(order)
+    slot_key, slot_part, slot_first, slot_stop, slot_offset, slot_nbytes = (
+        _join([block[column] for block in slots]) for column in range(6)
+    )
+    del slots
+    m_round, m_source, m_receiver, m_start, m_nbytes = (
+        _join([block[column] for block in messages]) for column in range(5)
+    )
     return StripePlan(
         world=world,
         rounds=int(p_round.max(initial=-1)) + 1,
@@ -495,19 +532,95 @@ def plan_stripe_arrays(
         part_first=p_first[placed],
         part_stop=p_stop[placed],
         part_ordinal=ordinal[placed],
-        slot_key=r_key[b_req],
-        slot_part=ordinal[b_part],
-        slot_first=b_a - chunk_base,
-        slot_stop=b_b - chunk_base,
+        slot_key=slot_key,
+        slot_part=slot_part,
+        slot_first=slot_first,
+        slot_stop=slot_stop,
         slot_offset=slot_offset,
-        slot_nbytes=b_bytes,
-        message_round=b_round[first_of],
-        message_source=b_source[first_of],
-        message_receiver=b_receiver[first_of],
-        message_start=first_of.astype(np.int64),
-        message_nbytes=message_nbytes.astype(np.int64),
+        slot_nbytes=slot_nbytes,
+        message_round=m_round,
+        message_source=m_source,
+        message_receiver=m_receiver,
+        message_start=m_start,
+        message_nbytes=m_nbytes,
         columns=columns,
     )
+
+
+#: Boxes made at once (an upper bound per block, unless one group of parts has more).
+BLOCK_BOXES = 1 << 19
+
+
+def _blocks(width: Ints, cuts: Ints) -> list[tuple[int, int]]:
+    """Consecutive ranges of the parts whose boxes (``width`` each, in this order) add up
+    to about :data:`BLOCK_BOXES`, cut only at ``cuts`` (ascending part positions, 0 first)."""
+    if not len(width):
+        return []
+    before = np.concatenate(([0], np.cumsum(width)))[cuts].tolist()
+    edges = cuts.tolist()
+    out: list[tuple[int, int]] = []
+    first, begun = 0, 0
+    for edge, boxes in zip(edges[1:], before[1:], strict=True):
+        if boxes - begun >= BLOCK_BOXES:
+            out.append((first, edge))
+            first, begun = edge, boxes
+    out.append((first, len(width)))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Boxes:
+    """Makes the boxes of given parts: each request's rows within the part, for the
+    requests from ``low`` on (``width`` of them) that the part meets, in request order.
+
+    Row positions are global (chunk after chunk); ``g_begin``/``g_end`` are the sorted
+    requests', ``g_first``/``g_stop`` the parts'.
+    """
+
+    low: Ints
+    width: Ints
+    g_begin: Ints
+    g_end: Ints
+    g_first: Ints
+    g_stop: Ints
+    row: Ints
+    rank: Ints
+
+    def made(self, parts: Ints) -> tuple[Ints, Ints, Ints, Ints]:
+        """Each box's part, request, first and stop row (global), part after part."""
+        width = self.width[parts]
+        b_part = np.repeat(parts, width)
+        b_req = np.repeat(self.low[parts] - (np.cumsum(width) - width), width)
+        b_req += np.arange(len(b_req))
+        b_a = np.maximum(self.g_begin[b_req], np.repeat(self.g_first[parts], width))
+        b_b = np.minimum(self.g_end[b_req], np.repeat(self.g_stop[parts], width))
+        inside = b_a < b_b
+        if inside.all():
+            return b_part, b_req, b_a, b_b
+        return b_part[inside], b_req[inside], b_a[inside], b_b[inside]
+
+    def sent(self, parts: Ints, reader: Ints, world: int) -> tuple[Ints, Ints]:
+        """The (part x world + receiver) pairs, ascending, and their bytes, of the boxes
+        of ``parts`` (ascending) whose receiver is not the part's reader."""
+        b_part, b_req, b_a, b_b = self.made(parts)
+        receiver = self.rank[b_req]
+        moved = receiver != reader[b_part]
+        pair = b_part[moved] * world + receiver[moved]
+        nbytes = ((b_b - b_a) * self.row[b_req])[moved]
+        if len(pair) and bool((pair[1:] >= pair[:-1]).all()):
+            # The usual case (FSDP): a part's receivers come in rank order, so equal pairs
+            # are runs; summed per run without np.unique's sort.
+            first = np.flatnonzero(np.concatenate(([True], pair[1:] != pair[:-1])))
+            return pair[first], np.add.reduceat(nbytes, first)
+        unique, inverse = np.unique(pair, return_inverse=True)
+        summed = np.bincount(inverse.reshape(-1), weights=nbytes, minlength=len(unique))
+        return unique, summed.astype(np.int64)
+
+
+def _join(parts: Sequence[Ints]) -> Ints:
+    if not parts:
+        return np.zeros(0, np.int64)
+    return np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
 
 
 def part_rows(delivered: int, needed: int, round_bytes: int, stripe_row_bytes: Ints) -> Ints:
@@ -532,26 +645,33 @@ def _sorted_requests(
 ) -> tuple[Ints, Ints, Ints, Ints, Ints, Ints]:
     """The wanted requests sorted by (chunk, first, stop, rank, request): the old planner's
     order of each chunk's requests (its tuples compared the ``item_key`` last)."""
-    chunk, first, stop = c.chunk[wanted], c.first[wanted], c.stop[wanted]
-    rank, key, row = c.rank[wanted], c.key[wanted], c.box_row[wanted]
-    order = np.lexsort((key, rank, stop, first, chunk))
-    chunk, first, stop, rank, key, row = (
-        chunk[order],
-        first[order],
-        stop[order],
-        rank[order],
-        key[order],
-        row[order],
-    )
+    # Each column is gathered once, in sorted order (at 8,192 ranks every 4.6M-long
+    # temporary is fresh memory the kernel has to fault in).
+    take = None if wanted.all() else np.flatnonzero(wanted)
+    columns = [c.chunk, c.first, c.stop, c.rank, c.key]
+    if take is not None:
+        columns = [column[take] for column in columns]
+    rows = packed_keys(columns[:4], len(columns[0]))
+    local = np.lexsort((columns[4], *rows[::-1]))
+    del columns
+    order = local if take is None else take[local]
+    chunk, first, stop = c.chunk[order], c.first[order], c.stop[order]
+    rank, key, row = c.rank[order], c.key[order], c.box_row[order]
     if len(chunk) > 1:
         # Requests of one rank for the same rows of a chunk but other columns: order them
         # by their item_key tuples (rare: a loop over those runs only).
-        tie = (
-            (chunk[1:] == chunk[:-1])
-            & (first[1:] == first[:-1])
-            & (stop[1:] == stop[:-1])
-            & (rank[1:] == rank[:-1])
-        )
+        if len(rows) == 1:
+            same = rows[0][local]
+            tie = same[1:] == same[:-1]
+            del same
+        else:
+            tie = (
+                (chunk[1:] == chunk[:-1])
+                & (first[1:] == first[:-1])
+                & (stop[1:] == stop[:-1])
+                & (rank[1:] == rank[:-1])
+            )
+        del rows
         if (tie & (key[1:] != key[:-1])).any():
             run_start = np.flatnonzero(np.diff(np.concatenate(([0], tie.astype(np.int8)))) == 1)
             run_stop = np.flatnonzero(np.diff(np.concatenate((tie.astype(np.int8), [0]))) == -1)
@@ -623,9 +743,8 @@ def cut_stripes(
 def _place(
     reader: Ints,
     nbytes: Ints,
-    box_part: Ints,
-    box_receiver: Ints,
-    box_bytes: Ints,
+    unique: Ints,
+    sizes: Ints,
     world: int,
     round_bytes: int,
 ) -> tuple[Ints, Ints]:
@@ -633,15 +752,19 @@ def _place(
     reads and every receiver's receipts stay within ``round_bytes`` (a part alone always
     fits an empty round).
 
+    Args:
+        reader: Each part's reader.
+        nbytes: Each part's bytes.
+        unique: The (part x world + receiver) pairs of the bytes each part sends another
+            rank, ascending.
+        sizes: Those bytes, by pair.
+        world: Ranks in the load.
+        round_bytes: The round budget.
+
     Returns:
         Each part's round, and the parts in placement order.
     """
     parts = len(reader)
-    # Bytes each part sends each other rank: (part, receiver) pairs, sorted by part.
-    moved = box_receiver != reader[box_part]
-    pair = box_part[moved] * world + box_receiver[moved]
-    unique, inverse = np.unique(pair, return_inverse=True)
-    sizes = np.bincount(inverse.reshape(-1), weights=box_bytes[moved]).astype(np.int64)
     receivers = unique % world
     edges = np.searchsorted(unique // world, np.arange(parts + 1))
     queues: dict[int, list[int]] = {}
@@ -710,12 +833,15 @@ def narrowest_ints(values: Ints) -> Ints:
     """``values`` in the narrowest signed integer type that holds them (smaller pickles)."""
     if not values.size:
         return values.astype(np.int8)
-    low, high = int(values.min()), int(values.max())
+    # (The ufuncs' reduce directly: this runs ~18 times per share, on small arrays.)
+    low, high = int(_MIN(values, axis=None)), int(_MAX(values, axis=None))
     for kind, least, most in _NARROW:
         if least <= low and high <= most:
             return values.astype(kind)
     return values.astype(np.int64)
 
+
+_MIN, _MAX = np.minimum.reduce, np.maximum.reduce
 
 #: Each narrow type with its bounds, looked up once: ``np.iinfo`` per call was a fifth of
 #: cutting 1,024 shares.

@@ -128,20 +128,22 @@ def test_the_closed_form_price_matches_the_planned_one(
         assert planned[chosen].seconds - planned[best].seconds <= error + 1e-9
 
 
-@given(_layouts(), st.integers(1, 2000), st.booleans())
+@given(_layouts(), st.integers(1, 2000), st.booleans(), st.sampled_from([2**19, 1, 3]))
 def test_the_striped_price_from_integrals_equals_routing_every_box(
-    layout: tuple[list[LoadPlan], list[str]], round_bytes: int, twice: bool
+    layout: tuple[list[LoadPlan], list[str]], round_bytes: int, twice: bool, block: int
 ) -> None:
     """Every figure of the striped price, rounds included, equals the old pricing that
     routed every (box, stripe) pair; ``twice`` asks each rank's boxes twice (a rank asking
-    for the same rows twice covers them with double weight)."""
+    for the same rows twice covers them with double weight); boxes summed ``block`` at a
+    time."""
     plans, hosts = layout
     if twice:
         plans = [LoadPlan(plan.items + plan.items) for plan in plans]
     requests = requests_of(plans, _storage)
     number = {host: i for i, host in enumerate(dict.fromkeys(hosts))}
     host_of = np.asarray([number[h] for h in hosts], dtype=np.int64)
-    new = _striped(requests, host_of, len(number), round_bytes)
+    with mock.patch("hyperckpt._exchange.pricing.BLOCK_BOXES", block):
+        new = _striped(requests, host_of, len(number), round_bytes)
     old = striped_figures(requests, host_of, len(number), round_bytes)
     for made, expected in zip(new, old, strict=True):
         assert np.array_equal(np.asarray(made), np.asarray(expected))
@@ -174,9 +176,9 @@ def test_auto_prices_the_replicated_exchange_only_when_it_can_win(
     assert all(costs[s] == full[s] for s in costs)
 
 
-@given(_layouts(), st.integers(64, 2000))
+@given(_layouts(), st.integers(64, 2000), st.sampled_from([2**19, 1, 3]))
 def test_pricing_counts_the_boxes_the_stripe_planner_routes(
-    layout: tuple[list[LoadPlan], list[str]], round_bytes: int
+    layout: tuple[list[LoadPlan], list[str]], round_bytes: int, block: int
 ) -> None:
     """The routed boxes pricing counts are the planner's own count: the planner refuses a
     limit one below it and accepts that count, so ``"auto"`` may skip a striped plan that
@@ -184,7 +186,8 @@ def test_pricing_counts_the_boxes_the_stripe_planner_routes(
     plans, hosts = layout
     model = CostModel(storage_gbps=1e-6, interconnect_gbps=5e-6)
     requests = requests_of(plans, _storage)
-    _, routed = _price(requests, hosts, model, round_bytes, 100, ("striped",))
+    with mock.patch("hyperckpt._exchange.pricing.BLOCK_BOXES", block):
+        _, routed = _price(requests, hosts, model, round_bytes, 100, ("striped",))
     columns = columns_of_requests(requests)
     with (
         mock.patch("hyperckpt._exchange.stripe_plan.ROUTED_BASE", routed),
@@ -198,3 +201,34 @@ def test_pricing_counts_the_boxes_the_stripe_planner_routes(
             pytest.raises(StripesTooLarge),
         ):
             plan_stripe_arrays(columns, round_bytes=round_bytes)
+
+
+@given(_layouts(), st.sampled_from([0.0, 0.05, 1.0]))
+def test_the_replicated_floor_counts_the_byte_ranges_only_one_host_asks_for(
+    layout: tuple[list[LoadPlan], list[str]], latency: float
+) -> None:
+    """The floor from a walk over the keys, whether every key is asked once (FSDP, the
+    floor's shortcut) or some are asked by several ranks."""
+    plans, hosts = layout
+    model = CostModel(storage_gbps=1e-6, interconnect_gbps=5e-6, read_latency_ms=latency)
+    requests = requests_of(plans, _storage)
+    askers: dict[int, set[str]] = {}
+    size: dict[int, int] = {}
+    for rank, key, nbytes in zip(
+        requests.rank.tolist(), requests.key.tolist(), requests.nbytes.tolist(), strict=True
+    ):
+        askers.setdefault(key, set()).add(hosts[rank])
+        size[key] = nbytes
+    only = {host: 0 for host in hosts}
+    calls = {host: 0 for host in hosts}
+    for key, where in askers.items():
+        if len(where) == 1 and size[key] > 0:
+            (host,) = where
+            only[host] += size[key]
+            calls[host] += 1
+    expected = max(
+        only[h] / (model.storage_gbps * 1e9)
+        + calls[h] * model.read_latency_ms / 1e3 / max(1, model.reads_in_flight)
+        for h in only
+    )
+    assert replicated_floor(requests, hosts, model) == pytest.approx(expected, rel=1e-12)

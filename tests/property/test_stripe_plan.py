@@ -11,6 +11,7 @@ a rank reads for itself.
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import torch
 from hypothesis import given
@@ -19,8 +20,9 @@ from reference_stripes import reference_plan_stripes
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
+from hyperckpt._exchange import stripe_plan
 from hyperckpt._exchange.schedule import item_key
-from hyperckpt._exchange.stripe_plan import plan_stripes
+from hyperckpt._exchange.stripe_plan import BLOCK_BOXES, plan_stripes
 from hyperckpt._exchange.stripes import ChunkRows, StripesTooLarge
 
 # chunk name -> (file, offset, rows, columns); 2-byte elements
@@ -168,10 +170,17 @@ def _tied_plans(draw: st.DrawFn) -> list[LoadPlan]:
     return plans
 
 
-@given(st.one_of(_plans(), _tied_plans()), st.integers(1, 400), st.booleans())
+@given(
+    st.one_of(_plans(), _tied_plans()),
+    st.integers(1, 400),
+    st.booleans(),
+    st.sampled_from([BLOCK_BOXES, 1, 5]),
+)
 def test_the_column_planner_gives_exactly_the_reference_planners_schedules(
-    plans: list[LoadPlan], round_bytes: int, some_readers: bool
+    plans: list[LoadPlan], round_bytes: int, some_readers: bool, block: int
 ) -> None:
+    """Whatever the number of boxes the planner makes at once (blocks of 1 or 5 boxes
+    cut the parts into many blocks, as 8,192 ranks do with the default)."""
     readers = list(range(len(plans)))[::2] if some_readers else None
     try:
         expected: object = reference_plan_stripes(
@@ -180,7 +189,8 @@ def test_the_column_planner_gives_exactly_the_reference_planners_schedules(
     except StripesTooLarge as err:
         expected = (err.boxes, err.limit)
     try:
-        got: object = plan_stripes(plans, _chunk_of, round_bytes=round_bytes, readers=readers)
+        with mock.patch.object(stripe_plan, "BLOCK_BOXES", block):
+            got: object = plan_stripes(plans, _chunk_of, round_bytes=round_bytes, readers=readers)
     except StripesTooLarge as err:
         got = (err.boxes, err.limit)
     assert got == expected
