@@ -106,8 +106,8 @@ _POISON = float("nan")
 class _NoReadEngine(ReadEngine):
     """The engine given no requests: ``dcp-floor`` times everything of a load but its reads."""
 
-    def run(self, items: object, storage: object, planner: object) -> object:  # type: ignore[override]
-        return super().run([], storage, planner)  # type: ignore[arg-type]
+    def run(self, items: object, storage: object, planner: object, **kwargs: object) -> object:  # type: ignore[override]
+        return super().run([], storage, planner, **kwargs)  # type: ignore[arg-type]
 
 
 def _preadv_engine(*args: object, **kwargs: object) -> ReadEngine:
