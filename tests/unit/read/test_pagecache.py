@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -95,9 +96,15 @@ def test_cachestat_counts_exactly_the_pages_that_were_read_back(data_file: Path)
     assert (head, half, tail) == (0.0, 0.5, 1.0)
 
 
-def test_cachestat_judges_a_long_range_from_groups_that_see_a_4_mib_hole(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _sampled_and_full(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    probe: Callable[[int, int, int], float | None],
+    hole_mib: int,
+    hole_size_mib: int,
+) -> tuple[float | None, float | None]:
+    """``probe``'s sampled and every-page answers for a 64 MiB file read back but for a
+    hole of ``hole_size_mib`` MiB at ``hole_mib`` MiB (skips where pages cannot be evicted)."""
     if not _disk_backed(tmp_path):
         pytest.skip("the test directory is in memory (tmpfs): its pages cannot be evicted")
     path = tmp_path / "long.bin"
@@ -106,13 +113,21 @@ def test_cachestat_judges_a_long_range_from_groups_that_see_a_4_mib_hole(
     fd = os.open(path, os.O_RDONLY)
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no read-ahead into the hole
-        os.pread(fd, 41 * 2**20, 0)
-        os.pread(fd, 19 * 2**20, 45 * 2**20)  # all but the 4 MiB at 41 MiB
-        sampled = pagecache._cachestat(fd, 0, 64 * 2**20)
+        after = hole_mib + hole_size_mib
+        os.pread(fd, hole_mib * 2**20, 0)
+        os.pread(fd, (64 - after) * 2**20, after * 2**20)
+        sampled = probe(fd, 0, 64 * 2**20)
         monkeypatch.setattr(pagecache, "FULL_SCAN_PAGES", 2**30)
-        every_page = pagecache._cachestat(fd, 0, 64 * 2**20)
+        return sampled, probe(fd, 0, 64 * 2**20)
     finally:
         os.close(fd)
+
+
+def test_cachestat_judges_a_long_range_from_groups_that_see_a_4_mib_hole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # all but the 4 MiB at 41 MiB
+    sampled, every_page = _sampled_and_full(tmp_path, monkeypatch, pagecache._cachestat, 41, 4)
     if sampled is None:
         pytest.skip("cachestat is not available here (Linux before 6.5)")
     assert every_page == 4 / 64
@@ -221,21 +236,8 @@ def test_cold_files_are_split_at_chunk_multiples_of_the_file() -> None:
 def test_a_long_range_is_judged_from_samples_that_see_a_hole_as_the_full_scan_does(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if not _disk_backed(tmp_path):
-        pytest.skip("the test directory is in memory (tmpfs): its pages cannot be evicted")
-    path = tmp_path / "long.bin"
-    path.write_bytes(os.urandom(64 * 2**20))
-    _evict(path)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no read-ahead into the hole
-        os.pread(fd, 40 * 2**20, 0)
-        os.pread(fd, 22 * 2**20, 42 * 2**20)  # all but the 2 MiB at 40 MiB
-        sampled = pagecache._mincore(fd, 0, 64 * 2**20)
-        monkeypatch.setattr(pagecache, "FULL_SCAN_PAGES", 2**30)
-        every_page = pagecache._mincore(fd, 0, 64 * 2**20)
-    finally:
-        os.close(fd)
+    # all but the 2 MiB at 40 MiB
+    sampled, every_page = _sampled_and_full(tmp_path, monkeypatch, pagecache._mincore, 40, 2)
     assert every_page == 2 / 64
     assert sampled is not None
     assert cold.MAP_THRESHOLD < sampled < cold.COLD_THRESHOLD  # seen: not mapped, not cold
