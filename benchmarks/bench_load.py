@@ -542,11 +542,14 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench_load.json").write_text(json.dumps(report, indent=1))
     (args.out / "bench_load.md").write_text(f"`{command}`\n\n{table}")
-    _plot(
-        summary,
-        args.out / "bench_load.png",
-        f"{total / 1e9:.2f} GB Llama-like bf16, {machine()['cpu']}, {machine()['cores']} cores",
-    )
+    try:
+        _plot(
+            summary,
+            args.out / "bench_load.png",
+            f"{total / 1e9:.2f} GB Llama-like bf16, {machine()['cpu']}, {machine()['cores']} cores",
+        )
+    except ImportError:
+        logger.warning("matplotlib is not installed (the bench extra): no plot")
     sys.stdout.write(table)
     return 0
 
