@@ -32,6 +32,8 @@ LIBC.preadv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_in
 LIBC.preadv.restype = ctypes.c_ssize_t
 LIBC.fstatfs.argtypes = [ctypes.c_int, ctypes.c_void_p]
 LIBC.fstatfs.restype = ctypes.c_int
+LIBC.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+LIBC.madvise.restype = ctypes.c_int
 
 #: ``preadv2`` (flags such as ``RWF_NOWAIT``), or ``None`` on a C library without it.
 preadv2: Any = getattr(LIBC, "preadv2", None)

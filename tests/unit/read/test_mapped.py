@@ -3,6 +3,8 @@ changed under the map, and never used where a lease or a warm page cache is miss
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 import subprocess
 import sys
@@ -20,13 +22,16 @@ from hyperckpt import ReadOptions
 from hyperckpt._layout.directory import huggingface_layout
 from hyperckpt._load.readers import to_metadata
 from hyperckpt._read import engine as engine_module
+from hyperckpt._read import mapped as mapped_module
 from hyperckpt._read import pagecache
 from hyperckpt._read.calibrate import CALIBRATION
 from hyperckpt._read.columns import Runs, Strategy, choose, choose_run
 from hyperckpt._read.engine import CHUNK_BYTES, MAX_GAP, STAGE_BLOCK, ReadEngine
+from hyperckpt._read.mapped import MappedFiles
 from hyperckpt._read.stats import LoadStats
 from hyperckpt._storage import lease as lease_module
 from hyperckpt._storage.lease import ReadLease, take_read_lease
+from hyperckpt.errors import CheckpointError
 
 _FILE = "model.safetensors"
 #: (stored dtype, shape); the tensors of the test checkpoint.
@@ -416,4 +421,117 @@ def test_a_lease_is_refused_while_the_file_changed_size_since_its_header(tmp_pat
         lease.release()
         assert not lease.held()
     finally:
+        os.close(fd)
+
+
+# -- a page that cannot be read under the map ------------------------------------------------
+
+#: Maps a file of 4 pages as if it had 8 (a page past the end faults as a disk error does)
+#: and copies from both halves, as a run and as a strided box (half of rows 4 and 5 of an
+#: 8-row matrix).  A SIGBUS ends it by signal.
+_UNREADABLE = """
+import os, sys, torch
+from hyperckpt._read.boxes import Box
+from hyperckpt._read.mapped import MappedFiles
+from hyperckpt._storage.lease import take_read_lease
+from hyperckpt.errors import CheckpointError
+path, page = {path!r}, os.sysconf("SC_PAGE_SIZE")
+fd = os.open(path, os.O_RDONLY)
+lease = take_read_lease(fd, "f", size=4 * page)
+assert lease is not None
+files = MappedFiles({{"f": fd}}, {{"f": lease}}, {{"f": 8 * page}})
+out = torch.empty(page, dtype=torch.uint8)
+files.copy_run("f", page, page, out.data_ptr())
+print("read", bytes(out[:4].tolist()), flush=True)
+for copy in (
+    lambda: files.copy_run("f", 5 * page, page, out.data_ptr()),
+    lambda: files.copy_box("f", Box(0, (8, page), (4, 0), (2, page // 2), 1), out.view(2, -1)),
+):
+    try:
+        copy()
+    except CheckpointError as err:
+        print("refused:", err, flush=True)
+files.release()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_page_that_cannot_be_read_under_the_map_raises_not_sigbus(tmp_path: Path) -> None:
+    path = tmp_path / "data.bin"
+    page = os.sysconf("SC_PAGE_SIZE")
+    path.write_bytes(b"".join(bytes([65 + index]) * page for index in range(4)))
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    done = subprocess.run(
+        [sys.executable, "-c", _UNREADABLE.format(path=str(path))],
+        capture_output=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr.decode()[-2000:])  # no signal
+    lines = done.stdout.decode().splitlines()
+    assert lines[0] == "read b'BBBB'"
+    assert len(lines) == 3, lines
+    for line in lines[1:]:
+        assert line.startswith("refused: f: reading "), line
+        assert "faulting in its memory map" in line
+        assert "check the file system and start again" in line
+
+
+class _Madvise:
+    """The C library with ``madvise`` answering from a script of errno values (0: success)."""
+
+    def __init__(self, libc: object, answers: list[int]) -> None:
+        self.libc = libc
+        self.answers = answers
+
+    def madvise(self, address: int, length: int, advice: int) -> int:
+        code = self.answers.pop(0)
+        ctypes.set_errno(code)
+        return -1 if code else 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.libc, name)
+
+
+@pytest.mark.parametrize(
+    ("answers", "copied", "populating"),
+    [
+        ([errno.EINVAL], True, False),  # a kernel before 5.14: copies as before, asks no more
+        ([errno.EAGAIN, errno.EINTR, 0], True, True),  # transient: tried again
+        ([errno.EIO], False, True),
+        ([errno.EAGAIN] * 3, False, True),  # still refused after three tries
+    ],
+    ids=["unsupported", "transient", "io error", "always again"],
+)
+def test_faulting_in_a_part_retries_a_transient_error_and_copies_as_before_where_unsupported(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    answers: list[int],
+    copied: bool,
+    populating: bool,
+) -> None:
+    path = tmp_path / "data.bin"
+    path.write_bytes(bytes(range(256)) * 64)
+    fd = os.open(path, os.O_RDONLY)
+    lease = take_read_lease(fd, "data.bin", size=2**14)
+    assert lease is not None
+    files = MappedFiles({"data.bin": fd}, {"data.bin": lease}, {"data.bin": 2**14})
+    fake = _Madvise(mapped_module._libc, answers)
+    monkeypatch.setattr(mapped_module, "_libc", fake)
+    out = torch.zeros(100, dtype=torch.uint8)
+    try:
+        if copied:
+            files.copy_run("data.bin", 300, 100, out.data_ptr())
+            assert bytes(out.tolist()) == (bytes(range(256)) * 2)[44:144]
+        else:
+            with pytest.raises(CheckpointError, match="faulting in its memory map") as err:
+                files.copy_run("data.bin", 300, 100, out.data_ptr())
+            assert "data.bin: reading 100 bytes at byte 300 failed" in str(err.value)
+            assert not out.any()
+        assert files._populate is populating
+        assert fake.answers == []
+    finally:
+        monkeypatch.undo()
+        files.release()
         os.close(fd)
