@@ -247,10 +247,30 @@ SHARED_DIR: Final = Path("/dev/shm")
 _SHARED_PREFIX: Final = "hyperckpt-exchange-"
 
 
+def _reserve(fd: int, size: int, path: Path) -> None:
+    """Extend ``fd`` to ``size`` bytes with every page of it reserved.
+
+    A shared-memory file only extended (sparse) gets its pages when they are first written,
+    and where the file system is full then (a container's 64 MiB ``/dev/shm``) that write
+    ends the process with ``SIGBUS``; reserved up front, a full file system is an
+    :class:`OSError` here, and the exchange goes without shared memory.
+
+    Raises:
+        OSError: The pages could not be reserved (``ENOSPC``; ``ENOSYS`` without
+            ``fallocate``).
+    """
+    if libc.fallocate is None:
+        raise OSError(errno.ENOSYS, f"{path}: no fallocate to reserve {size} bytes")
+    if libc.fallocate(fd, 0, 0, size) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"{path}: reserving {size} bytes: {os.strerror(error)}")
+
+
 class SharedBuffer:
     """``size`` bytes of memory that every process of this host can map by its name: a file
     under :data:`SHARED_DIR`, created exclusively (never through a link), removed by its
-    creator once the others mapped it (:meth:`remove`), unmapped by :meth:`close`.
+    creator once the others mapped it (:meth:`remove`), unmapped by :meth:`close`.  Its
+    pages are reserved when it is made, so writing it never meets a full file system.
 
     Attributes:
         name: The file's name under :data:`SHARED_DIR`.
@@ -267,7 +287,7 @@ class SharedBuffer:
         fd = open_shared(SHARED_DIR / name, create=create)
         try:
             if create:
-                os.ftruncate(fd, self.size)
+                _reserve(fd, self.size, SHARED_DIR / name)
             elif os.fstat(fd).st_size < self.size:
                 raise OSError(errno.EINVAL, f"{SHARED_DIR / name}: shorter than {self.size} bytes")
             protection = mmap.PROT_READ | mmap.PROT_WRITE

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import ctypes
+import errno
+import os
 
 import pytest
 import torch
 
 from hyperckpt._save.exchange import _copy
-from hyperckpt._storage import outputs
+from hyperckpt._storage import libc, outputs
 from hyperckpt._storage.outputs import SharedBuffer
 
 needs_shared = pytest.mark.skipif(
@@ -40,6 +42,34 @@ def test_a_shared_buffer_is_seen_by_its_name_and_outlives_the_removal_of_that_na
     finally:
         own.remove()
         own.close()
+
+
+@needs_shared
+def test_a_shared_buffer_has_every_page_reserved_when_made() -> None:
+    own = SharedBuffer.create(3 * 4096 + 5)
+    assert own is not None
+    try:
+        stat = os.stat(outputs.SHARED_DIR / own.name)
+        assert stat.st_size == own.size
+        assert stat.st_blocks * 512 >= own.size  # not sparse: writing it cannot meet ENOSPC
+    finally:
+        own.remove()
+        own.close()
+
+
+@needs_shared
+def test_a_full_shared_memory_directory_refuses_the_buffer_and_leaves_no_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def full(fd: int, mode: int, offset: int, length: int) -> int:
+        ctypes.set_errno(errno.ENOSPC)
+        return -1
+
+    monkeypatch.setattr(libc, "fallocate", full)
+    mine = f"hyperckpt-exchange-{os.getpid()}-"
+    with pytest.raises(OSError, match="reserving 12293 bytes: No space left on device"):
+        SharedBuffer.create(3 * 4096 + 5)
+    assert not [n for n in os.listdir(outputs.SHARED_DIR) if n.startswith(mine)]
 
 
 @pytest.mark.parametrize("name", ["../etc/passwd", "other-prefix", "hyperckpt-exchange-a/b"])
