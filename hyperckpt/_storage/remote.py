@@ -2,16 +2,12 @@
 
 :class:`S3Storage` is a checkpoint "directory" in an S3 bucket (or an S3-compatible store):
 names are keys under the prefix, an entry's stamp comes from a ``HEAD`` (size, ETag,
-version, last modification), and an :class:`S3File` reads exact byte ranges with one ranged
-``GET`` each, the object's ETag pinned (``If-Match``): an object replaced after its stamp
-was taken answers ``412`` and is refused as changed, so bytes of two versions never mix.
-
-Every response is checked before a byte is used: the status, ``Content-Range`` (the range
-asked for, of an object of the stamped size) and the body's length; a body that ends early
-(a dropped connection) is fetched again.  Throttling, ``5xx`` answers, timeouts and dropped
-connections are retried with a bounded, jittered exponential backoff, then refused naming
-the object, the range and the last error (never a credential).  Writing is refused: a
-consolidation from a bucket writes to a local directory.
+version, last modification), and an :class:`~hyperckpt._storage.s3_file.S3File` reads
+exact byte ranges with one ranged ``GET`` each, the object's ETag pinned (``If-Match``): an
+object replaced after its stamp was taken answers ``412`` and is refused as changed, so
+bytes of two versions never mix.  Requests are made and retried by
+:mod:`hyperckpt._storage.s3_requests`.  Writing is refused: a consolidation from a bucket
+writes to a local directory.
 
 The client is boto3 (the ``s3`` extra: ``pip install hyperckpt[s3]``), chosen by
 measurement (``docs/design.md``, "Object storage"); endpoint, region and credentials come
@@ -21,21 +17,24 @@ credential chain).  No torch.
 
 from __future__ import annotations
 
-import http.client
-import logging
-import os
 import posixpath
-import random
 import threading
-import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from hyperckpt._storage.protocol import Entry
-from hyperckpt._storage.stamp import FileStamp, stamp_changes
+from hyperckpt._storage.s3_file import S3File
+from hyperckpt._storage.s3_requests import (
+    RemoteSettings,
+    RequestCounts,
+    Retry,
+    attempt,
+    shared_client,
+    status_of,
+    stream,
+)
+from hyperckpt._storage.stamp import FileStamp
 from hyperckpt.errors import (
     CheckpointChangedError,
     CheckpointError,
@@ -55,8 +54,6 @@ __all__ = [
     "split_url",
 ]
 
-logger = logging.getLogger(__name__)
-
 #: URL schemes read from object storage.
 SCHEMES: Final = ("s3://",)
 #: Keys listed at most in one folder: more than any checkpoint holds.
@@ -65,13 +62,6 @@ MAX_LISTED: Final = 100_000
 WHOLE_FIRST_READ: Final = 256 * 2**10
 #: Objects opened ahead at once.
 _AHEAD_THREADS: Final = 32
-#: HTTP statuses worth a retry: throttling, server errors.
-_RETRY_STATUS: Final = frozenset({408, 429, 500, 502, 503, 504})
-#: Error codes worth a retry whatever their status.
-_RETRY_CODES: Final = frozenset(
-    {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError"}
-)
-_INSTALL: Final = "pip install hyperckpt[s3]"
 
 
 def is_remote(path: object) -> bool:
@@ -93,104 +83,6 @@ def split_url(url: str) -> tuple[str, str]:
             path=url,
         )
     return bucket, prefix.strip("/")
-
-
-@dataclass(frozen=True, slots=True)
-class RemoteSettings:
-    """How requests to object storage are made and retried.
-
-    Attributes:
-        attempts: Tries of one request, the first included (at least 1).
-        backoff_s: Wait before the first retry in seconds; doubled after each, jittered.
-        backoff_cap_s: Longest wait between two tries, in seconds.
-        connect_timeout_s: Seconds to open a connection.
-        read_timeout_s: Seconds without a byte on an open connection before the try fails.
-        connections: Connections kept open to the store (at least the requests in flight).
-    """
-
-    attempts: int = 6
-    backoff_s: float = 0.1
-    backoff_cap_s: float = 5.0
-    connect_timeout_s: float = 10.0
-    read_timeout_s: float = 60.0
-    connections: int = 64
-
-
-@dataclass(slots=True)
-class RequestCounts:
-    """Requests made by one :class:`S3Storage` (all its files, all threads).
-
-    Attributes:
-        gets: Ranged GETs answered with data.
-        heads: HEAD requests.
-        lists: LIST pages.
-        retries: Tries that failed and were made again.
-        bytes: Body bytes received by GETs.
-    """
-
-    gets: int = 0
-    heads: int = 0
-    lists: int = 0
-    retries: int = 0
-    bytes: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def add(self, **counts: int) -> None:
-        """Add to the named counters."""
-        with self._lock:
-            for name, value in counts.items():
-                setattr(self, name, getattr(self, name) + value)
-
-
-class _Retry(Exception):
-    """A try failed in a way worth another: ``reason`` says how, for the final message."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-#: One client per settings and environment: making one costs tens of milliseconds, and a
-#: client is safe to share between threads.
-_CLIENTS: dict[tuple[object, ...], Any] = {}
-_CLIENTS_LOCK = threading.Lock()
-#: What a client is made from besides the settings (never a secret).
-_CLIENT_ENV: Final = (
-    "AWS_ENDPOINT_URL",
-    "AWS_ENDPOINT_URL_S3",
-    "AWS_REGION",
-    "AWS_DEFAULT_REGION",
-    "AWS_PROFILE",
-    "AWS_ACCESS_KEY_ID",
-)
-
-
-def _client(settings: RemoteSettings, url: str) -> Any:
-    key = (settings, *(os.environ.get(name) for name in _CLIENT_ENV))
-    with _CLIENTS_LOCK:
-        client = _CLIENTS.get(key)
-        if client is None:
-            client = _CLIENTS[key] = _new_client(settings, url)
-        return client
-
-
-def _new_client(settings: RemoteSettings, url: str) -> Any:
-    try:
-        import boto3
-        from botocore.config import Config
-    except ImportError as err:
-        raise CheckpointError(
-            f"{url}: reading a checkpoint from object storage needs boto3, which is not "
-            f"installed: {_INSTALL}",
-            path=url,
-        ) from err
-    config = Config(
-        connect_timeout=settings.connect_timeout_s,
-        read_timeout=settings.read_timeout_s,
-        max_pool_connections=settings.connections,
-        retries={"total_max_attempts": 1},  # the retries are ours (they cover bodies too)
-    )
-    return boto3.session.Session().client("s3", config=config)
 
 
 class S3Storage:
@@ -216,7 +108,7 @@ class S3Storage:
         self.bucket, self.prefix = split_url(url)
         self._root = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
         self.settings = settings or RemoteSettings()
-        self._client: Any = client if client is not None else _client(self.settings, url)
+        self._client: Any = client if client is not None else shared_client(self.settings, url)
         self.counts = RequestCounts()
         self._ahead: dict[tuple[str, int], Future[S3File]] = {}
         # Opened by open_file already (fetched there or taken from ahead): never again ahead.
@@ -436,7 +328,7 @@ class S3Storage:
                     Bucket=self.bucket, Key=key, Range=f"bytes=0-{prefetch - 1}"
                 )
             except ClientError as err:
-                status, code = _status(err)
+                status, code = status_of(err)
                 if status == 416 or code == "InvalidRange":
                     return {}  # an empty object has no byte 0: a HEAD stamps it
                 raise
@@ -444,12 +336,12 @@ class S3Storage:
             try:
                 size = _opened_size(response, prefetch, where, what, name)
                 buffer = bytearray(min(size, prefetch))
-                got = _stream(body, [memoryview(buffer)])
+                got = stream(body, [memoryview(buffer)])
             finally:
                 body.close()
             self.counts.add(gets=1, bytes=got)
             if got < len(buffer):
-                raise _Retry(f"a short body ({got} of {len(buffer)} bytes)")
+                raise Retry(f"a short body ({got} of {len(buffer)} bytes)")
             modified = response.get("LastModified")
             stamp = FileStamp(
                 size=size,
@@ -528,98 +420,16 @@ class S3Storage:
         missing: str | None = None,
         again: str | None = None,
     ) -> dict[str, Any]:
-        """Call ``request`` until it succeeds or the tries run out.
-
-        Args:
-            request: A callable making one try; it may raise ``_Retry`` itself (a short
-                body).
-            what: The request, for messages (``"GET bytes 0-7"``).
-            where: The object's URL, for messages.
-            missing: The name refused as missing on a ``404`` (``HEAD``); ``None``: a
-                ``404`` means the object went away (a read after its stamp was taken).
-            again: What a changed object means and what to do (reads).
-
-        Raises:
-            CheckpointNotFoundError: ``404`` and ``missing`` is given.
-            CheckpointChangedError: ``412`` (another version), or ``404`` on a read.
-            CheckpointError: A refusal (``403``, ``400``), or the tries ran out.
-        """
-        from botocore.exceptions import (
-            BotoCoreError,
-            ClientError,
-            ConnectionError,
-            HTTPClientError,
-            IncompleteReadError,
-            NoCredentialsError,
-        )
-
-        settings = self.settings
-        last = ""
-        for attempt in range(max(1, settings.attempts)):
-            if attempt:
-                self.counts.add(retries=1)
-                wait = min(settings.backoff_cap_s, settings.backoff_s * 2 ** (attempt - 1))
-                time.sleep(wait * (0.5 + random.random() / 2))
-            try:
-                return request()
-            except _Retry as err:
-                last = err.reason
-            except ClientError as err:
-                status, code = _status(err)
-                if status == 412 or code == "PreconditionFailed":
-                    raise CheckpointChangedError(
-                        f"{where}: another version of the object is there now ({what} answered "
-                        f"412 for the ETag whose header was read); "
-                        f"{again or 'it was replaced meanwhile: start again'}",
-                        path=where,
-                    ) from None
-                if status == 404 or code in ("NoSuchKey", "NotFound", "404"):
-                    if missing is not None:
-                        raise CheckpointNotFoundError(
-                            f"{where}: no such object; a file of the checkpoint is missing "
-                            f"(check the bucket and prefix)",
-                            path=missing,
-                            rule="file.missing",
-                        ) from None
-                    raise CheckpointChangedError(
-                        f"{where}: the object is gone ({what} answered 404) though it was there "
-                        f"when its header was read; {again or 'start again'}",
-                        path=where,
-                    ) from None
-                if status == 416 or code == "InvalidRange":
-                    raise CheckpointChangedError(
-                        f"{where}: {what} is past the object's end (416); the object is shorter "
-                        f"than when its header was read; {again or 'start again'}",
-                        path=where,
-                    ) from None
-                if status in _RETRY_STATUS or code in _RETRY_CODES:
-                    last = f"{status} {code}"
-                    continue
-                raise CheckpointError(
-                    f"{where}: {what} refused by the store ({status} {code}); check the "
-                    f"bucket, the prefix and the permissions of the credentials in use",
-                    path=where,
-                ) from None
-            except NoCredentialsError:
-                raise CheckpointError(
-                    f"{where}: no credentials for object storage; set them the standard way "
-                    f"(AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or an "
-                    f"instance role)",
-                    path=where,
-                ) from None
-            except (ConnectionError, HTTPClientError, IncompleteReadError) as err:
-                # Dropped connections, timeouts, bodies cut short: worth another try.
-                last = type(err).__name__
-            except BotoCoreError as err:
-                raise CheckpointError(
-                    f"{where}: {what} failed: {type(err).__name__}", path=where
-                ) from None
-            logger.debug("hyperckpt: %s of %s failed (%s), retrying", what, where, last)
-        raise CheckpointError(
-            f"{where}: {what} failed {settings.attempts} times, the last with {last}; the "
-            f"store is unreachable, overloaded or failing: check the endpoint and the "
-            f"network, then start again",
-            path=where,
+        """:func:`~hyperckpt._storage.s3_requests.attempt` with this store's settings and
+        counts."""
+        return attempt(
+            self.settings,
+            self.counts,
+            request,
+            what=what,
+            where=where,
+            missing=missing,
+            again=again,
         )
 
 
@@ -643,212 +453,3 @@ def _opened_size(response: dict[str, Any], prefetch: int, where: str, what: str,
             path=name,
         )
     return size
-
-
-def _status(err: Exception) -> tuple[int, str]:
-    response = getattr(err, "response", {}) or {}
-    status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-    code = str(response.get("Error", {}).get("Code") or "")
-    return status, code
-
-
-class S3File:
-    """One object open for reading: its stamp (ETag pinned) and exact ranged reads.
-
-    Reads are independent ranged GETs, so one file serves many threads.
-
-    Attributes:
-        name: How messages name it (relative to the checkpoint's prefix).
-        stamp: Its identity when it was opened; every read pins its ETag.
-    """
-
-    __slots__ = ("_again", "_head", "_key", "_storage", "name", "stamp")
-
-    def __init__(
-        self,
-        storage: S3Storage,
-        name: str,
-        stamp: FileStamp,
-        *,
-        again: str | None = None,
-        head: bytes = b"",
-    ) -> None:
-        self._storage = storage
-        self._key = storage.resolve(name)
-        self._again = again
-        self._head = head  # the object's first bytes, fetched with its stamp
-        self.name = name
-        self.stamp = stamp
-
-    @property
-    def size(self) -> int:
-        """Bytes in the object when its stamp was taken."""
-        return self.stamp.size
-
-    def fileno(self) -> int:
-        """Refused: an object has no descriptor (the read engine takes its remote route)."""
-        raise ValueError(f"{self._storage.url(self.name)}: an object in a store has no descriptor")
-
-    def read_exact(self, offset: int, length: int) -> bytes:
-        """Exactly ``length`` bytes from ``offset`` (one ranged GET, retried; none for the
-        bytes fetched when the object was opened)."""
-        held = self._head[offset : offset + length]
-        if len(held) == length:
-            return held
-        buffer = bytearray(length - len(held))
-        self.readinto(offset + len(held), memoryview(buffer))
-        return held + bytes(buffer)
-
-    def readinto(self, offset: int, buffer: memoryview) -> None:
-        """Fill ``buffer`` from ``offset`` with one ranged GET (the body streamed into it).
-
-        Raises:
-            CheckpointChangedError: Another version is there (``412``), the object is gone,
-                or the range is past its end.
-            CheckpointError: The response was the wrong range or length, or the tries ran
-                out; the message names the object, the range and the last error.
-        """
-        self.readinto_many(offset, [buffer])
-
-    def readinto_many(self, offset: int, buffers: list[memoryview]) -> None:
-        """Fill ``buffers`` in order with the object's consecutive bytes from ``offset``, one
-        ranged GET for all of them (a gap between two wanted ranges is a buffer dropped)."""
-        length = sum(len(b) for b in buffers)
-        if length == 0:
-            return
-        if offset + length <= len(self._head):  # fetched when the object was opened
-            for buffer in buffers:
-                buffer[:] = self._head[offset : offset + len(buffer)]
-                offset += len(buffer)
-            return
-        end = offset + length - 1
-        storage = self._storage
-        where = storage.url(self.name)
-        what = f"GET bytes {offset}-{end}"
-        if offset + length > self.size:
-            raise CheckpointChangedError(
-                f"{where}: bytes {offset}-{end} asked of an object of {self.size} bytes; "
-                f"{self._again or 'start again'}",
-                path=self.name,
-            )
-        args: dict[str, str] = {
-            "Bucket": storage.bucket,
-            "Key": self._key,
-            "Range": f"bytes={offset}-{end}",
-        }
-        if self.stamp.etag:
-            args["IfMatch"] = self.stamp.etag
-        if self.stamp.version:
-            args["VersionId"] = self.stamp.version
-
-        def one_try() -> dict[str, Any]:
-            response = storage._client.get_object(**args)
-            body = response["Body"]
-            try:
-                self._check_response(response, offset, end, length, where, what)
-                got = _stream(body, buffers)
-            finally:
-                body.close()
-            storage.counts.add(gets=1, bytes=got)
-            if got < length:
-                raise _Retry(f"a short body ({got} of {length} bytes)")
-            return {}
-
-        storage.attempt(one_try, what=what, where=where, again=self._again)
-
-    def _check_response(
-        self,
-        response: dict[str, Any],
-        offset: int,
-        end: int,
-        length: int,
-        where: str,
-        what: str,
-    ) -> None:
-        expected = f"bytes {offset}-{end}/{self.size}"
-        got_range = response.get("ContentRange")
-        got_length = response.get("ContentLength")
-        etag = response.get("ETag")
-        if self.stamp.etag and etag is not None and etag != self.stamp.etag:
-            raise CheckpointChangedError(
-                f"{where}: {what} answered with ETag {etag}, not {self.stamp.etag} whose header "
-                f"was read; {self._again or 'start again'}",
-                path=self.name,
-            )
-        if got_range != expected or got_length != length:
-            raise CheckpointError(
-                f"{where}: {what} answered Content-Range {got_range!r} and Content-Length "
-                f"{got_length!r}, expected {expected!r} and {length}; the store (or a proxy in "
-                f"front of it) answered another range: its bytes are not used",
-                path=self.name,
-            )
-
-    def check_unchanged(self, expected: FileStamp, *, when: str, again: str) -> None:
-        """Refuse an object whose pinned stamp differs from ``expected`` (each read already
-        refused another version with ``If-Match``; no request is made)."""
-        changes = [
-            change
-            for change in stamp_changes(expected, self.stamp, device=False)
-            if change.startswith(("size", "etag", "version"))
-        ]
-        if changes:
-            raise CheckpointChangedError(
-                f"{self._storage.url(self.name)}: changed {when} ({', '.join(changes)}); {again}",
-                path=self.name,
-            )
-
-    def close(self) -> None:
-        """Nothing to release: each read is its own request."""
-
-    def __enter__(self) -> S3File:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
-#: Most bytes asked of a response body at once where its socket cannot be read directly.
-#: The HTTP stack under boto3 answers a ``readinto`` by reading into a new buffer of the
-#: asked size and copying it: a piece of this size is reused from the allocator's heap,
-#: where a GET-sized one is fresh memory (page faults) each time.
-STREAM_PIECE = 2**20
-
-
-def _stream(body: Any, buffers: list[memoryview]) -> int:
-    """Read ``body`` into ``buffers`` in order until they are full or it ends; the bytes read.
-
-    The bytes go from the socket straight into the buffers where the response under boto3's
-    body is the standard library's (``http.client``), as it is with urllib3: boto3's own
-    ``readinto`` reads each piece into a new buffer and copies it (a quarter of a load's
-    CPU on a local store, ``docs/benchmarks/s3_load.md``).  Elsewhere the body is read in
-    pieces of :data:`STREAM_PIECE`.
-
-    Raises:
-        _Retry: The connection failed or timed out while the body was read.
-    """
-    raw: Any = getattr(body, "_raw_stream", None)
-    direct: http.client.HTTPResponse | None = getattr(raw, "_fp", None)
-    if not isinstance(direct, http.client.HTTPResponse) or direct.chunked:
-        direct = None
-    read = body.readinto if direct is None else direct.readinto
-    piece = STREAM_PIECE if direct is None else 2**62
-    done = 0
-    try:
-        for buffer in buffers:
-            filled = 0
-            while filled < len(buffer):
-                got = read(buffer[filled : filled + piece])
-                if not got:
-                    return done + filled
-                filled += got
-            done += filled
-    except OSError as err:  # a reset or a timeout on the socket itself (the direct path)
-        raise _Retry(type(err).__name__) from None
-    if direct is not None and direct.isclosed():
-        raw.release_conn()  # the whole body was read: the connection serves the next GET
-    return done
