@@ -3,9 +3,9 @@
 :func:`plan_stripe_arrays` is the stripe planner of :mod:`hyperckpt._exchange.stripes`
 (the same stripes, parts, rounds, messages and buffer offsets) run on the columns of
 :class:`~hyperckpt._exchange.requests.Requests` instead of per-item objects.  Its result, a
-:class:`StripePlan`, holds the whole schedule as arrays; :meth:`StripePlan.share` cuts out
-one rank's part as a small :class:`StripeShare` (arrays again, what DCP scatters back to
-that rank), and :meth:`StripeShare.schedule` builds that rank's
+:class:`StripePlan`, holds the whole schedule as arrays; :meth:`StripePlan.shares` cuts out
+each rank's part as a small :class:`StripeShare` (arrays again, what DCP scatters back to
+that rank; a block of ranks at a time, :mod:`~hyperckpt._exchange.stripe_shares`), and :meth:`StripeShare.schedule` builds that rank's
 :class:`~hyperckpt._exchange.stripes.StripeSchedule` on the rank itself.  The only loops
 left in Python are over extents (merged row ranges, one per stored chunk under FSDP) to cut
 the stripes, and over stripe parts to place them in rounds.
@@ -47,6 +47,7 @@ __all__ = [
     "columns_of_plans",
     "columns_of_requests",
     "cut_stripes",
+    "narrow_kind",
     "narrowest_ints",
     "part_rows",
     "plan_stripe_arrays",
@@ -184,84 +185,14 @@ class StripePlan:
                 :func:`chunk_table`): the shares then name chunks by their index there
                 instead of by name.  Every chunk of the plan must be in it.
         """
-        world = self.world
-        bounds = self._slot_bounds()
-        # Each message belongs to its source and, when another rank, its receiver.
-        index = np.arange(len(self.message_start))
-        other = self.message_receiver != self.message_source
-        owner = np.concatenate((self.message_source, self.message_receiver[other]))
-        owned = np.concatenate((index, index[other]))
-        # By (owner, message): the pairs are distinct, so sorting them packed into one
-        # number (a plain sort of values) gives np.lexsort's order in one pass.
-        bits = max(1, len(index).bit_length())
-        pairs = np.sort((owner << bits) | owned)
-        owner, owned = pairs >> bits, pairs & ((1 << bits) - 1)
-        del pairs
-        message_edges = np.searchsorted(owner, np.arange(world + 1))
-        part_order = np.argsort(self.part_reader, kind="stable")
-        part_edges = np.searchsorted(self.part_reader[part_order], np.arange(world + 1))
+        # (Cut a block of ranks at a time, in their own module; it imports this one.)
+        from hyperckpt._exchange.stripe_shares import cut_shares
+
         in_table = None
         if table is not None:
             where = {chunk: number for number, chunk in enumerate(table)}
             in_table = _ints([where[chunk] for chunk in self.columns.chunks])
-        return [
-            self._share(
-                rank,
-                owned[message_edges[rank] : message_edges[rank + 1]],
-                part_order[part_edges[rank] : part_edges[rank + 1]],
-                bounds,
-                in_table,
-            )
-            for rank in range(world)
-        ]
-
-    def _share(
-        self, rank: int, messages: Ints, parts: Ints, bounds: Ints, in_table: Ints | None
-    ) -> StripeShare:
-        counts = bounds[messages + 1] - bounds[messages]
-        slots = np.repeat(bounds[messages], counts) + ramps(counts)
-        c = self.columns
-        keys, key_local = np.unique(self.slot_key[slots], return_inverse=True)
-        chunks, chunk_local = np.unique(
-            np.concatenate((self.part_chunk[parts], c.key_chunk[keys])), return_inverse=True
-        )
-        chunk_local = chunk_local.reshape(-1)
-        ndim = c.chunk_ndim[chunks]
-        width = int(ndim.max(initial=0))
-        named: tuple[ChunkKey, ...] | Ints = (
-            tuple(c.chunks[int(i)] for i in chunks)
-            if in_table is None
-            else narrowest_ints(in_table[chunks])
-        )
-        return StripeShare(
-            rank=rank,
-            world_size=self.world,
-            rounds=self.rounds,
-            chunks=named,
-            chunk_ndim=narrowest_ints(ndim),
-            key_chunk=narrowest_ints(chunk_local[len(parts) :]),
-            key_offsets=narrowest_ints(c.key_offsets[keys, :width]),
-            key_lengths=narrowest_ints(c.key_lengths[keys, :width]),
-            parts=_columns(
-                self.part_round[parts],
-                chunk_local[: len(parts)],
-                self.part_first[parts],
-                self.part_stop[parts],
-            ),
-            messages=_columns(
-                self.message_round[messages],
-                self.message_source[messages],
-                self.message_receiver[messages],
-                counts,
-            ),
-            slots=_columns(
-                key_local.reshape(-1),
-                self.slot_part[slots],
-                self.slot_first[slots],
-                self.slot_stop[slots],
-                self.slot_nbytes[slots],
-            ),
-        )
+        return cut_shares(self, in_table)
 
 
 def chunk_table(chunks: Iterable[ChunkKey]) -> tuple[ChunkKey, ...]:
@@ -825,20 +756,21 @@ def _ints(values: list[int]) -> Ints:
     return np.asarray(values, dtype=np.int64).reshape(-1)
 
 
-def _columns(*values: Ints) -> tuple[Ints, ...]:
-    return tuple(narrowest_ints(np.asarray(v, dtype=np.int64).reshape(-1)) for v in values)
-
-
 def narrowest_ints(values: Ints) -> Ints:
     """``values`` in the narrowest signed integer type that holds them (smaller pickles)."""
     if not values.size:
         return values.astype(np.int8)
     # (The ufuncs' reduce directly: this runs ~18 times per share, on small arrays.)
     low, high = int(_MIN(values, axis=None)), int(_MAX(values, axis=None))
+    return values.astype(narrow_kind(low, high))
+
+
+def narrow_kind(low: int, high: int) -> type[np.signedinteger]:
+    """The narrowest signed integer type that holds ``low`` to ``high``."""
     for kind, least, most in _NARROW:
         if least <= low and high <= most:
-            return values.astype(kind)
-    return values.astype(np.int64)
+            return kind
+    return np.int64
 
 
 _MIN, _MAX = np.minimum.reduce, np.maximum.reduce
