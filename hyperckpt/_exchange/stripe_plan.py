@@ -405,9 +405,14 @@ def plan_stripe_arrays(
     p_group = p_round * world + p_reader
     in_order = p_group[placed]
     group_starts = np.flatnonzero(np.concatenate(([True], in_order[1:] != in_order[:-1])))
-    slots: list[tuple[Ints, ...]] = []
-    messages: list[tuple[Ints, ...]] = []
-    done = 0
+    # Written in place, block after block: a block's results joined at the end would be
+    # every slot's memory faulted in twice (the blocks', then the joined arrays').  No
+    # more slots than boxes (nor messages than slots); the tail never written is never
+    # faulted in.
+    bound = int(width.sum())
+    slot_columns = [np.empty(bound, np.int64) for _ in range(6)]
+    message_columns = [np.empty(bound, np.int64) for _ in range(5)]
+    done = sent = 0
     for first, stop in _blocks(width[placed], group_starts):
         b_part, b_req, b_a, b_b = boxes.made(placed[first:stop])
         b_receiver = r_rank[b_req]
@@ -427,33 +432,25 @@ def plan_stripe_arrays(
             continue
         last = np.append(first_of[1:], len(order)) - 1
         chunk_base = base[r_chunk[b_req]]
-        slots.append(
-            (
-                r_key[b_req],
-                ordinal[b_part],
-                b_a - chunk_base,
-                b_b - chunk_base,
-                slot_offset,
-                b_bytes,
-            )
-        )
-        messages.append(
-            (
-                p_round[b_part[first_of]],
-                p_reader[b_part[first_of]],
-                b_receiver[first_of],
-                first_of + done,
-                slot_offset[last] + b_bytes[last],
-            )
-        )
+        into = slice(done, done + len(order))
+        slot_columns[0][into] = r_key[b_req]
+        slot_columns[1][into] = ordinal[b_part]
+        np.subtract(b_a, chunk_base, out=slot_columns[2][into])
+        np.subtract(b_b, chunk_base, out=slot_columns[3][into])
+        slot_columns[4][into] = slot_offset
+        slot_columns[5][into] = b_bytes
+        into = slice(sent, sent + len(first_of))
+        message_columns[0][into] = p_round[b_part[first_of]]
+        message_columns[1][into] = p_reader[b_part[first_of]]
+        message_columns[2][into] = b_receiver[first_of]
+        np.add(first_of, done, out=message_columns[3][into])
+        np.add(slot_offset[last], b_bytes[last], out=message_columns[4][into])
         done += len(order)
+        sent += len(first_of)
     slot_key, slot_part, slot_first, slot_stop, slot_offset, slot_nbytes = (
-        _join([block[column] for block in slots]) for column in range(6)
+        column[:done] for column in slot_columns
     )
-    del slots
-    m_round, m_source, m_receiver, m_start, m_nbytes = (
-        _join([block[column] for block in messages]) for column in range(5)
-    )
+    m_round, m_source, m_receiver, m_start, m_nbytes = (column[:sent] for column in message_columns)
     return StripePlan(
         world=world,
         rounds=int(p_round.max(initial=-1)) + 1,
