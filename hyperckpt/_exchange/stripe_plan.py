@@ -337,7 +337,11 @@ def plan_stripe_arrays(
     r_chunk, r_first, r_stop, r_rank, r_key, r_row = req
     # The union of the requested rows per chunk (touching ranges merge), in file order.
     span = int(c.chunk_rows.max(initial=0)) + 2
-    reach = np.maximum.accumulate(r_chunk * span + r_stop) - r_chunk * span
+    lead = r_chunk * span
+    reach = lead + r_stop
+    np.maximum.accumulate(reach, out=reach)
+    reach -= lead
+    del lead
     begins = np.ones(len(r_chunk), dtype=bool)
     if len(r_chunk):
         begins[1:] = (r_chunk[1:] != r_chunk[:-1]) | (r_first[1:] > reach[:-1])
@@ -361,7 +365,9 @@ def plan_stripe_arrays(
     p_chunk, p_reader = st_chunk[stripe], st_reader[stripe]
     # Requests and parts in one row space: chunk after chunk.
     base = np.concatenate(([0], np.cumsum(c.chunk_rows)))[:-1].astype(np.int64)
-    g_begin, g_end = base[r_chunk] + r_first, base[r_chunk] + r_stop
+    g_begin = base[r_chunk]
+    g_end = g_begin + r_stop
+    g_begin += r_first
     g_first, g_stop = base[p_chunk] + p_first, base[p_chunk] + p_stop
     # Counted before any box is built, so an absurd plan is refused in linear time.
     routed = int(
