@@ -355,7 +355,10 @@ def plan_stripe_arrays(
     ext_row = row_bytes[ext_chunk]
     st_reader, st_ext, st_first, st_stop = cut_stripes(ext_row, ext_first, ext_stop, readers)
     st_chunk = ext_chunk[st_ext]
-    delivered = int(((r_stop - r_first) * r_row).sum())
+    delivered_rows = np.subtract(r_stop, r_first, dtype=np.result_type(r_stop, r_first, r_row))
+    delivered_rows *= r_row
+    delivered = int(delivered_rows.sum())
+    del delivered_rows
     needed = int(((ext_stop - ext_first) * ext_row).sum())
     step = part_rows(delivered, needed, round_bytes, row_bytes[st_chunk])
     count = -(-(st_stop - st_first) // step)
