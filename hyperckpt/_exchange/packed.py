@@ -29,6 +29,9 @@ def packed_keys(columns: Sequence[NDArray[np.integer]], count: int) -> list[Ints
     keys: list[Ints] = []
     key: Ints | None = None
     bits = 0
+    # A column packed into a key passes through one reused array: at millions of rows a
+    # fresh one per column is memory the kernel faults in again each time.
+    scratch: Ints | None = None
     for column in columns:
         if not len(column):
             continue
@@ -36,14 +39,14 @@ def packed_keys(columns: Sequence[NDArray[np.integer]], count: int) -> list[Ints
         if low == high:
             continue
         width = (high - low).bit_length()
-        shifted = np.subtract(column, low, dtype=np.int64)
         if key is None or bits + width > _KEY_BITS:
             if key is not None:
                 keys.append(key)
-            key, bits = shifted, width
+            key, bits = np.subtract(column, low, dtype=np.int64), width
         else:
+            scratch = np.subtract(column, low, dtype=np.int64, out=scratch)
             key <<= width
-            key |= shifted
+            key |= scratch
             bits += width
     if key is not None:
         keys.append(key)

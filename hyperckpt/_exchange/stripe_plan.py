@@ -3,9 +3,9 @@
 :func:`plan_stripe_arrays` is the stripe planner of :mod:`hyperckpt._exchange.stripes`
 (the same stripes, parts, rounds, messages and buffer offsets) run on the columns of
 :class:`~hyperckpt._exchange.requests.Requests` instead of per-item objects.  Its result, a
-:class:`StripePlan`, holds the whole schedule as arrays; :meth:`StripePlan.share` cuts out
-one rank's part as a small :class:`StripeShare` (arrays again, what DCP scatters back to
-that rank), and :meth:`StripeShare.schedule` builds that rank's
+:class:`StripePlan`, holds the whole schedule as arrays; :meth:`StripePlan.shares` cuts out
+each rank's part as a small :class:`StripeShare` (arrays again, what DCP scatters back to
+that rank; a block of ranks at a time, :mod:`~hyperckpt._exchange.stripe_shares`), and :meth:`StripeShare.schedule` builds that rank's
 :class:`~hyperckpt._exchange.stripes.StripeSchedule` on the rank itself.  The only loops
 left in Python are over extents (merged row ranges, one per stored chunk under FSDP) to cut
 the stripes, and over stripe parts to place them in rounds.
@@ -47,6 +47,7 @@ __all__ = [
     "columns_of_plans",
     "columns_of_requests",
     "cut_stripes",
+    "narrow_kind",
     "narrowest_ints",
     "part_rows",
     "plan_stripe_arrays",
@@ -184,84 +185,14 @@ class StripePlan:
                 :func:`chunk_table`): the shares then name chunks by their index there
                 instead of by name.  Every chunk of the plan must be in it.
         """
-        world = self.world
-        bounds = self._slot_bounds()
-        # Each message belongs to its source and, when another rank, its receiver.
-        index = np.arange(len(self.message_start))
-        other = self.message_receiver != self.message_source
-        owner = np.concatenate((self.message_source, self.message_receiver[other]))
-        owned = np.concatenate((index, index[other]))
-        # By (owner, message): the pairs are distinct, so sorting them packed into one
-        # number (a plain sort of values) gives np.lexsort's order in one pass.
-        bits = max(1, len(index).bit_length())
-        pairs = np.sort((owner << bits) | owned)
-        owner, owned = pairs >> bits, pairs & ((1 << bits) - 1)
-        del pairs
-        message_edges = np.searchsorted(owner, np.arange(world + 1))
-        part_order = np.argsort(self.part_reader, kind="stable")
-        part_edges = np.searchsorted(self.part_reader[part_order], np.arange(world + 1))
+        # (Cut a block of ranks at a time, in their own module; it imports this one.)
+        from hyperckpt._exchange.stripe_shares import cut_shares
+
         in_table = None
         if table is not None:
             where = {chunk: number for number, chunk in enumerate(table)}
             in_table = _ints([where[chunk] for chunk in self.columns.chunks])
-        return [
-            self._share(
-                rank,
-                owned[message_edges[rank] : message_edges[rank + 1]],
-                part_order[part_edges[rank] : part_edges[rank + 1]],
-                bounds,
-                in_table,
-            )
-            for rank in range(world)
-        ]
-
-    def _share(
-        self, rank: int, messages: Ints, parts: Ints, bounds: Ints, in_table: Ints | None
-    ) -> StripeShare:
-        counts = bounds[messages + 1] - bounds[messages]
-        slots = np.repeat(bounds[messages], counts) + ramps(counts)
-        c = self.columns
-        keys, key_local = np.unique(self.slot_key[slots], return_inverse=True)
-        chunks, chunk_local = np.unique(
-            np.concatenate((self.part_chunk[parts], c.key_chunk[keys])), return_inverse=True
-        )
-        chunk_local = chunk_local.reshape(-1)
-        ndim = c.chunk_ndim[chunks]
-        width = int(ndim.max(initial=0))
-        named: tuple[ChunkKey, ...] | Ints = (
-            tuple(c.chunks[int(i)] for i in chunks)
-            if in_table is None
-            else narrowest_ints(in_table[chunks])
-        )
-        return StripeShare(
-            rank=rank,
-            world_size=self.world,
-            rounds=self.rounds,
-            chunks=named,
-            chunk_ndim=narrowest_ints(ndim),
-            key_chunk=narrowest_ints(chunk_local[len(parts) :]),
-            key_offsets=narrowest_ints(c.key_offsets[keys, :width]),
-            key_lengths=narrowest_ints(c.key_lengths[keys, :width]),
-            parts=_columns(
-                self.part_round[parts],
-                chunk_local[: len(parts)],
-                self.part_first[parts],
-                self.part_stop[parts],
-            ),
-            messages=_columns(
-                self.message_round[messages],
-                self.message_source[messages],
-                self.message_receiver[messages],
-                counts,
-            ),
-            slots=_columns(
-                key_local.reshape(-1),
-                self.slot_part[slots],
-                self.slot_first[slots],
-                self.slot_stop[slots],
-                self.slot_nbytes[slots],
-            ),
-        )
+        return cut_shares(self, in_table)
 
 
 def chunk_table(chunks: Iterable[ChunkKey]) -> tuple[ChunkKey, ...]:
@@ -406,7 +337,11 @@ def plan_stripe_arrays(
     r_chunk, r_first, r_stop, r_rank, r_key, r_row = req
     # The union of the requested rows per chunk (touching ranges merge), in file order.
     span = int(c.chunk_rows.max(initial=0)) + 2
-    reach = np.maximum.accumulate(r_chunk * span + r_stop) - r_chunk * span
+    lead = r_chunk * span
+    reach = lead + r_stop
+    np.maximum.accumulate(reach, out=reach)
+    reach -= lead
+    del lead
     begins = np.ones(len(r_chunk), dtype=bool)
     if len(r_chunk):
         begins[1:] = (r_chunk[1:] != r_chunk[:-1]) | (r_first[1:] > reach[:-1])
@@ -420,7 +355,10 @@ def plan_stripe_arrays(
     ext_row = row_bytes[ext_chunk]
     st_reader, st_ext, st_first, st_stop = cut_stripes(ext_row, ext_first, ext_stop, readers)
     st_chunk = ext_chunk[st_ext]
-    delivered = int(((r_stop - r_first) * r_row).sum())
+    delivered_rows = np.subtract(r_stop, r_first, dtype=np.result_type(r_stop, r_first, r_row))
+    delivered_rows *= r_row
+    delivered = int(delivered_rows.sum())
+    del delivered_rows
     needed = int(((ext_stop - ext_first) * ext_row).sum())
     step = part_rows(delivered, needed, round_bytes, row_bytes[st_chunk])
     count = -(-(st_stop - st_first) // step)
@@ -430,7 +368,9 @@ def plan_stripe_arrays(
     p_chunk, p_reader = st_chunk[stripe], st_reader[stripe]
     # Requests and parts in one row space: chunk after chunk.
     base = np.concatenate(([0], np.cumsum(c.chunk_rows)))[:-1].astype(np.int64)
-    g_begin, g_end = base[r_chunk] + r_first, base[r_chunk] + r_stop
+    g_begin = base[r_chunk]
+    g_end = g_begin + r_stop
+    g_begin += r_first
     g_first, g_stop = base[p_chunk] + p_first, base[p_chunk] + p_stop
     # Counted before any box is built, so an absurd plan is refused in linear time.
     routed = int(
@@ -474,9 +414,14 @@ def plan_stripe_arrays(
     p_group = p_round * world + p_reader
     in_order = p_group[placed]
     group_starts = np.flatnonzero(np.concatenate(([True], in_order[1:] != in_order[:-1])))
-    slots: list[tuple[Ints, ...]] = []
-    messages: list[tuple[Ints, ...]] = []
-    done = 0
+    # Written in place, block after block: a block's results joined at the end would be
+    # every slot's memory faulted in twice (the blocks', then the joined arrays').  No
+    # more slots than boxes (nor messages than slots); the tail never written is never
+    # faulted in.
+    bound = int(width.sum())
+    slot_columns = [np.empty(bound, np.int64) for _ in range(6)]
+    message_columns = [np.empty(bound, np.int64) for _ in range(5)]
+    done = sent = 0
     for first, stop in _blocks(width[placed], group_starts):
         b_part, b_req, b_a, b_b = boxes.made(placed[first:stop])
         b_receiver = r_rank[b_req]
@@ -496,33 +441,25 @@ def plan_stripe_arrays(
             continue
         last = np.append(first_of[1:], len(order)) - 1
         chunk_base = base[r_chunk[b_req]]
-        slots.append(
-            (
-                r_key[b_req],
-                ordinal[b_part],
-                b_a - chunk_base,
-                b_b - chunk_base,
-                slot_offset,
-                b_bytes,
-            )
-        )
-        messages.append(
-            (
-                p_round[b_part[first_of]],
-                p_reader[b_part[first_of]],
-                b_receiver[first_of],
-                first_of + done,
-                slot_offset[last] + b_bytes[last],
-            )
-        )
+        into = slice(done, done + len(order))
+        slot_columns[0][into] = r_key[b_req]
+        slot_columns[1][into] = ordinal[b_part]
+        np.subtract(b_a, chunk_base, out=slot_columns[2][into])
+        np.subtract(b_b, chunk_base, out=slot_columns[3][into])
+        slot_columns[4][into] = slot_offset
+        slot_columns[5][into] = b_bytes
+        into = slice(sent, sent + len(first_of))
+        message_columns[0][into] = p_round[b_part[first_of]]
+        message_columns[1][into] = p_reader[b_part[first_of]]
+        message_columns[2][into] = b_receiver[first_of]
+        np.add(first_of, done, out=message_columns[3][into])
+        np.add(slot_offset[last], b_bytes[last], out=message_columns[4][into])
         done += len(order)
+        sent += len(first_of)
     slot_key, slot_part, slot_first, slot_stop, slot_offset, slot_nbytes = (
-        _join([block[column] for block in slots]) for column in range(6)
+        column[:done] for column in slot_columns
     )
-    del slots
-    m_round, m_source, m_receiver, m_start, m_nbytes = (
-        _join([block[column] for block in messages]) for column in range(5)
-    )
+    m_round, m_source, m_receiver, m_start, m_nbytes = (column[:sent] for column in message_columns)
     return StripePlan(
         world=world,
         rounds=int(p_round.max(initial=-1)) + 1,
@@ -652,7 +589,7 @@ def _sorted_requests(
     if take is not None:
         columns = [column[take] for column in columns]
     rows = packed_keys(columns[:4], len(columns[0]))
-    local = np.lexsort((columns[4], *rows[::-1]))
+    local = _by_rows_then_key(rows, columns[4])
     del columns
     order = local if take is None else take[local]
     chunk, first, stop = c.chunk[order], c.first[order], c.stop[order]
@@ -687,6 +624,24 @@ def _sorted_requests(
                 key[a:b] = key[within]
                 row[a:b] = row[within]
     return chunk, first, stop, rank, key, row
+
+
+def _by_rows_then_key(rows: list[Ints], key: Ints) -> Ints:
+    """``np.lexsort((key, *rows[::-1]))``.  With the rows packed into one number, one
+    stable sort by it, then by key only within runs of equal rows (rare: one rank asking
+    the same rows of a chunk twice), instead of a second stable sort of every request."""
+    if len(rows) > 1:
+        return np.lexsort((key, *rows[::-1]))
+    order: Ints = np.argsort(rows[0], kind="stable")
+    ordered = rows[0][order]
+    tie = ordered[1:] == ordered[:-1]
+    if tie.any():
+        runs = np.zeros(len(order), dtype=bool)
+        runs[1:] |= tie
+        runs[:-1] |= tie
+        inside = np.flatnonzero(runs)
+        order[inside] = order[inside][np.lexsort((key[order[inside]], ordered[inside]))]
+    return order
 
 
 def cut_stripes(
@@ -825,20 +780,21 @@ def _ints(values: list[int]) -> Ints:
     return np.asarray(values, dtype=np.int64).reshape(-1)
 
 
-def _columns(*values: Ints) -> tuple[Ints, ...]:
-    return tuple(narrowest_ints(np.asarray(v, dtype=np.int64).reshape(-1)) for v in values)
-
-
 def narrowest_ints(values: Ints) -> Ints:
     """``values`` in the narrowest signed integer type that holds them (smaller pickles)."""
     if not values.size:
         return values.astype(np.int8)
     # (The ufuncs' reduce directly: this runs ~18 times per share, on small arrays.)
     low, high = int(_MIN(values, axis=None)), int(_MAX(values, axis=None))
+    return values.astype(narrow_kind(low, high))
+
+
+def narrow_kind(low: int, high: int) -> type[np.signedinteger]:
+    """The narrowest signed integer type that holds ``low`` to ``high``."""
     for kind, least, most in _NARROW:
         if least <= low and high <= most:
-            return values.astype(kind)
-    return values.astype(np.int64)
+            return kind
+    return np.int64
 
 
 _MIN, _MAX = np.minimum.reduce, np.maximum.reduce

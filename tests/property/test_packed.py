@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hyperckpt._exchange.packed import packed_keys, packed_order
+from hyperckpt._exchange.stripe_plan import _by_rows_then_key
 
 # Small values make ties (stability shows), 2**40 forces a second key, negatives a shift.
 VALUES = st.sampled_from([0, 1, 2, 7, -3, 2**20, 2**40 - 1])
@@ -39,3 +40,18 @@ def test_wide_columns_take_more_than_one_key() -> None:
     columns = [np.array([2**40, 0, 5]), np.array([2**40, 1, 0]), np.array([3, 2, 1])]
     assert len(packed_keys(columns, 3)) == 2
     np.testing.assert_array_equal(packed_order(columns), np.lexsort(columns[::-1]))
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 4), st.integers(0, 3), st.integers(0, 5)), max_size=60),
+    st.booleans(),
+)
+def test_requests_sorted_by_packed_rows_then_key_come_out_as_lexsort(
+    rows: list[tuple[int, int, int]], two_keys: bool
+) -> None:
+    """The stripe planner's order of its requests: one sort by the packed rows, and the
+    key only within ties (or np.lexsort itself when the rows take two keys)."""
+    first, second, key = np.asarray(rows, dtype=np.int64).reshape(-1, 3).T
+    keys = [first, second] if two_keys else [first * 4 + second]
+    expected = np.lexsort((key, second, first))
+    np.testing.assert_array_equal(_by_rows_then_key(keys, key), expected)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from unittest import mock
 
+import numpy as np
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -20,9 +21,10 @@ from reference_stripes import reference_plan_stripes
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
-from hyperckpt._exchange import stripe_plan
+from hyperckpt._exchange import stripe_plan, stripe_shares
 from hyperckpt._exchange.schedule import item_key
-from hyperckpt._exchange.stripe_plan import BLOCK_BOXES, plan_stripes
+from hyperckpt._exchange.stripe_plan import BLOCK_BOXES, narrowest_ints, plan_stripes
+from hyperckpt._exchange.stripe_shares import BLOCK_RANKS
 from hyperckpt._exchange.stripes import ChunkRows, StripesTooLarge
 
 # chunk name -> (file, offset, rows, columns); 2-byte elements
@@ -175,12 +177,14 @@ def _tied_plans(draw: st.DrawFn) -> list[LoadPlan]:
     st.integers(1, 400),
     st.booleans(),
     st.sampled_from([BLOCK_BOXES, 1, 5]),
+    st.sampled_from([BLOCK_RANKS, 1, 2, 3]),
 )
 def test_the_column_planner_gives_exactly_the_reference_planners_schedules(
-    plans: list[LoadPlan], round_bytes: int, some_readers: bool, block: int
+    plans: list[LoadPlan], round_bytes: int, some_readers: bool, block: int, ranks: int
 ) -> None:
     """Whatever the number of boxes the planner makes at once (blocks of 1 or 5 boxes
-    cut the parts into many blocks, as 8,192 ranks do with the default)."""
+    cut the parts into many blocks, as 8,192 ranks do with the default), and however
+    many ranks' shares are cut together."""
     readers = list(range(len(plans)))[::2] if some_readers else None
     try:
         expected: object = reference_plan_stripes(
@@ -189,8 +193,37 @@ def test_the_column_planner_gives_exactly_the_reference_planners_schedules(
     except StripesTooLarge as err:
         expected = (err.boxes, err.limit)
     try:
-        with mock.patch.object(stripe_plan, "BLOCK_BOXES", block):
+        with (
+            mock.patch.object(stripe_plan, "BLOCK_BOXES", block),
+            mock.patch.object(stripe_shares, "BLOCK_RANKS", ranks),
+        ):
             got: object = plan_stripes(plans, _chunk_of, round_bytes=round_bytes, readers=readers)
     except StripesTooLarge as err:
         got = (err.boxes, err.limit)
     assert got == expected
+
+
+@given(_plans(), st.integers(1, 400), st.booleans(), st.integers(1, 7))
+def test_shares_cut_a_block_of_ranks_at_a_time_are_those_cut_one_rank_at_a_time(
+    plans: list[LoadPlan], round_bytes: int, by_index: bool, ranks: int
+) -> None:
+    """Every array the same, in the same (narrowest) integer type, for any block size."""
+    plan = stripe_plan.plan_stripe_arrays(
+        stripe_plan.columns_of_plans(plans, _chunk_of), round_bytes=round_bytes
+    )
+    table = stripe_plan.chunk_table(plan.columns.chunks) if by_index else None
+    with mock.patch.object(stripe_shares, "BLOCK_RANKS", 1):
+        alone = plan.shares(table)
+    with mock.patch.object(stripe_shares, "BLOCK_RANKS", ranks):
+        together = plan.shares(table)
+    assert [share.rank for share in together] == list(range(len(plans)))
+    for one, other in zip(alone, together, strict=True):
+        for name in stripe_plan.StripeShare.__slots__:
+            a, b = getattr(one, name), getattr(other, name)
+            for x, y in zip(*(v if isinstance(v, tuple) else (v,) for v in (a, b)), strict=True):
+                if isinstance(x, np.ndarray):
+                    assert x.dtype == y.dtype == narrowest_ints(x).dtype
+                    assert x.shape == y.shape
+                    assert (x == y).all()
+                else:
+                    assert x == y
