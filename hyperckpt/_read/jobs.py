@@ -14,6 +14,7 @@ import operator
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from hyperckpt._read import sysio as _sysio
@@ -21,7 +22,7 @@ from hyperckpt._read.boxes import Box, narrow
 from hyperckpt._read.coalesce import coalesce
 from hyperckpt._read.columns import DEFAULT_COSTS, Costs, Runs, Strategy, choose, choose_run
 from hyperckpt._read.requests import Request
-from hyperckpt._read.routes import Budget, Routes
+from hyperckpt._read.routes import Budget, Extents, Routes
 
 __all__ = [
     "CHUNK_BYTES",
@@ -34,9 +35,11 @@ __all__ = [
     "MappedRun",
     "RunsRead",
     "ScatterRead",
+    "SeparateReads",
     "StagedPart",
     "blocks_within",
     "make_jobs",
+    "never_mapped",
     "per_job",
     "strided_runs",
     "strided_strategy",
@@ -49,6 +52,11 @@ COLD_CHUNK_BYTES = 32 * 2**20
 #: Bytes of whole rows one :attr:`~hyperckpt._read.columns.Strategy.STAGE` read brings into
 #: staging: small enough that the copy out of it finds the rows still in the core's cache.
 STAGE_BLOCK = 2**20
+
+#: Most reads one :class:`SeparateReads` job carries.
+BATCH_READS = 1024
+#: Most bytes one :class:`SeparateReads` job carries (about: its last read may pass it).
+BATCH_BYTES = 2 * CHUNK_BYTES
 
 #: Bytes delivered to each read item (by its progress key, see
 #: :attr:`~hyperckpt._read.requests.Request.key`): what the progress tracker is told after a job.
@@ -70,6 +78,29 @@ class ScatterRead:
     name: str
     offset: int
     buffers: list[tuple[int, int]]
+    parts: Parts
+
+
+@dataclass(frozen=True, slots=True)
+class SeparateReads:
+    """Positional reads of one file, each of one range into one destination, done one
+    after another by one thread: the ranges that no neighbour joins, batched so that a
+    rank of 92k tensor slices is not 92k job objects (each is still its own read).
+
+    Attributes:
+        name: The file.
+        offset: The first read's first byte, absolute in the file.
+        offsets: Each read's first byte, absolute in the file (ascending).
+        lengths: Bytes of each read.
+        addresses: Where each read lands.
+        parts: Bytes delivered to each read item.
+    """
+
+    name: str
+    offset: int
+    offsets: list[int]
+    lengths: list[int]
+    addresses: list[int]
     parts: Parts
 
 
@@ -183,7 +214,7 @@ class MappedPart:
     parts: Parts
 
 
-Job = ScatterRead | RunsRead | StagedPart | DevicePart | MappedRun | MappedPart
+Job = ScatterRead | SeparateReads | RunsRead | StagedPart | DevicePart | MappedRun | MappedPart
 #: Jobs sort by file, then first byte.
 _BY_PLACE = operator.attrgetter("name", "offset")
 #: Whether a half-open byte range of a file (name, offset, length) may be copied from a
@@ -191,8 +222,13 @@ _BY_PLACE = operator.attrgetter("name", "offset")
 Mappable = Callable[[str, int, int], bool]
 
 
-def _never(name: str, offset: int, length: int) -> bool:
+def never_mapped(name: str, offset: int, length: int) -> bool:
+    """The :data:`Mappable` of a load that copies nothing from a map (its jobs are then
+    planned without asking about each range)."""
     return False
+
+
+_never = never_mapped
 
 
 def make_jobs(
@@ -233,41 +269,57 @@ def make_jobs(
             than finding each buffer's owner (a search per read, ~1 µs each).
     """
     jobs: list[Job] = []
+    threads = budget.threads * max(1, ranks)
+    may_map = mappable is not _never and strategy in (None, Strategy.MAP)
     for name, extents in routes.direct.items():
-        owners = routes.owners[name]
-        kept, kept_owners = [], []
-        for extent, owner in zip(extents, owners, strict=True):
-            offset, length, address = extent
-            usable = mappable(name, offset, length) and strategy in (None, Strategy.MAP)
-            # Without a map the rule has nothing to weigh: the run is read in place.
-            if usable and (
-                strategy is Strategy.MAP
-                or choose_run(
-                    length,
-                    ranks=ranks,
-                    chunk=CHUNK_BYTES,
-                    map_part=CHUNK_BYTES,
-                    threads=budget.threads * max(1, ranks),
-                    costs=costs,
-                )
-                is Strategy.MAP
+        if may_map:
+            # Per range: whether it is copied from a map (the rule weighs the length only,
+            # asked once per length; without a map it has nothing to weigh).
+            rule: dict[int, bool] = {}
+            mapped = np.zeros(len(extents), dtype=bool)
+            for row, (offset, length) in enumerate(
+                zip(extents.offsets.tolist(), extents.lengths.tolist(), strict=True)
             ):
-                jobs.extend(_mapped_runs(name, offset, length, address, owner[2]))
-            else:
-                kept.append(extent)
-                kept_owners.append(owner)
-        if kept:
+                if not mappable(name, offset, length):
+                    continue
+                chosen = rule.get(length)
+                if chosen is None:
+                    chosen = rule[length] = strategy is Strategy.MAP or (
+                        choose_run(
+                            length,
+                            ranks=ranks,
+                            chunk=CHUNK_BYTES,
+                            map_part=CHUNK_BYTES,
+                            threads=threads,
+                            costs=costs,
+                        )
+                        is Strategy.MAP
+                    )
+                mapped[row] = chosen
+            if mapped.any():
+                for row in np.flatnonzero(mapped).tolist():
+                    jobs.extend(
+                        _mapped_runs(
+                            name,
+                            int(extents.offsets[row]),
+                            int(extents.lengths[row]),
+                            int(extents.addresses[row]),
+                            extents.keys[row],
+                        )
+                    )
+                extents = extents.take(~mapped)
+        if len(extents):
             jobs.extend(
                 _direct_jobs(
                     name,
-                    kept,
+                    extents,
                     scratch,
                     budget.scratch_bytes,
-                    kept_owners,
                     mostly_cold,
                     over_read,
                     chunk,
                     counted,
+                    budget.threads,
                 )
             )
     for request in routes.strided:
@@ -290,28 +342,144 @@ def make_jobs(
 
 def _direct_jobs(
     name: str,
-    extents: list[tuple[int, int, int]],
+    extents: Extents,
     scratch: int,
     gap: int,
-    owners: list[tuple[int, int, Hashable]],
     mostly_cold: frozenset[str],
     over_read: float | None,
     chunk: int | None,
     counted: bool,
+    threads: int,
 ) -> list[Job]:
+    """The reads of one file's ranges read in place, as :func:`coalesce` groups them.
+
+    Locally (no ``over_read``) a range that joins neither neighbour, and is no longer
+    than a chunk, is a read of its own; :func:`coalesce` starts a new read at every range
+    that cannot join the one before (its gap or its length, or the one before it was
+    split), so only the runs of ranges that may join go through it, and the reads alone
+    are batched into :class:`SeparateReads`.  Same reads as :func:`coalesce` of them all.
+    """
     cold = name in mostly_cold
     chunk = COLD_CHUNK_BYTES if cold else chunk or CHUNK_BYTES
-    reads = coalesce(
-        extents, gap=gap, scratch=scratch, chunk=chunk, aligned=cold, over_read=over_read
+    owners: list[tuple[int, int, Hashable]] | None = None
+    starts: list[int] = []
+
+    def scatter(reads: list[tuple[int, list[tuple[int, int]]]]) -> list[Job]:
+        nonlocal owners, starts
+        if not counted:
+            return [ScatterRead(name, offset, buffers, []) for offset, buffers in reads]
+        if owners is None:  # by address, made once per file
+            owners = sorted(
+                zip(
+                    extents.addresses.tolist(),
+                    extents.lengths.tolist(),
+                    extents.keys.tolist(),
+                    strict=True,
+                ),
+                key=_address,
+            )
+            starts = [address for address, _, _ in owners]
+        return [
+            ScatterRead(name, offset, buffers, _owned(buffers, owners, starts))
+            for offset, buffers in reads
+        ]
+
+    if over_read is not None:
+        return scatter(
+            coalesce(
+                _rows(extents),
+                gap=gap,
+                scratch=scratch,
+                chunk=chunk,
+                aligned=cold,
+                over_read=over_read,
+            )
+        )
+    # In the order coalesce sorts them: by offset, length, address.
+    order = np.lexsort((extents.addresses, extents.lengths, extents.offsets))
+    ranges = extents.take(order)
+    offsets, lengths = ranges.offsets, ranges.lengths
+    long = lengths > chunk
+    skips = offsets[1:] - (offsets[:-1] + lengths[:-1])
+    joins = np.zeros(len(ranges), dtype=bool)
+    joins[1:] = (skips >= 0) & (skips <= gap) & ~long[1:] & ~long[:-1]
+    first = np.flatnonzero(~joins)  # where coalesce starts a read (or splits a range)
+    sizes = np.diff(first, append=len(ranges))
+    alone = np.zeros(len(ranges), dtype=bool)
+    alone[first[(sizes == 1) & ~long[first]]] = True
+    jobs: list[Job] = []
+    for begin, size in zip(
+        first[~alone[first]].tolist(), sizes[~alone[first]].tolist(), strict=True
+    ):
+        jobs.extend(
+            scatter(
+                coalesce(
+                    _rows(ranges.take(slice(begin, begin + size))),
+                    gap=gap,
+                    scratch=scratch,
+                    chunk=chunk,
+                    aligned=cold,
+                )
+            )
+        )
+    jobs.extend(_separate(name, ranges.take(alone), ~alone, threads, counted))
+    return jobs
+
+
+def _separate(
+    name: str, ranges: Extents, others: np.ndarray, threads: int, counted: bool
+) -> list[Job]:
+    """Ranges read one by one (in file order), batched: a batch ends where a read of
+    several ranges comes between two of them (``others``, one flag per range of the
+    file), at :data:`BATCH_READS` reads, and at about a quarter of a thread's share of the
+    bytes, at most :data:`BATCH_BYTES` (threads then still share the file's reads)."""
+    count = len(ranges)
+    if not count:
+        return []
+    lengths = ranges.lengths
+    share = int(lengths.sum()) // (4 * max(1, threads))
+    limit = max(1, min(BATCH_BYTES, share))
+    before = np.cumsum(lengths) - lengths
+    # Which run between two reads of several ranges each range is in.
+    runs = np.cumsum(others)[~others]
+    key = np.stack((runs, before // limit, np.arange(count) // BATCH_READS))
+    ends = [*(np.flatnonzero((key[:, 1:] != key[:, :-1]).any(axis=0)) + 1).tolist(), count]
+    offsets = ranges.offsets.tolist()
+    sizes = lengths.tolist()
+    addresses = ranges.addresses.tolist()
+    keys = ranges.keys.tolist() if counted else None
+    jobs: list[Job] = []
+    begin = 0
+    for end in ends:
+        parts = list(zip(keys[begin:end], sizes[begin:end], strict=True)) if keys else []
+        jobs.append(
+            SeparateReads(
+                name,
+                offsets[begin],
+                offsets[begin:end],
+                sizes[begin:end],
+                addresses[begin:end],
+                parts,
+            )
+        )
+        begin = end
+    return jobs
+
+
+def _rows(extents: Extents) -> list[tuple[int, int, int]]:
+    """``(offset, length, address)`` of each range, as :func:`coalesce` takes them."""
+    return list(
+        zip(
+            extents.offsets.tolist(),
+            extents.lengths.tolist(),
+            extents.addresses.tolist(),
+            strict=True,
+        )
     )
-    if not counted:
-        return [ScatterRead(name, offset, buffers, []) for offset, buffers in reads]
-    by_address = sorted(owners, key=lambda owner: owner[0])
-    starts = [address for address, _, _ in by_address]
-    return [
-        ScatterRead(name, offset, buffers, _owned(buffers, by_address, starts))
-        for offset, buffers in reads
-    ]
+
+
+def _address(owner: tuple[int, int, Hashable]) -> int:
+    return owner[0]
 
 
 def _mapped_runs(name: str, offset: int, length: int, address: int, item: Hashable) -> list[Job]:
