@@ -53,6 +53,9 @@ COLD_CHUNK_BYTES = 32 * 2**20
 #: staging: small enough that the copy out of it finds the rows still in the core's cache.
 STAGE_BLOCK = 2**20
 
+#: Ranges of one file below which its reads are found by :func:`coalesce` alone, each a
+#: :class:`ScatterRead` (numpy's fixed cost per call outweighs a short Python loop).
+FEW_RANGES = 64
 #: Most reads one :class:`SeparateReads` job carries.
 BATCH_READS = 1024
 #: Most bytes one :class:`SeparateReads` job carries (about: its last read may pass it).
@@ -353,7 +356,7 @@ def _direct_jobs(
 ) -> list[Job]:
     """The reads of one file's ranges read in place, as :func:`coalesce` groups them.
 
-    Locally (no ``over_read``) a range that joins neither neighbour, and is no longer
+    Locally (no ``over_read``), for at least :data:`FEW_RANGES` ranges, a range that joins neither neighbour, and is no longer
     than a chunk, is a read of its own; :func:`coalesce` starts a new read at every range
     that cannot join the one before (its gap or its length, or the one before it was
     split), so only the runs of ranges that may join go through it, and the reads alone
@@ -384,7 +387,7 @@ def _direct_jobs(
             for offset, buffers in reads
         ]
 
-    if over_read is not None:
+    if over_read is not None or len(extents) < FEW_RANGES:
         return scatter(
             coalesce(
                 _rows(extents),

@@ -14,6 +14,7 @@ from collections import Counter
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from hyperckpt._read import jobs as jobs_module
 from hyperckpt._read.coalesce import coalesce
 from hyperckpt._read.jobs import Job, ScatterRead, SeparateReads, make_jobs
 from hyperckpt._read.routes import Budget, Extents, Router
@@ -49,6 +50,7 @@ def _reads(jobs: list[Job]) -> list[tuple[str, int, list[tuple[int, int]]]]:
     chunk=st.integers(1, 200),
     cold=st.booleans(),
     threads=st.integers(1, 4),
+    columns=st.booleans(),
 )
 @example(
     ranges=[("a", 0, 10, 1), ("a", 10, 10, 2), ("a", 50, 300, 3)],
@@ -56,25 +58,36 @@ def _reads(jobs: list[Job]) -> list[tuple[str, int, list[tuple[int, int]]]]:
     chunk=100,
     cold=False,
     threads=1,
+    columns=True,
 )
 def test_direct_jobs_read_what_coalesce_reads(
-    ranges: list[tuple[str, int, int, int]], gap: int, chunk: int, cold: bool, threads: int
+    ranges: list[tuple[str, int, int, int]],
+    gap: int,
+    chunk: int,
+    cold: bool,
+    threads: int,
+    columns: bool,
 ) -> None:
     router = Router(cuda=False)
     for number, (name, offset, length, address) in enumerate(ranges):
         router.direct(name, offset, length, address, number)
     routes = router.routes()
     budget = Budget(threads, gap, 1, 0, 0)
-    jobs = make_jobs(
-        routes,
-        budget,
-        scratch=_SCRATCH,
-        mostly_cold=frozenset({"a"}) if cold else frozenset(),
-        strategy=None,
-        ranks=1,
-        chunk=chunk,
-        counted=True,
-    )
+    few = jobs_module.FEW_RANGES
+    jobs_module.FEW_RANGES = 1 if columns else few  # the columns' way for any count
+    try:
+        jobs = make_jobs(
+            routes,
+            budget,
+            scratch=_SCRATCH,
+            mostly_cold=frozenset({"a"}) if cold else frozenset(),
+            strategy=None,
+            ranks=1,
+            chunk=chunk,
+            counted=True,
+        )
+    finally:
+        jobs_module.FEW_RANGES = few
     # COLD_CHUNK_BYTES is far above every drawn range: a cold file's reads join as usual.
     expected = sorted(
         (name, offset, buffers)
