@@ -3,13 +3,13 @@
 Pure: :func:`make_jobs` builds the jobs from the requests as
 :func:`~hyperckpt._read.routes.route` sorted them and the staging budget
 :func:`~hyperckpt._read.routes.share` gave them; the engine runs them.  A job names one
-read (or one read and one copy) and the bytes it delivers to each read item; the jobs come
-ordered by file and offset.
+read (or one read and one copy), or a batch of separate reads of one file
+(:class:`SeparateReads`), and the bytes it delivers to each read item; the jobs come
+ordered by file and (first) offset.
 """
 
 from __future__ import annotations
 
-import bisect
 import operator
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -19,10 +19,10 @@ import torch
 
 from hyperckpt._read import sysio as _sysio
 from hyperckpt._read.boxes import Box, narrow
-from hyperckpt._read.coalesce import coalesce
 from hyperckpt._read.columns import DEFAULT_COSTS, Costs, Runs, Strategy, choose, choose_run
+from hyperckpt._read.in_place import Parts, ScatterRead, SeparateReads, direct_jobs
 from hyperckpt._read.requests import Request
-from hyperckpt._read.routes import Budget, Extents, Routes
+from hyperckpt._read.routes import Budget, Routes
 
 __all__ = [
     "CHUNK_BYTES",
@@ -52,59 +52,6 @@ COLD_CHUNK_BYTES = 32 * 2**20
 #: Bytes of whole rows one :attr:`~hyperckpt._read.columns.Strategy.STAGE` read brings into
 #: staging: small enough that the copy out of it finds the rows still in the core's cache.
 STAGE_BLOCK = 2**20
-
-#: Ranges of one file below which its reads are found by :func:`coalesce` alone, each a
-#: :class:`ScatterRead` (numpy's fixed cost per call outweighs a short Python loop).
-FEW_RANGES = 64
-#: Most reads one :class:`SeparateReads` job carries.
-BATCH_READS = 1024
-#: Most bytes one :class:`SeparateReads` job carries (about: its last read may pass it).
-BATCH_BYTES = 2 * CHUNK_BYTES
-
-#: Bytes delivered to each read item (by its progress key, see
-#: :attr:`~hyperckpt._read.requests.Request.key`): what the progress tracker is told after a job.
-Parts = list[tuple[Hashable, int]]
-
-
-@dataclass(frozen=True, slots=True)
-class ScatterRead:
-    """One positional read of a file's consecutive bytes into their destinations.
-
-    Attributes:
-        name: The file.
-        offset: Its first byte, absolute in the file.
-        buffers: ``(address, length)`` of each destination range, in file order; the gaps
-            between ranges land in the scratch buffer.
-        parts: Bytes delivered to each read item.
-    """
-
-    name: str
-    offset: int
-    buffers: list[tuple[int, int]]
-    parts: Parts
-
-
-@dataclass(frozen=True, slots=True)
-class SeparateReads:
-    """Positional reads of one file, each of one range into one destination, done one
-    after another by one thread: the ranges that no neighbour joins, batched so that a
-    rank of 92k tensor slices is not 92k job objects (each is still its own read).
-
-    Attributes:
-        name: The file.
-        offset: The first read's first byte, absolute in the file.
-        offsets: Each read's first byte, absolute in the file (ascending).
-        lengths: Bytes of each read.
-        addresses: Where each read lands.
-        parts: Bytes delivered to each read item.
-    """
-
-    name: str
-    offset: int
-    offsets: list[int]
-    lengths: list[int]
-    addresses: list[int]
-    parts: Parts
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,16 +225,16 @@ def make_jobs(
         if may_map:
             # Per range: whether it is copied from a map (the rule weighs the length only,
             # asked once per length; without a map it has nothing to weigh).
-            rule: dict[int, bool] = {}
+            rule: dict[int, bool] = {}  # length -> copied from a map
             mapped = np.zeros(len(extents), dtype=bool)
             for row, (offset, length) in enumerate(
                 zip(extents.offsets.tolist(), extents.lengths.tolist(), strict=True)
             ):
                 if not mappable(name, offset, length):
                     continue
-                chosen = rule.get(length)
-                if chosen is None:
-                    chosen = rule[length] = strategy is Strategy.MAP or (
+                by_map = rule.get(length)
+                if by_map is None:
+                    by_map = rule[length] = strategy is Strategy.MAP or (
                         choose_run(
                             length,
                             ranks=ranks,
@@ -298,7 +245,7 @@ def make_jobs(
                         )
                         is Strategy.MAP
                     )
-                mapped[row] = chosen
+                mapped[row] = by_map
             if mapped.any():
                 for row in np.flatnonzero(mapped).tolist():
                     jobs.extend(
@@ -312,17 +259,18 @@ def make_jobs(
                     )
                 extents = extents.take(~mapped)
         if len(extents):
+            cold = name in mostly_cold
             jobs.extend(
-                _direct_jobs(
+                direct_jobs(
                     name,
                     extents,
-                    scratch,
-                    budget.scratch_bytes,
-                    mostly_cold,
-                    over_read,
-                    chunk,
-                    counted,
-                    budget.threads,
+                    scratch=scratch,
+                    gap=budget.scratch_bytes,
+                    chunk=COLD_CHUNK_BYTES if cold else chunk or CHUNK_BYTES,
+                    cold=cold,
+                    over_read=over_read,
+                    counted=counted,
+                    threads=budget.threads,
                 )
             )
     for request in routes.strided:
@@ -341,148 +289,6 @@ def make_jobs(
         jobs.extend(_device_jobs(request, budget))
     jobs.sort(key=_BY_PLACE)
     return jobs
-
-
-def _direct_jobs(
-    name: str,
-    extents: Extents,
-    scratch: int,
-    gap: int,
-    mostly_cold: frozenset[str],
-    over_read: float | None,
-    chunk: int | None,
-    counted: bool,
-    threads: int,
-) -> list[Job]:
-    """The reads of one file's ranges read in place, as :func:`coalesce` groups them.
-
-    Locally (no ``over_read``), for at least :data:`FEW_RANGES` ranges, a range that joins neither neighbour, and is no longer
-    than a chunk, is a read of its own; :func:`coalesce` starts a new read at every range
-    that cannot join the one before (its gap or its length, or the one before it was
-    split), so only the runs of ranges that may join go through it, and the reads alone
-    are batched into :class:`SeparateReads`.  Same reads as :func:`coalesce` of them all.
-    """
-    cold = name in mostly_cold
-    chunk = COLD_CHUNK_BYTES if cold else chunk or CHUNK_BYTES
-    owners: list[tuple[int, int, Hashable]] | None = None
-    starts: list[int] = []
-
-    def scatter(reads: list[tuple[int, list[tuple[int, int]]]]) -> list[Job]:
-        nonlocal owners, starts
-        if not counted:
-            return [ScatterRead(name, offset, buffers, []) for offset, buffers in reads]
-        if owners is None:  # by address, made once per file
-            owners = sorted(
-                zip(
-                    extents.addresses.tolist(),
-                    extents.lengths.tolist(),
-                    extents.keys.tolist(),
-                    strict=True,
-                ),
-                key=_address,
-            )
-            starts = [address for address, _, _ in owners]
-        return [
-            ScatterRead(name, offset, buffers, _owned(buffers, owners, starts))
-            for offset, buffers in reads
-        ]
-
-    if over_read is not None or len(extents) < FEW_RANGES:
-        return scatter(
-            coalesce(
-                _rows(extents),
-                gap=gap,
-                scratch=scratch,
-                chunk=chunk,
-                aligned=cold,
-                over_read=over_read,
-            )
-        )
-    # In the order coalesce sorts them: by offset, length, address.
-    order = np.lexsort((extents.addresses, extents.lengths, extents.offsets))
-    ranges = extents.take(order)
-    offsets, lengths = ranges.offsets, ranges.lengths
-    long = lengths > chunk
-    skips = offsets[1:] - (offsets[:-1] + lengths[:-1])
-    joins = np.zeros(len(ranges), dtype=bool)
-    joins[1:] = (skips >= 0) & (skips <= gap) & ~long[1:] & ~long[:-1]
-    first = np.flatnonzero(~joins)  # where coalesce starts a read (or splits a range)
-    sizes = np.diff(first, append=len(ranges))
-    alone = np.zeros(len(ranges), dtype=bool)
-    alone[first[(sizes == 1) & ~long[first]]] = True
-    jobs: list[Job] = []
-    for begin, size in zip(
-        first[~alone[first]].tolist(), sizes[~alone[first]].tolist(), strict=True
-    ):
-        jobs.extend(
-            scatter(
-                coalesce(
-                    _rows(ranges.take(slice(begin, begin + size))),
-                    gap=gap,
-                    scratch=scratch,
-                    chunk=chunk,
-                    aligned=cold,
-                )
-            )
-        )
-    jobs.extend(_separate(name, ranges.take(alone), ~alone, threads, counted))
-    return jobs
-
-
-def _separate(
-    name: str, ranges: Extents, others: np.ndarray, threads: int, counted: bool
-) -> list[Job]:
-    """Ranges read one by one (in file order), batched: a batch ends where a read of
-    several ranges comes between two of them (``others``, one flag per range of the
-    file), at :data:`BATCH_READS` reads, and at about a quarter of a thread's share of the
-    bytes, at most :data:`BATCH_BYTES` (threads then still share the file's reads)."""
-    count = len(ranges)
-    if not count:
-        return []
-    lengths = ranges.lengths
-    share = int(lengths.sum()) // (4 * max(1, threads))
-    limit = max(1, min(BATCH_BYTES, share))
-    before = np.cumsum(lengths) - lengths
-    # Which run between two reads of several ranges each range is in.
-    runs = np.cumsum(others)[~others]
-    key = np.stack((runs, before // limit, np.arange(count) // BATCH_READS))
-    ends = [*(np.flatnonzero((key[:, 1:] != key[:, :-1]).any(axis=0)) + 1).tolist(), count]
-    offsets = ranges.offsets.tolist()
-    sizes = lengths.tolist()
-    addresses = ranges.addresses.tolist()
-    keys = ranges.keys.tolist() if counted else None
-    jobs: list[Job] = []
-    begin = 0
-    for end in ends:
-        parts = list(zip(keys[begin:end], sizes[begin:end], strict=True)) if keys else []
-        jobs.append(
-            SeparateReads(
-                name,
-                offsets[begin],
-                offsets[begin:end],
-                sizes[begin:end],
-                addresses[begin:end],
-                parts,
-            )
-        )
-        begin = end
-    return jobs
-
-
-def _rows(extents: Extents) -> list[tuple[int, int, int]]:
-    """``(offset, length, address)`` of each range, as :func:`coalesce` takes them."""
-    return list(
-        zip(
-            extents.offsets.tolist(),
-            extents.lengths.tolist(),
-            extents.addresses.tolist(),
-            strict=True,
-        )
-    )
-
-
-def _address(owner: tuple[int, int, Hashable]) -> int:
-    return owner[0]
 
 
 def _mapped_runs(name: str, offset: int, length: int, address: int, item: Hashable) -> list[Job]:
@@ -626,17 +432,3 @@ def per_job(pitch: int) -> int:
     """Runs one scatter read carries: an ``iovec`` entry for each run and gap, and at most
     :data:`CHUNK_BYTES` of file for runs ``pitch`` bytes apart."""
     return max(1, min((_sysio.IOV_MAX + 1) // 2, CHUNK_BYTES // max(1, pitch)))
-
-
-def _owned(
-    buffers: list[tuple[int, int]], owners: list[tuple[int, int, Hashable]], starts: list[int]
-) -> list[tuple[Hashable, int]]:
-    """Which read item each destination buffer of a coalesced read belongs to, with its
-    bytes (scratch buffers for gaps belong to none); ``owners`` sorted by address,
-    ``starts`` their addresses (made once per file: once per read made it quadratic)."""
-    parts = []
-    for address, length in buffers:
-        index = bisect.bisect_right(starts, address) - 1
-        if index >= 0 and address < owners[index][0] + owners[index][1]:
-            parts.append((owners[index][2], length))
-    return parts

@@ -68,8 +68,8 @@ class Extents:
     def __len__(self) -> int:
         return len(self.offsets)
 
-    def take(self, which: np.ndarray) -> Extents:
-        """The rows ``which`` selects (an index or a mask)."""
+    def take(self, which: np.ndarray | slice) -> Extents:
+        """The rows ``which`` selects (an index, a mask or a slice)."""
         return Extents(
             self.offsets[which], self.lengths[which], self.addresses[which], self.keys[which]
         )
@@ -182,7 +182,15 @@ class Router:
         self._addresses.append(address)
         self._keys.append(key)
 
-    def appenders(self) -> tuple[Callable[[object], None], ...]:
+    def appenders(
+        self,
+    ) -> tuple[
+        Callable[[str], None],
+        Callable[[int], None],
+        Callable[[int], None],
+        Callable[[int], None],
+        Callable[[Hashable], None],
+    ]:
         """The five appends that together are :meth:`direct`, in its argument order (for
         a caller's tight loop: a method call per range costs more than all five)."""
         return (

@@ -116,7 +116,7 @@ def routed(
             committed.append(request)
             continue
         info = names[key]
-        run = runs.get(cut)  # type: ignore[call-overload]  # a cut hashes by identity
+        run = runs.get(cut)  # type: ignore[arg-type]  # a cut hashes by identity
         if run is None:
             run = runs[cut] = (  # type: ignore[index]
                 info.shape,

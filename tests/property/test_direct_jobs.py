@@ -1,7 +1,7 @@
 """The jobs of ranges read in place make exactly the reads ``coalesce`` makes of them all.
 
 The engine coalesces only runs of ranges that may join and batches the rest as separate
-reads (:class:`~hyperckpt._read.jobs.SeparateReads`); drawn ranges of a few files (overlaps,
+reads (:class:`~hyperckpt._read.in_place.SeparateReads`); drawn ranges of a few files (overlaps,
 duplicates, long ranges, gaps around the limit included) must give the same reads, each
 with the same buffers, and every range's bytes counted once under its key.
 """
@@ -14,7 +14,7 @@ from collections import Counter
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from hyperckpt._read import jobs as jobs_module
+from hyperckpt._read import in_place as jobs_module
 from hyperckpt._read.coalesce import coalesce
 from hyperckpt._read.jobs import Job, ScatterRead, SeparateReads, make_jobs
 from hyperckpt._read.routes import Budget, Extents, Router
