@@ -156,20 +156,13 @@ def direct_jobs(
     alone = np.zeros(len(ranges), dtype=bool)
     alone[first[(sizes == 1) & ~long[first]]] = True
     jobs: list[ScatterRead | SeparateReads] = []
-    for begin, size in zip(
-        first[~alone[first]].tolist(), sizes[~alone[first]].tolist(), strict=True
-    ):
-        jobs.extend(
-            scatter(
-                coalesce(
-                    _rows(ranges.take(slice(begin, begin + size))),
-                    gap=gap,
-                    scratch=scratch,
-                    chunk=chunk,
-                    aligned=cold,
-                )
-            )
-        )
+    # The other ranges, made into Python rows once, a segment (ranges that may join) at a time.
+    rows = _rows(ranges.take(~alone))
+    begin = 0
+    for size in sizes[~alone[first]].tolist():
+        segment = rows[begin : begin + size]
+        begin += size
+        jobs.extend(scatter(coalesce(segment, gap=gap, scratch=scratch, chunk=chunk, aligned=cold)))
     jobs.extend(_separate(name, ranges.take(alone), ~alone, threads, counted))
     return jobs
 
