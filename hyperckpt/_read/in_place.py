@@ -23,8 +23,9 @@ __all__ = [
 ]
 
 #: Ranges of one file below which its reads are found by :func:`coalesce` alone, each a
-#: :class:`ScatterRead` (numpy's fixed cost per call outweighs a short Python loop).
-FEW_RANGES = 64
+#: :class:`ScatterRead` (numpy's fixed cost per file outweighs a short Python loop: an EP
+#: rank of DeepSeek-V3 has ~78 ranges a file at 8 ranks).
+FEW_RANGES = 128
 #: Most reads one :class:`SeparateReads` job carries.
 BATCH_READS = 1024
 #: Most bytes one :class:`SeparateReads` job carries (about: its last read may pass it).
