@@ -91,6 +91,12 @@ class CompactItems(Sequence[ReadItem]):
             return
         yield from zip(self._keys, self._cuts, strict=True)
 
+    def columns(self) -> tuple[list[str | None], list[_Cut | ReadItem]]:
+        """:meth:`entries` as two parallel lists, keys and cuts (for a caller's tight loop);
+        only while some rows are not made yet (the lists are dropped then)."""
+        assert self._items is None, "the rows were made into items"
+        return self._keys, self._cuts
+
     def requests(self) -> Iterator[Request]:
         """Each item's tensor key, stored chunk's offsets, sub-box offsets in the chunk and
         lengths, in plan order, without making the items (what the exchange's request

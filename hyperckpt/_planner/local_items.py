@@ -153,8 +153,10 @@ def _scan(
     with ``compact`` the items of tensors stored whole are rows."""
     known = metadata.state_dict_metadata
     whole = getattr(metadata, _WHOLE, False) is True  # every tensor one whole chunk
-    # (shape, mesh, placements) -> the rank's cut, or None where the placements defer.
-    cuts: dict[tuple[object, ...], _Cut | None] = {}
+    # (shape, mesh) -> each placements seen with them and the rank's cut, or None where
+    # the placements defer.  The placements are compared, never hashed: torch hashes a
+    # Shard in Python (~0.4 µs a tensor), its equality is native.
+    cuts: dict[tuple[object, ...], list[tuple[tuple[Placement, ...], _Cut | None]]] = {}
     members: dict[int, bool] = {}  # id(mesh) -> whether this rank is in it
     # The cut of a plain tensor of each shape (its box is the whole tensor).
     plain_cuts: dict[torch.Size, _Cut] = {}
@@ -182,14 +184,22 @@ def _scan(
                 raise _size_error(scanning, fqn, md.size, shape)  # type: ignore[union-attr]
             mesh = spec.mesh
             # The mesh lives as long as the state dict that holds it: its id is stable here.
-            signature = (shape, id(mesh), spec.placements)
-            cut = cuts.get(signature, _UNSEEN)
+            placements = spec.placements
+            signature = (shape, id(mesh))
+            seen = cuts.get(signature)
+            if seen is None:
+                seen = cuts[signature] = []
+            cut = _UNSEEN
+            for known_placements, known_cut in seen:
+                if known_placements == placements:
+                    cut = known_cut
+                    break
             if cut is None:
                 assert deferred is not None
                 deferred.append((fqn, obj))
                 continue
-            if cut is _UNSEEN and deferred is not None and _defers(spec.placements):
-                cuts[signature] = None
+            if cut is _UNSEEN and deferred is not None and _defers(placements):
+                seen.append((placements, None))
                 deferred.append((fqn, obj))
                 continue
             inside = members.get(id(mesh))
@@ -208,7 +218,8 @@ def _scan(
                     obj.shape, mesh, spec.placements
                 )
                 box = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))
-                cut = cuts[signature] = _Cut(box, shape)
+                cut = _Cut(box, shape)
+                seen.append((placements, cut))
             chunks = md.chunks
             if not whole and (
                 len(chunks) != 1 or chunks[0].sizes != md.size or any(chunks[0].offsets)

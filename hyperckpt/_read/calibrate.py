@@ -55,12 +55,13 @@ from hyperckpt._read.jobs import (
     Mappable,
     blocks_within,
     make_jobs,
+    never_mapped,
     per_job,
     strided_runs,
     strided_strategy,
 )
 from hyperckpt._read.requests import Request
-from hyperckpt._read.routes import Budget, Routes
+from hyperckpt._read.routes import Budget, Extents, Routes
 
 __all__ = [
     "CALIBRATION",
@@ -222,7 +223,13 @@ def _largest_mapped_run(
     threads = budget.threads * max(1, ranks)
     found: tuple[str, int, int, int, Hashable] | None = None
     for name, extents in routes.direct.items():
-        for (offset, length, address), owner in zip(extents, routes.owners[name], strict=True):
+        for offset, length, address, key in zip(
+            extents.offsets.tolist(),
+            extents.lengths.tolist(),
+            extents.addresses.tolist(),
+            extents.keys.tolist(),
+            strict=True,
+        ):
             if length < max(LEAST, found[2] if found is not None else 0):
                 continue
             if not mappable(name, offset, length):
@@ -236,7 +243,7 @@ def _largest_mapped_run(
                 costs=costs,
             )
             if chosen is Strategy.MAP:
-                found = (name, offset, length, address, owner[2])
+                found = (name, offset, length, address, key)
     return found
 
 
@@ -282,7 +289,7 @@ def _probe_run(
     parts = []
     for index in range(min(2 * ROUNDS, max(1, length // size))):
         at, into = offset + index * size, address + index * size
-        parts.append(_only(direct={name: [(at, size, into)]}, owners={name: [(into, size, item)]}))
+        parts.append(_only(direct={name: Extents.of([(at, size, into, item)])}))
     rounds = [
         Round(
             _jobs(mapped, budget, scratch, Strategy.MAP, ranks),
@@ -309,12 +316,10 @@ def _pairs(parts: Sequence[_Part]) -> list[tuple[_Part, _Part]]:
 def _only(
     *,
     strided: list[Request] | None = None,
-    direct: dict[str, list[tuple[int, int, int]]] | None = None,
-    owners: dict[str, list[tuple[int, int, Hashable]]] | None = None,
+    direct: dict[str, Extents] | None = None,
 ) -> Routes:
     return Routes(
         direct=direct or {},
-        owners=owners or {},
         strided=strided or [],
         staged=[],
         device=[],
@@ -334,12 +339,8 @@ def _jobs(
         mostly_cold=frozenset(),
         strategy=strategy,
         ranks=ranks,
-        mappable=(lambda name, offset, length: True) if mapped else _never,
+        mappable=(lambda name, offset, length: True) if mapped else never_mapped,
     )
-
-
-def _never(name: str, offset: int, length: int) -> bool:
-    return False
 
 
 def _time(rounds: Sequence[Round], do: Do) -> float:

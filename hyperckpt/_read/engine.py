@@ -70,8 +70,10 @@ from hyperckpt._read.jobs import (
     MappedRun,
     RunsRead,
     ScatterRead,
+    SeparateReads,
     StagedPart,
     make_jobs,
+    never_mapped,
 )
 from hyperckpt._read.mapped import MappedFiles
 from hyperckpt._read.pool import run_jobs
@@ -342,7 +344,7 @@ class _Load:
                     jobs = plan(_mappable(mapped, cold), costs)
                     mapped.keep(_mapped_names(jobs))
             else:
-                jobs = plan(lambda name, offset, length: False)
+                jobs = plan(never_mapped)
             if routes.device:
                 device = DeviceRing(budget.slot_bytes, budget.slots, staging)
             delivery = _Delivery(reads, staging, budget.host_block, device, mapped, engine.progress)
@@ -396,7 +398,7 @@ def _leases(wanted: set[str], files: Mapping[str, StorageFile]) -> dict[str, Rea
 def _mappable(mapped: MappedFiles | None, cold: ColdWindows | None) -> Mappable:
     """Which ranges the jobs may copy from a map: leased files, resident windows."""
     if mapped is None or cold is None:
-        return lambda name, offset, length: False
+        return never_mapped
     return lambda name, offset, length: name in mapped and cold.resident(name, offset, length)
 
 
@@ -423,7 +425,13 @@ class _Delivery:
     def do(self, job: Job) -> None:
         """Do one job on this thread, then tell the progress tracker its bytes."""
         reads = self.reads
-        if isinstance(job, ScatterRead):
+        if isinstance(job, SeparateReads):
+            name, scatter = job.name, reads.scatter
+            for offset, length, address in zip(
+                job.offsets, job.lengths, job.addresses, strict=True
+            ):
+                scatter(name, offset, [(address, length)])
+        elif isinstance(job, ScatterRead):
             reads.scatter(job.name, job.offset, job.buffers)
         elif isinstance(job, RunsRead):
             reads.runs(

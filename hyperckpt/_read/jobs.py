@@ -3,23 +3,24 @@
 Pure: :func:`make_jobs` builds the jobs from the requests as
 :func:`~hyperckpt._read.routes.route` sorted them and the staging budget
 :func:`~hyperckpt._read.routes.share` gave them; the engine runs them.  A job names one
-read (or one read and one copy) and the bytes it delivers to each read item; the jobs come
-ordered by file and offset.
+read (or one read and one copy), or a batch of separate reads of one file
+(:class:`SeparateReads`), and the bytes it delivers to each read item; the jobs come
+ordered by file and (first) offset.
 """
 
 from __future__ import annotations
 
-import bisect
 import operator
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from hyperckpt._read import sysio as _sysio
 from hyperckpt._read.boxes import Box, narrow
-from hyperckpt._read.coalesce import coalesce
 from hyperckpt._read.columns import DEFAULT_COSTS, Costs, Runs, Strategy, choose, choose_run
+from hyperckpt._read.in_place import Parts, ScatterRead, SeparateReads, direct_jobs
 from hyperckpt._read.requests import Request
 from hyperckpt._read.routes import Budget, Routes
 
@@ -34,9 +35,11 @@ __all__ = [
     "MappedRun",
     "RunsRead",
     "ScatterRead",
+    "SeparateReads",
     "StagedPart",
     "blocks_within",
     "make_jobs",
+    "never_mapped",
     "per_job",
     "strided_runs",
     "strided_strategy",
@@ -49,28 +52,6 @@ COLD_CHUNK_BYTES = 32 * 2**20
 #: Bytes of whole rows one :attr:`~hyperckpt._read.columns.Strategy.STAGE` read brings into
 #: staging: small enough that the copy out of it finds the rows still in the core's cache.
 STAGE_BLOCK = 2**20
-
-#: Bytes delivered to each read item (by its progress key, see
-#: :attr:`~hyperckpt._read.requests.Request.key`): what the progress tracker is told after a job.
-Parts = list[tuple[Hashable, int]]
-
-
-@dataclass(frozen=True, slots=True)
-class ScatterRead:
-    """One positional read of a file's consecutive bytes into their destinations.
-
-    Attributes:
-        name: The file.
-        offset: Its first byte, absolute in the file.
-        buffers: ``(address, length)`` of each destination range, in file order; the gaps
-            between ranges land in the scratch buffer.
-        parts: Bytes delivered to each read item.
-    """
-
-    name: str
-    offset: int
-    buffers: list[tuple[int, int]]
-    parts: Parts
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +164,7 @@ class MappedPart:
     parts: Parts
 
 
-Job = ScatterRead | RunsRead | StagedPart | DevicePart | MappedRun | MappedPart
+Job = ScatterRead | SeparateReads | RunsRead | StagedPart | DevicePart | MappedRun | MappedPart
 #: Jobs sort by file, then first byte.
 _BY_PLACE = operator.attrgetter("name", "offset")
 #: Whether a half-open byte range of a file (name, offset, length) may be copied from a
@@ -191,8 +172,13 @@ _BY_PLACE = operator.attrgetter("name", "offset")
 Mappable = Callable[[str, int, int], bool]
 
 
-def _never(name: str, offset: int, length: int) -> bool:
+def never_mapped(name: str, offset: int, length: int) -> bool:
+    """The :data:`Mappable` of a load that copies nothing from a map (its jobs are then
+    planned without asking about each range)."""
     return False
+
+
+_never = never_mapped
 
 
 def make_jobs(
@@ -233,41 +219,58 @@ def make_jobs(
             than finding each buffer's owner (a search per read, ~1 µs each).
     """
     jobs: list[Job] = []
+    threads = budget.threads * max(1, ranks)
+    may_map = mappable is not _never and strategy in (None, Strategy.MAP)
     for name, extents in routes.direct.items():
-        owners = routes.owners[name]
-        kept, kept_owners = [], []
-        for extent, owner in zip(extents, owners, strict=True):
-            offset, length, address = extent
-            usable = mappable(name, offset, length) and strategy in (None, Strategy.MAP)
-            # Without a map the rule has nothing to weigh: the run is read in place.
-            if usable and (
-                strategy is Strategy.MAP
-                or choose_run(
-                    length,
-                    ranks=ranks,
-                    chunk=CHUNK_BYTES,
-                    map_part=CHUNK_BYTES,
-                    threads=budget.threads * max(1, ranks),
-                    costs=costs,
-                )
-                is Strategy.MAP
+        if may_map:
+            # Per range: whether it is copied from a map (the rule weighs the length only,
+            # asked once per length; without a map it has nothing to weigh).
+            rule: dict[int, bool] = {}  # length -> copied from a map
+            mapped = np.zeros(len(extents), dtype=bool)
+            for row, (offset, length) in enumerate(
+                zip(extents.offsets.tolist(), extents.lengths.tolist(), strict=True)
             ):
-                jobs.extend(_mapped_runs(name, offset, length, address, owner[2]))
-            else:
-                kept.append(extent)
-                kept_owners.append(owner)
-        if kept:
+                if not mappable(name, offset, length):
+                    continue
+                by_map = rule.get(length)
+                if by_map is None:
+                    by_map = rule[length] = strategy is Strategy.MAP or (
+                        choose_run(
+                            length,
+                            ranks=ranks,
+                            chunk=CHUNK_BYTES,
+                            map_part=CHUNK_BYTES,
+                            threads=threads,
+                            costs=costs,
+                        )
+                        is Strategy.MAP
+                    )
+                mapped[row] = by_map
+            if mapped.any():
+                for row in np.flatnonzero(mapped).tolist():
+                    jobs.extend(
+                        _mapped_runs(
+                            name,
+                            int(extents.offsets[row]),
+                            int(extents.lengths[row]),
+                            int(extents.addresses[row]),
+                            extents.keys[row],
+                        )
+                    )
+                extents = extents.take(~mapped)
+        if len(extents):
+            cold = name in mostly_cold
             jobs.extend(
-                _direct_jobs(
+                direct_jobs(
                     name,
-                    kept,
-                    scratch,
-                    budget.scratch_bytes,
-                    kept_owners,
-                    mostly_cold,
-                    over_read,
-                    chunk,
-                    counted,
+                    extents,
+                    scratch=scratch,
+                    gap=budget.scratch_bytes,
+                    chunk=COLD_CHUNK_BYTES if cold else chunk or CHUNK_BYTES,
+                    cold=cold,
+                    over_read=over_read,
+                    counted=counted,
+                    threads=budget.threads,
                 )
             )
     for request in routes.strided:
@@ -286,32 +289,6 @@ def make_jobs(
         jobs.extend(_device_jobs(request, budget))
     jobs.sort(key=_BY_PLACE)
     return jobs
-
-
-def _direct_jobs(
-    name: str,
-    extents: list[tuple[int, int, int]],
-    scratch: int,
-    gap: int,
-    owners: list[tuple[int, int, Hashable]],
-    mostly_cold: frozenset[str],
-    over_read: float | None,
-    chunk: int | None,
-    counted: bool,
-) -> list[Job]:
-    cold = name in mostly_cold
-    chunk = COLD_CHUNK_BYTES if cold else chunk or CHUNK_BYTES
-    reads = coalesce(
-        extents, gap=gap, scratch=scratch, chunk=chunk, aligned=cold, over_read=over_read
-    )
-    if not counted:
-        return [ScatterRead(name, offset, buffers, []) for offset, buffers in reads]
-    by_address = sorted(owners, key=lambda owner: owner[0])
-    starts = [address for address, _, _ in by_address]
-    return [
-        ScatterRead(name, offset, buffers, _owned(buffers, by_address, starts))
-        for offset, buffers in reads
-    ]
 
 
 def _mapped_runs(name: str, offset: int, length: int, address: int, item: Hashable) -> list[Job]:
@@ -455,17 +432,3 @@ def per_job(pitch: int) -> int:
     """Runs one scatter read carries: an ``iovec`` entry for each run and gap, and at most
     :data:`CHUNK_BYTES` of file for runs ``pitch`` bytes apart."""
     return max(1, min((_sysio.IOV_MAX + 1) // 2, CHUNK_BYTES // max(1, pitch)))
-
-
-def _owned(
-    buffers: list[tuple[int, int]], owners: list[tuple[int, int, Hashable]], starts: list[int]
-) -> list[tuple[Hashable, int]]:
-    """Which read item each destination buffer of a coalesced read belongs to, with its
-    bytes (scratch buffers for gaps belong to none); ``owners`` sorted by address,
-    ``starts`` their addresses (made once per file: once per read made it quadratic)."""
-    parts = []
-    for address, length in buffers:
-        index = bisect.bisect_right(starts, address) - 1
-        if index >= 0 and address < owners[index][0] + owners[index][1]:
-            parts.append((owners[index][2], length))
-    return parts

@@ -8,12 +8,23 @@ count where the limit cannot give each thread room.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
+
+import numpy as np
 
 from hyperckpt._read.requests import Request
 
-__all__ = ["MAX_GAP", "MIN_THREAD_STAGING", "Budget", "Router", "Routes", "route", "share"]
+__all__ = [
+    "MAX_GAP",
+    "MIN_THREAD_STAGING",
+    "Budget",
+    "Extents",
+    "Router",
+    "Routes",
+    "route",
+    "share",
+]
 
 #: Bytes between two ranges that are read and dropped rather than paying a second call.
 MAX_GAP = 16 * 2**10
@@ -25,14 +36,52 @@ _MAX_SLOT = 16 * 2**20
 
 
 @dataclass(frozen=True, slots=True)
+class Extents:
+    """One file's byte ranges read in place, as columns, in routing order (row ``i`` of
+    each column is one range; a DeepSeek-V3 rank has 92k of them, so no object each).
+
+    Attributes:
+        offsets: First byte of each range, absolute in the file (int64).
+        lengths: Bytes of each range, more than none (int64).
+        addresses: Where each range lands (int64).
+        keys: What the progress tracker counts each range under (object; see
+            :attr:`~hyperckpt._read.requests.Request.key`).
+    """
+
+    offsets: np.ndarray
+    lengths: np.ndarray
+    addresses: np.ndarray
+    keys: np.ndarray
+
+    @classmethod
+    def of(cls, extents: Iterable[tuple[int, int, int, Hashable]]) -> Extents:
+        """Columns of ``(offset, length, address, key)`` rows."""
+        rows = list(extents)
+        keys = np.fromiter((row[3] for row in rows), dtype=object, count=len(rows))
+        return cls(
+            np.array([row[0] for row in rows], dtype=np.int64),
+            np.array([row[1] for row in rows], dtype=np.int64),
+            np.array([row[2] for row in rows], dtype=np.int64),
+            keys,
+        )
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def take(self, which: np.ndarray | slice) -> Extents:
+        """The rows ``which`` selects (an index, a mask or a slice)."""
+        return Extents(
+            self.offsets[which], self.lengths[which], self.addresses[which], self.keys[which]
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Routes:
     """A load's non-empty requests by the way they are read.
 
     Attributes:
-        direct: Per file, ``(file offset, length, address)`` of each one-run request whose
-            destination is a contiguous CPU tensor of the stored dtype (read in place).
-        owners: Per file, ``(address, length, progress key)`` of the same requests (see
-            :attr:`~hyperckpt._read.requests.Request.key`).
+        direct: Per file, the byte ranges of the one-run requests whose destination is a
+            contiguous CPU tensor of the stored dtype (read in place).
         strided: Strided requests bound for a contiguous CPU tensor of the stored dtype
             (column slices: read by a :mod:`~hyperckpt._read.columns` strategy).
         staged: Requests read into a host buffer and copied once (a dtype conversion, a
@@ -41,8 +90,7 @@ class Routes:
         widest: Bytes of the widest span a request needs (1 when there is none).
     """
 
-    direct: dict[str, list[tuple[int, int, int]]]
-    owners: dict[str, list[tuple[int, int, Hashable]]]
+    direct: dict[str, Extents]
     strided: list[Request]
     staged: list[Request]
     device: list[Request]
@@ -58,8 +106,8 @@ class Routes:
         request needs to the last."""
         found: dict[str, tuple[int, int]] = {}
         for name, extents in self.direct.items():
-            low = min(offset for offset, _, _ in extents)
-            found[name] = (low, max(offset + length for offset, length, _ in extents))
+            offsets = extents.offsets
+            found[name] = (int(offsets.min()), int((offsets + extents.lengths).max()))
         for request in (*self.strided, *self.staged, *self.device):
             offset, length = request.box.span()
             low, high = found.get(request.name, (offset, offset + length))
@@ -68,7 +116,7 @@ class Routes:
 
     def needed(self) -> int:
         """Bytes the requests deliver."""
-        direct = sum(length for extents in self.direct.values() for _, length, _ in extents)
+        direct = sum(int(extents.lengths.sum()) for extents in self.direct.values())
         others = (*self.strided, *self.staged, *self.device)
         return direct + sum(request.box.nbytes for request in others)
 
@@ -76,17 +124,34 @@ class Routes:
 class Router:
     """Builds :class:`Routes` one request at a time (:func:`route` over a list).
 
+    The ranges read in place are kept as flat columns while routing (see
+    :meth:`appenders`), split by file once at the end.
+
     Args:
         cuda: Whether CUDA is available (else a CUDA destination is staged, and its copy
             raises what torch says).
     """
 
-    __slots__ = ("_cuda", "_device", "_direct", "_owners", "_staged", "_strided", "_widest")
+    __slots__ = (
+        "_addresses",
+        "_cuda",
+        "_device",
+        "_files",
+        "_keys",
+        "_lengths",
+        "_offsets",
+        "_staged",
+        "_strided",
+        "_widest",
+    )
 
     def __init__(self, *, cuda: bool) -> None:
         self._cuda = cuda
-        self._direct: dict[str, list[tuple[int, int, int]]] = {}
-        self._owners: dict[str, list[tuple[int, int, Hashable]]] = {}
+        self._files: list[str] = []
+        self._offsets: list[int] = []
+        self._lengths: list[int] = []
+        self._addresses: list[int] = []
+        self._keys: list[Hashable] = []
         self._staged: list[Request] = []
         self._strided: list[Request] = []
         self._device: list[Request] = []
@@ -111,24 +176,61 @@ class Router:
     def direct(self, name: str, offset: int, length: int, address: int, key: Hashable) -> None:
         """Route one byte range of file ``name`` read in place at ``address`` (``length``
         bytes, more than none), counted under ``key``."""
-        if length > self._widest:
-            self._widest = length
-        extents = self._direct.get(name)
-        if extents is None:
-            extents = self._direct[name] = []
-            self._owners[name] = []
-        extents.append((offset, length, address))
-        self._owners[name].append((address, length, key))
+        self._files.append(name)
+        self._offsets.append(offset)
+        self._lengths.append(length)
+        self._addresses.append(address)
+        self._keys.append(key)
+
+    def appenders(
+        self,
+    ) -> tuple[
+        Callable[[str], None],
+        Callable[[int], None],
+        Callable[[int], None],
+        Callable[[int], None],
+        Callable[[Hashable], None],
+    ]:
+        """The five appends that together are :meth:`direct`, in its argument order (for
+        a caller's tight loop: a method call per range costs more than all five)."""
+        return (
+            self._files.append,
+            self._offsets.append,
+            self._lengths.append,
+            self._addresses.append,
+            self._keys.append,
+        )
 
     def routes(self) -> Routes:
         """The requests routed so far."""
+        widest = self._widest
+        direct: dict[str, Extents] = {}
+        count = len(self._files)
+        if count:
+            offsets = np.array(self._offsets, dtype=np.int64)
+            lengths = np.array(self._lengths, dtype=np.int64)
+            addresses = np.array(self._addresses, dtype=np.int64)
+            keys = np.fromiter(self._keys, dtype=object, count=count)
+            widest = max(widest, int(lengths.max()))
+            # Files in the order of their first range, as each file's ranges in theirs.
+            index = {name: number for number, name in enumerate(dict.fromkeys(self._files))}
+            if len(index) == 1:
+                direct[self._files[0]] = Extents(offsets, lengths, addresses, keys)
+            else:
+                files = np.fromiter(map(index.__getitem__, self._files), np.int64, count)
+                order = np.argsort(files, kind="stable")
+                bounds = np.searchsorted(files[order], np.arange(len(index) + 1))
+                for number, name in enumerate(index):
+                    rows = order[bounds[number] : bounds[number + 1]]
+                    direct[name] = Extents(
+                        offsets[rows], lengths[rows], addresses[rows], keys[rows]
+                    )
         return Routes(
-            self._direct,
-            self._owners,
+            direct,
             self._strided,
             self._staged,
             self._device,
-            self._widest or 1,
+            widest or 1,
         )
 
 

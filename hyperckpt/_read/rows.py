@@ -101,13 +101,14 @@ def routed(
         return router.routes(), committed
     names = row_chunks(items, storage) if names is None else names
     state = planner.state_dict  # type: ignore[attr-defined]
-    direct = router.direct
+    # The ranges read in place go straight into the router's columns.
+    add_file, add_offset, add_length, add_address, add_key = router.appenders()
     # Per cut: the chunk shape it was cut from, and the first element and count of its
     # one byte run (None: strided); per stored dtype code: the torch dtype.
     runs: dict[_Cut, tuple[tuple[int, ...], tuple[int, int] | None]] = {}
     dtypes: dict[str, torch.dtype] = {}
-    cut: _Cut
-    for key, cut in items.entries():  # type: ignore[assignment]  # (None, ReadItem) below
+    keys, cuts = items.columns()
+    for key, cut in zip(keys, cuts, strict=True):
         if key is None:
             item = cast(ReadItem, cut)
             request = resolve(item, storage[item.storage_index], planner)
@@ -115,11 +116,11 @@ def routed(
             committed.append(request)
             continue
         info = names[key]
-        run = runs.get(cut)  # a cut hashes by identity
+        run = runs.get(cut)  # type: ignore[arg-type]  # a cut hashes by identity
         if run is None:
-            run = runs[cut] = (
+            run = runs[cut] = (  # type: ignore[index]
                 info.shape,
-                Box(0, info.shape, cut.box.offsets, cut.lengths, 1).one_run(),  # type: ignore[arg-type]
+                Box(0, info.shape, cut.box.offsets, cut.lengths, 1).one_run(),  # type: ignore[union-attr, arg-type]
             )
         dtype = dtypes.get(info.dtype)
         if dtype is None:
@@ -139,15 +140,13 @@ def routed(
         ):
             if extent[1]:
                 itemsize = dtype.itemsize
-                direct(
-                    info.file,
-                    info.offset + extent[0] * itemsize,
-                    extent[1] * itemsize,
-                    local.data_ptr(),  # type: ignore[union-attr]
-                    key,
-                )
+                add_file(info.file)
+                add_offset(info.offset + extent[0] * itemsize)
+                add_length(extent[1] * itemsize)
+                add_address(local.data_ptr())  # type: ignore[union-attr]
+                add_key(key)
             continue
-        request = resolve(cut.item(key, cut.dest_offsets), info, planner, key)
+        request = resolve(cut.item(key, cut.dest_offsets), info, planner, key)  # type: ignore[union-attr]
         router.add(request)
         committed.append(request)
     return router.routes(), committed
