@@ -8,6 +8,8 @@ sweep gives it, and a tensor of other stored chunks its own.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from helpers import draw_placement
 from hypothesis import given
@@ -31,7 +33,7 @@ def _stored(shape: tuple[int, ...], cuts: list[int]) -> TensorStorageMetadata:
             offsets=torch.Size([low, *[0] * (len(shape) - 1)]),
             sizes=torch.Size([high - low, *shape[1:]]),
         )
-        for low, high in zip(bounds, bounds[1:], strict=False)
+        for low, high in itertools.pairwise(bounds)
     ]
     return TensorStorageMetadata(TensorProperties(dtype=torch.float32), torch.Size(shape), chunks)
 
