@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.planner import LoadPlanner as DcpLoadPlanner
 from torch.distributed.checkpoint.planner_helpers import (
     _init_state_dict,
 )
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
 from hyperckpt._planner.compact import CompactItems
 from hyperckpt._planner.gc_hold import without_gc
@@ -263,7 +263,7 @@ def strided_regions(
             DTensor is ``Partial``, or its regions do not tile its local
             tensor; the message names the key, placements and mesh.
     """
-    kinds: dict[object, tuple[bool, bool]] = {}  # placements -> (partial, strided)
+    kinds: dict[object, _Kind] = {}  # placements -> (partial, strided, first seen)
     marked: list[tuple[str, DTensor]] = []  # the DTensors to look at closer
     for fqn, value in state_dict.items():
         if known is not None:
@@ -283,10 +283,7 @@ def strided_regions(
             continue  # neither Partial nor _StridedShard, without hashing the placements
         kind = kinds.get(placements)
         if kind is None:
-            kind = kinds[placements] = (
-                any(isinstance(p, Partial) for p in placements),
-                any(is_strided(p) for p in placements),
-            )
+            kind = kinds[placements] = _kind_of(placements)
         if kind[0] or kind[1]:
             marked.append((fqn, value))
     return _checked_regions(marked, strided_layout, kinds=kinds, checked=checked)
@@ -296,12 +293,12 @@ def _checked_regions(
     marked: Sequence[tuple[str, DTensor]],
     strided_layout: StridedLayout,
     *,
-    kinds: dict[object, tuple[bool, bool]] | None = None,
+    kinds: dict[object, _Kind] | None = None,
     checked: Mapping[str, tuple[DTensor, tuple[Region, ...]]] | None = None,
 ) -> dict[str, tuple[Region, ...]]:
     """The regions of the ``Partial`` and ``_StridedShard`` DTensors ``marked``, in key
-    order (see :func:`strided_regions`); ``kinds`` caches each placements' (partial,
-    strided), ``checked`` holds regions already computed for the same DTensors."""
+    order (see :func:`strided_regions`); ``kinds`` caches each placements' kind (partial,
+    strided, first seen), ``checked`` holds regions already computed for the same DTensors."""
     kinds = {} if kinds is None else kinds
     regions = {}
     # Regions by layout, for the layouts that take no all-reduce (see _regions_for).
@@ -311,11 +308,8 @@ def _checked_regions(
         placements = value._spec.placements
         kind = kinds.get(placements)
         if kind is None:
-            kind = kinds[placements] = (
-                any(isinstance(p, Partial) for p in placements),
-                any(is_strided(p) for p in placements),
-            )
-        partial, strided = kind
+            kind = kinds[placements] = _kind_of(placements)
+        partial, strided, first = kind
         if partial:
             problems.append(
                 CheckpointError(
@@ -332,12 +326,25 @@ def _checked_regions(
             # Go on after a problem: later tensors may take an all-reduce the other ranks
             # of their mesh are waiting for.
             try:
-                regions[fqn] = _regions_for(fqn, value, strided_layout, known)
+                regions[fqn] = _regions_for(fqn, value, strided_layout, known, first)
             except CheckpointError as err:
                 problems.append(err)
     if problems:
         raise problems[0]
     return regions
+
+
+#: Placements' kind: whether any is ``Partial``, whether any is ``_StridedShard``, and the
+#: first placements seen equal to them.
+_Kind = tuple[bool, bool, tuple[Placement, ...]]
+
+
+def _kind_of(placements: tuple[Placement, ...]) -> _Kind:
+    return (
+        any(isinstance(p, Partial) for p in placements),
+        any(is_strided(p) for p in placements),
+        placements,
+    )
 
 
 def _same(before: DTensor, now: DTensor) -> bool:
@@ -364,6 +371,7 @@ def _regions_for(
     value: DTensor,
     layout: StridedLayout,
     known: dict[tuple[object, ...], tuple[Region, ...]],
+    placements_seen: tuple[Placement, ...],
 ) -> tuple[Region, ...]:
     """The regions ``value`` holds on this rank, checked against its local shape.
 
@@ -371,13 +379,15 @@ def _regions_for(
     placements, local shape) that takes no all-reduce: a DTensor of the same layout gets
     them as they are (a model's experts share a handful of layouts).  Whether a layout
     takes the all-reduce depends on its global shape, mesh and placements alone, so every
-    rank of the mesh takes the same all-reduces, cached or not.
+    rank of the mesh takes the same all-reduces, cached or not.  ``placements_seen`` is
+    the first placements found equal to the DTensor's (kept alive by the caller): its id
+    stands for them in ``known`` (torch compares and hashes ``_StridedShard`` in Python).
     """
     mesh = value.device_mesh
     spec = value._spec
     # The local tensor's shape, as to_local() gives it (without its autograd call).
     local_shape = tuple(value._local_tensor.shape)
-    signature = (spec.shape, id(mesh), spec.placements, local_shape, layout)
+    signature = (spec.shape, id(mesh), id(placements_seen), local_shape, layout)
     found = known.get(signature)
     if found is not None:
         return found

@@ -2,7 +2,8 @@
 
 :func:`~hyperckpt._read.jobs.strided_runs` no longer lists a box's runs (one per row of an
 expert's column slice); drawn boxes of up to four dimensions, narrowed anywhere, must give
-the same count, run, span and largest gap as the runs :meth:`Box.run_starts` lists.
+the same count, run, span and largest gap as the runs :meth:`Box.run_starts` lists, and
+:meth:`Box.span` the same span.
 """
 
 from __future__ import annotations
@@ -34,3 +35,6 @@ def _boxes(draw: st.DrawFn) -> Box:
 @example(Box(0, (4, 3, 5), (1, 1, 0), (3, 1, 5), 2))  # one run per outer index
 def test_strided_runs_equal_the_runs_the_box_lists(box: Box) -> None:
     assert strided_runs(box) == _listed_runs(box)
+    # The span from the first run's first byte to the last run's last.
+    starts, run = box.run_starts()
+    assert box.span() == (int(starts[0]), int(starts[-1] - starts[0]) + run)
