@@ -89,8 +89,14 @@ class Box:
         inner = narrowed[-1] if narrowed else 0
         strides = _strides(self.shape)
         run = math.prod(self.lengths[inner:]) * self.itemsize
-        starts = torch.tensor([self.start + self.offsets[inner] * strides[inner] * self.itemsize])
-        for dim in reversed(range(inner)):
+        base = self.start + self.offsets[inner] * strides[inner] * self.itemsize
+        if inner == 0:
+            return torch.tensor([base]), run
+        # The dimension just outside the run as one arange, the ones outside it by outer sums.
+        step = strides[inner - 1] * self.itemsize
+        first = base + self.offsets[inner - 1] * step
+        starts = torch.arange(first, first + self.lengths[inner - 1] * step, step)
+        for dim in reversed(range(inner - 1)):
             index = torch.arange(self.offsets[dim], self.offsets[dim] + self.lengths[dim])
             starts = (index[:, None] * (strides[dim] * self.itemsize) + starts[None, :]).reshape(-1)
         return starts, run

@@ -384,23 +384,28 @@ def _strided_jobs(request: Request, scratch: int, together: bool) -> list[Job]:
     in place: with ``together``, ``preadv`` fills the gaps between them into ``scratch``
     (one call for many runs), else each run is read on its own."""
     starts, run = request.box.run_starts()
+    count = starts.numel()
     address = request.target.data_ptr()
-    span = run + (int(starts[1] - starts[0]) if starts.numel() > 1 else 0)
+    span = run + (int(starts[1] - starts[0]) if count > 1 else 0)
     each = per_job(span) if together else max(1, CHUNK_BYTES // max(1, run))
+    name, key = request.name, request.key
+    # Each job's runs as one view, its first run's offset from one list (no per-job indexing).
+    parts = torch.split(starts, each)
+    offsets = starts[::each].tolist()
     jobs: list[Job] = []
-    for first in range(0, starts.numel(), each):
-        part = starts[first : first + each]
-        parts = [(request.key, part.numel() * run)]
+    for number, (part, offset) in enumerate(zip(parts, offsets, strict=True)):
+        first = number * each
+        taken = min(each, count - first)
         jobs.append(
             RunsRead(
-                request.name,
-                int(part[0]),
+                name,
+                offset,
                 part,
                 run,
                 address + first * run,
                 together,
                 scratch,
-                parts,
+                [(key, taken * run)],
             )
         )
     return jobs
