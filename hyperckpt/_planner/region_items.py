@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
+from hyperckpt._planner.local_items import _BY_DICT, _new, _set
 from hyperckpt._planner.regions import Region
 
 __all__ = ["RegionItems", "read_items"]
@@ -71,8 +72,25 @@ class RegionItems:
 
 
 def _renamed(item: ReadItem, fqn: str) -> ReadItem:
-    """``item`` with both its indexes under key ``fqn``."""
+    """``item`` with both its indexes under key ``fqn``; made as
+    :class:`~hyperckpt._planner.local_items._Cut` makes its items where the dataclasses
+    allow (their ``__dict__`` set to the fields their frozen ``__init__``s set)."""
     dest, storage = item.dest_index, item.storage_index
+    if _BY_DICT:
+        renamed_dest = _new(MetadataIndex)
+        _set(renamed_dest, "__dict__", {"fqn": fqn, "offset": dest.offset, "index": dest.index})
+        renamed_storage = _new(MetadataIndex)
+        _set(
+            renamed_storage,
+            "__dict__",
+            {"fqn": fqn, "offset": storage.offset, "index": storage.index},
+        )
+        made = _new(ReadItem)
+        fields = dict(item.__dict__)
+        fields["dest_index"] = renamed_dest
+        fields["storage_index"] = renamed_storage
+        _set(made, "__dict__", fields)
+        return made
     return ReadItem(
         type=item.type,
         dest_index=MetadataIndex(fqn, dest.offset, dest.index),

@@ -9,6 +9,7 @@ sweep gives it, and a tensor of other stored chunks its own.
 from __future__ import annotations
 
 import itertools
+import pickle
 
 import torch
 from helpers import draw_placement
@@ -55,7 +56,9 @@ def test_renamed_items_equal_the_sweeps_items_for_each_tensor(data: st.DataObjec
     for number in range(3):
         for md in (whole, pieces):
             fqn = f"layers.{number}.w"
-            assert make(fqn, md, regions) == read_items(fqn, md, regions)
+            made = make(fqn, md, regions)
+            assert made == read_items(fqn, md, regions)
+            assert pickle.loads(pickle.dumps(made)) == made  # as a plan that travels
     # Equal regions in another tuple are swept again, with the same items.
     again = tuple(list(regions))
     assert make("other", whole, again) == read_items("other", whole, regions)
