@@ -19,7 +19,6 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import (
-    ChunkStorageMetadata,
     Metadata,
     MetadataIndex,
     TensorStorageMetadata,
@@ -28,14 +27,14 @@ from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from torch.distributed.checkpoint.planner import LoadPlanner as DcpLoadPlanner
 from torch.distributed.checkpoint.planner_helpers import (
     _init_state_dict,
-    create_read_items_for_chunk_list,
 )
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
 from hyperckpt._planner.compact import CompactItems
 from hyperckpt._planner.gc_hold import without_gc
 from hyperckpt._planner.local_items import flat_state_dict, scan_local
 from hyperckpt._planner.placements import is_strided
+from hyperckpt._planner.region_items import RegionItems
 from hyperckpt._planner.regions import DTENSOR, FSDP, Order, Region, local_regions, orders_differ
 from hyperckpt._planner.shapes import shape_mismatch
 from hyperckpt.errors import CheckpointError
@@ -225,6 +224,7 @@ class LoadPlanner(DefaultLoadPlanner):
             plan = LoadPlan(items)  # type: ignore[arg-type]
         if not regions:
             return plan
+        make_items = RegionItems()
         for fqn, held in regions.items():
             md = known[fqn]
             if not isinstance(md, TensorStorageMetadata):
@@ -233,7 +233,7 @@ class LoadPlanner(DefaultLoadPlanner):
                     f"DTensor",
                     tensor=fqn,
                 )
-            items.extend(_read_items(fqn, md, held))
+            items.extend(make_items(fqn, md, held))
         return dataclasses.replace(plan, items=items)  # type: ignore[arg-type]
 
 
@@ -263,7 +263,7 @@ def strided_regions(
             DTensor is ``Partial``, or its regions do not tile its local
             tensor; the message names the key, placements and mesh.
     """
-    kinds: dict[object, tuple[bool, bool]] = {}  # placements -> (partial, strided)
+    kinds: dict[object, _Kind] = {}  # placements -> (partial, strided, first seen)
     marked: list[tuple[str, DTensor]] = []  # the DTensors to look at closer
     for fqn, value in state_dict.items():
         if known is not None:
@@ -283,10 +283,7 @@ def strided_regions(
             continue  # neither Partial nor _StridedShard, without hashing the placements
         kind = kinds.get(placements)
         if kind is None:
-            kind = kinds[placements] = (
-                any(isinstance(p, Partial) for p in placements),
-                any(is_strided(p) for p in placements),
-            )
+            kind = kinds[placements] = _kind_of(placements)
         if kind[0] or kind[1]:
             marked.append((fqn, value))
     return _checked_regions(marked, strided_layout, kinds=kinds, checked=checked)
@@ -296,24 +293,23 @@ def _checked_regions(
     marked: Sequence[tuple[str, DTensor]],
     strided_layout: StridedLayout,
     *,
-    kinds: dict[object, tuple[bool, bool]] | None = None,
+    kinds: dict[object, _Kind] | None = None,
     checked: Mapping[str, tuple[DTensor, tuple[Region, ...]]] | None = None,
 ) -> dict[str, tuple[Region, ...]]:
     """The regions of the ``Partial`` and ``_StridedShard`` DTensors ``marked``, in key
-    order (see :func:`strided_regions`); ``kinds`` caches each placements' (partial,
-    strided), ``checked`` holds regions already computed for the same DTensors."""
+    order (see :func:`strided_regions`); ``kinds`` caches each placements' kind (partial,
+    strided, first seen), ``checked`` holds regions already computed for the same DTensors."""
     kinds = {} if kinds is None else kinds
     regions = {}
+    # Regions by layout, for the layouts that take no all-reduce (see _regions_for).
+    known: dict[tuple[object, ...], tuple[Region, ...]] = {}
     problems: list[CheckpointError] = []
     for fqn, value in sorted(marked, key=_first):
         placements = value._spec.placements
         kind = kinds.get(placements)
         if kind is None:
-            kind = kinds[placements] = (
-                any(isinstance(p, Partial) for p in placements),
-                any(is_strided(p) for p in placements),
-            )
-        partial, strided = kind
+            kind = kinds[placements] = _kind_of(placements)
+        partial, strided, first = kind
         if partial:
             problems.append(
                 CheckpointError(
@@ -330,12 +326,25 @@ def _checked_regions(
             # Go on after a problem: later tensors may take an all-reduce the other ranks
             # of their mesh are waiting for.
             try:
-                regions[fqn] = _regions_for(fqn, value, strided_layout)
+                regions[fqn] = _regions_for(fqn, value, strided_layout, known, first)
             except CheckpointError as err:
                 problems.append(err)
     if problems:
         raise problems[0]
     return regions
+
+
+#: Placements' kind: whether any is ``Partial``, whether any is ``_StridedShard``, and the
+#: first placements seen equal to them.
+_Kind = tuple[bool, bool, tuple[Placement, ...]]
+
+
+def _kind_of(placements: tuple[Placement, ...]) -> _Kind:
+    return (
+        any(isinstance(p, Partial) for p in placements),
+        any(is_strided(p) for p in placements),
+        placements,
+    )
 
 
 def _same(before: DTensor, now: DTensor) -> bool:
@@ -357,16 +366,38 @@ def _first(marked: tuple[str, DTensor]) -> str:
     return marked[0]
 
 
-def _regions_for(fqn: str, value: DTensor, layout: StridedLayout) -> tuple[Region, ...]:
-    """The regions ``value`` holds on this rank, checked against its local shape."""
+def _regions_for(
+    fqn: str,
+    value: DTensor,
+    layout: StridedLayout,
+    known: dict[tuple[object, ...], tuple[Region, ...]],
+    placements_seen: tuple[Placement, ...],
+) -> tuple[Region, ...]:
+    """The regions ``value`` holds on this rank, checked against its local shape.
+
+    ``known`` holds the regions already found for a layout (global shape, mesh,
+    placements, local shape) that takes no all-reduce: a DTensor of the same layout gets
+    them as they are (a model's experts share a handful of layouts).  Whether a layout
+    takes the all-reduce depends on its global shape, mesh and placements alone, so every
+    rank of the mesh takes the same all-reduces, cached or not.  ``placements_seen`` is
+    the first placements found equal to the DTensor's (kept alive by the caller): its id
+    stands for them in ``known`` (torch compares and hashes ``_StridedShard`` in Python).
+    """
     mesh = value.device_mesh
+    spec = value._spec
+    # The local tensor's shape, as to_local() gives it (without its autograd call).
+    local_shape = tuple(value._local_tensor.shape)
+    signature = (spec.shape, id(mesh), id(placements_seen), local_shape, layout)
+    found = known.get(signature)
+    if found is not None:
+        return found
     coordinate = mesh.get_coordinate()
     assert coordinate is not None
     shape, mesh_shape, placements = tuple(value.shape), tuple(mesh.shape), value.placements
-    local_shape = tuple(value.to_local().shape)
     try:
         order: Order = DTENSOR if layout == "auto" else layout
-        if layout == "auto" and orders_differ(shape, mesh_shape, placements):
+        agreed = layout == "auto" and orders_differ(shape, mesh_shape, placements)
+        if agreed:
             # FSDP2 over tensor parallelism: take the order whose shapes fit on every rank,
             # FSDP2's when both do (its form of placements is what made them differ).
             fits: dict[Order, bool] = {
@@ -391,22 +422,9 @@ def _regions_for(fqn: str, value: DTensor, layout: StridedLayout) -> tuple[Regio
             f"matched to it",
             tensor=fqn,
         )
+    if not agreed:
+        known[signature] = regions
     return regions
-
-
-def _read_items(fqn: str, md: TensorStorageMetadata, regions: Sequence[Region]) -> list[ReadItem]:
-    chunks = [
-        ChunkStorageMetadata(offsets=torch.Size(r.offsets), sizes=torch.Size(r.sizes))
-        for r in regions
-    ]
-    items = []
-    for item in create_read_items_for_chunk_list(fqn, md, chunks):
-        index = item.dest_index.index
-        assert index is not None
-        base = regions[index].local_offsets
-        dest = torch.Size(b + o for b, o in zip(base, item.dest_offsets, strict=True))
-        items.append(dataclasses.replace(item, dest_offsets=dest))
-    return items
 
 
 def _tiles(regions: Sequence[Region], local_shape: tuple[int, ...]) -> bool:

@@ -31,7 +31,8 @@ from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from torch.distributed.checkpoint.planner import LoadPlanner as DcpLoadPlanner
 
 from hyperckpt._dist import agreement
-from hyperckpt._planner.load_planner import LoadPlanner, _read_items, strided_regions
+from hyperckpt._planner.load_planner import LoadPlanner, strided_regions
+from hyperckpt._planner.region_items import read_items
 from hyperckpt.errors import CheckpointError
 
 __all__ = ["Replanned", "agree", "plan_to_read", "replan"]
@@ -139,7 +140,7 @@ def replan(plan: LoadPlan, planner: DcpLoadPlanner, metadata: Metadata) -> Repla
             continue
         # torch's planner plans every key the checkpoint has, but asks for no rows where
         # DTensor reckons this rank's box empty: compare with nothing then.
-        right = _read_items(fqn, md, held)
+        right = read_items(fqn, md, held)
         if _boxes(right) == _boxes(asked.get(fqn, [])):
             continue
         if not default:

@@ -72,11 +72,14 @@ class Box:
 
     def span(self) -> tuple[int, int]:
         """``(absolute offset, length)`` from the box's first byte to its last, inclusive."""
-        strides = _strides(self.shape)
-        first = sum(o * s for o, s in zip(self.offsets, strides, strict=True))
-        last = sum(
-            (o + n - 1) * s for o, n, s in zip(self.offsets, self.lengths, strides, strict=True)
-        )
+        first = last = 0
+        stride = 1  # in elements, from the innermost dimension out
+        for offset, length, size in zip(
+            reversed(self.offsets), reversed(self.lengths), reversed(self.shape), strict=True
+        ):
+            first += offset * stride
+            last += (offset + length - 1) * stride
+            stride *= size
         return self.start + first * self.itemsize, (last - first + 1) * self.itemsize
 
     def run_starts(self) -> tuple[torch.Tensor, int]:
@@ -86,8 +89,14 @@ class Box:
         inner = narrowed[-1] if narrowed else 0
         strides = _strides(self.shape)
         run = math.prod(self.lengths[inner:]) * self.itemsize
-        starts = torch.tensor([self.start + self.offsets[inner] * strides[inner] * self.itemsize])
-        for dim in reversed(range(inner)):
+        base = self.start + self.offsets[inner] * strides[inner] * self.itemsize
+        if inner == 0:
+            return torch.tensor([base]), run
+        # The dimension just outside the run as one arange, the ones outside it by outer sums.
+        step = strides[inner - 1] * self.itemsize
+        first = base + self.offsets[inner - 1] * step
+        starts = torch.arange(first, first + self.lengths[inner - 1] * step, step)
+        for dim in reversed(range(inner - 1)):
             index = torch.arange(self.offsets[dim], self.offsets[dim] + self.lengths[dim])
             starts = (index[:, None] * (strides[dim] * self.itemsize) + starts[None, :]).reshape(-1)
         return starts, run
@@ -130,4 +139,9 @@ class Box:
 
 
 def _strides(shape: tuple[int, ...]) -> list[int]:
-    return [math.prod(shape[d + 1 :]) for d in range(len(shape))]
+    strides = [1] * len(shape)
+    stride = 1
+    for dim in range(len(shape) - 1, -1, -1):
+        strides[dim] = stride
+        stride *= shape[dim]
+    return strides

@@ -10,6 +10,7 @@ ordered by file and (first) offset.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -342,7 +343,32 @@ def strided_strategy(
 
 
 def strided_runs(box: Box) -> Runs:
-    """The shape of a strided ``box`` in its file, as the cost rule sees it."""
+    """The shape of a strided ``box`` in its file, as the cost rule sees it.
+
+    Worked out from the box's strides, without listing its runs (what
+    :meth:`~hyperckpt._read.boxes.Box.run_starts` gives, one row of the box each: an
+    expert's column slice has thousands): consecutive runs are apart by the stride of the
+    dimension whose index steps, less the extent the inner dimensions roll back over.
+    """
+    shape, lengths, itemsize = box.shape, box.lengths, box.itemsize
+    narrowed = [d for d in range(len(shape)) if lengths[d] != shape[d]]
+    inner = narrowed[-1] if narrowed else 0
+    if not all(lengths) or inner == 0:
+        return _listed_runs(box)
+    strides = box.strides()
+    run = math.prod(lengths[inner:]) * itemsize
+    count = math.prod(lengths[:inner])
+    rolled = 0  # elements the dimensions inside ``dim`` (and outside ``inner``) span
+    max_gap = 0
+    for dim in reversed(range(inner)):
+        if lengths[dim] > 1:
+            max_gap = max(max_gap, (strides[dim] - rolled) * itemsize - run)
+        rolled += (lengths[dim] - 1) * strides[dim]
+    return Runs(count=count, run=run, span=rolled * itemsize + run, max_gap=max_gap)
+
+
+def _listed_runs(box: Box) -> Runs:
+    """:func:`strided_runs` from the listed runs (a box of one run or of no element)."""
     starts, run = box.run_starts()
     gaps = starts[1:] - starts[:-1] - run
     return Runs(
@@ -358,23 +384,28 @@ def _strided_jobs(request: Request, scratch: int, together: bool) -> list[Job]:
     in place: with ``together``, ``preadv`` fills the gaps between them into ``scratch``
     (one call for many runs), else each run is read on its own."""
     starts, run = request.box.run_starts()
+    count = starts.numel()
     address = request.target.data_ptr()
-    span = run + (int(starts[1] - starts[0]) if starts.numel() > 1 else 0)
+    span = run + (int(starts[1] - starts[0]) if count > 1 else 0)
     each = per_job(span) if together else max(1, CHUNK_BYTES // max(1, run))
+    name, key = request.name, request.key
+    # Each job's runs as one view, its first run's offset from one list (no per-job indexing).
+    parts = torch.split(starts, each)
+    offsets = starts[::each].tolist()
     jobs: list[Job] = []
-    for first in range(0, starts.numel(), each):
-        part = starts[first : first + each]
-        parts = [(request.key, part.numel() * run)]
+    for number, (part, offset) in enumerate(zip(parts, offsets, strict=True)):
+        first = number * each
+        taken = min(each, count - first)
         jobs.append(
             RunsRead(
-                request.name,
-                int(part[0]),
+                name,
+                offset,
                 part,
                 run,
                 address + first * run,
                 together,
                 scratch,
-                parts,
+                [(key, taken * run)],
             )
         )
     return jobs

@@ -43,7 +43,12 @@ class Request:
 
 
 def resolve(
-    item: ReadItem, info: StorageInfo, planner: LoadPlanner, key: Hashable = None
+    item: ReadItem,
+    info: StorageInfo,
+    planner: LoadPlanner,
+    key: Hashable = None,
+    *,
+    found: torch.Tensor | None = None,
 ) -> Request:
     """``item`` with the destination ``planner.resolve_tensor`` gives it.
 
@@ -52,6 +57,8 @@ def resolve(
         info: Where the bytes of the chunk it reads live.
         planner: Gives the destination.
         key: What progress counts it under; ``None``: the item.
+        found: What ``planner.resolve_tensor(item)`` would return, when the caller found
+            it without asking (the same memory); ``None``: ask the planner.
 
     Raises:
         CheckpointError: The item asks for a non-tensor value, or the destination's shape
@@ -65,7 +72,7 @@ def resolve(
             tensor=fqn,
         )
     lengths = tuple(item.lengths)
-    target = planner.resolve_tensor(item).detach()
+    target = (planner.resolve_tensor(item) if found is None else found).detach()
     if tuple(target.shape) != lengths:
         raise CheckpointError(
             f"{fqn}: the planner's destination has shape {list(target.shape)} but the read "

@@ -29,6 +29,7 @@ from hyperckpt import LoadPlanner
 from hyperckpt._exchange.rank_requests import ChunkOrder, rank_requests
 from hyperckpt._planner.compact import CompactItems
 from hyperckpt._planner.local_items import local_read_items
+from hyperckpt._read.rows import local_destination
 from hyperckpt._read.storage_info import StorageInfo
 
 _SHAPES = [(8, 6), (7, 5), (3, 1), (1, 9), (5,), (2, 3, 4)]
@@ -117,3 +118,40 @@ def _check_compact(rank: int, world_size: int, seed: int) -> bool:
 def test_the_compact_plan_selects_the_same_items_as_the_list_plan_on_drawn_layouts() -> None:
     for seed in (0, 1):
         assert run_ranks(_check_compact, 4, seed) == [True] * 4
+
+
+def _check_destinations(rank: int, world_size: int) -> bool:
+    meshes = [device_mesh((4,)), device_mesh((2, 2))]
+    state: dict[str, object] = {"plain": torch.zeros(4, 3)}
+    layouts = [
+        (meshes[0], [_StridedShard(0, split_factor=2)]),
+        (meshes[0], [Shard(1)]),
+        (meshes[1], [_StridedShard(0, split_factor=2), Shard(0)]),
+        (meshes[1], [Shard(0), Shard(1)]),
+        (meshes[1], [Replicate(), _StridedShard(1, split_factor=2)]),
+    ]
+    for number, (mesh, placements) in enumerate(layouts):
+        for shape in ((8, 8), (16, 4)):
+            state[f"w.{number}.{shape}"] = distribute_tensor(torch.zeros(shape), mesh, placements)
+    # A DTensor parameter (its local tensor requires grad).
+    state["param"] = torch.nn.Parameter(distribute_tensor(torch.zeros(8, 4), meshes[0], [Shard(0)]))
+    metadata = Metadata({fqn: stored_in_rows(v.size(), 1) for fqn, v in state.items()})  # type: ignore[attr-defined]
+    planner = LoadPlanner()
+    planner.set_up_planner(dict(state), metadata, is_coordinator=False)
+    found_any = False
+    for item in planner.create_local_plan().items:
+        expected = planner.resolve_tensor(item)
+        found = local_destination(item, planner.state_dict)
+        if item.dest_index.fqn == "plain":  # not a DTensor: left to the planner
+            assert found is None, item
+            continue
+        assert found is not None, item
+        found_any = True
+        assert found.data_ptr() == expected.data_ptr(), item
+        assert (found.shape, found.stride()) == (expected.shape, expected.stride()), item
+    assert found_any
+    return True
+
+
+def test_a_dtensors_destination_found_in_place_is_the_planners() -> None:
+    assert run_ranks(_check_destinations, 4) == [True] * 4

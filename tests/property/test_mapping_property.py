@@ -39,7 +39,7 @@ from hyperckpt import (
     TorchShardedSafetensorsReader,
     describe,
 )
-from hyperckpt._planner.load_planner import _read_items
+from hyperckpt._planner.region_items import read_items
 from hyperckpt._planner.regions import local_regions
 from hyperckpt._read.boxes import narrow
 from hyperckpt._read.engine import ReadEngine
@@ -170,7 +170,7 @@ def test_every_coordinate_reads_exactly_its_regions_of_a_random_fusion(
             want = _split(expected, placements, mesh, coord)
             regions = local_regions(tuple(expected.shape), mesh, placements, coord)
             local = poison_(torch.empty_like(want))
-            items = _read_items("fused", md, regions)  # type: ignore[arg-type]
+            items = read_items("fused", md, regions)  # type: ignore[arg-type]
             assert sum(math.prod(item.lengths) for item in items) == want.numel()
             engine = ReadEngine(str(root), stamps, ReadOptions(thread_count=2, staging_bytes=4096))
             engine.run(items, metadata.storage_data, _Into(local))  # type: ignore[arg-type]
