@@ -46,7 +46,7 @@ from dataclasses import replace
 from typing import Literal, NamedTuple, TypeVar
 
 from hyperckpt._read.boxes import narrow
-from hyperckpt._read.columns import DEFAULT_COSTS, Costs, Strategy, choose_run, estimate
+from hyperckpt._read.columns import DEFAULT_COSTS, Costs, Strategy, estimate
 from hyperckpt._read.columns import run_estimates as _run_estimates
 from hyperckpt._read.jobs import (
     CHUNK_BYTES,
@@ -55,6 +55,7 @@ from hyperckpt._read.jobs import (
     Mappable,
     blocks_within,
     make_jobs,
+    maps_run,
     never_mapped,
     per_job,
     strided_runs,
@@ -234,15 +235,7 @@ def _largest_mapped_run(
                 continue
             if not mappable(name, offset, length):
                 continue
-            chosen = choose_run(
-                length,
-                ranks=ranks,
-                chunk=CHUNK_BYTES,
-                map_part=CHUNK_BYTES,
-                threads=threads,
-                costs=costs,
-            )
-            if chosen is Strategy.MAP:
+            if maps_run(length, ranks=ranks, threads=threads, costs=costs):
                 found = (name, offset, length, address, key)
     return found
 

@@ -40,6 +40,7 @@ __all__ = [
     "StagedPart",
     "blocks_within",
     "make_jobs",
+    "maps_run",
     "never_mapped",
     "per_job",
     "strided_runs",
@@ -179,7 +180,21 @@ def never_mapped(name: str, offset: int, length: int) -> bool:
     return False
 
 
-_never = never_mapped
+def maps_run(length: int, *, ranks: int, threads: int, costs: Costs) -> bool:
+    """Whether the cost rule copies a run of ``length`` bytes from a map (in parts of
+    :data:`CHUNK_BYTES`) rather than reading it in place with ``preadv``; ``threads``: the
+    host's copying threads (this rank's times its ranks)."""
+    return (
+        choose_run(
+            length,
+            ranks=ranks,
+            chunk=CHUNK_BYTES,
+            map_part=CHUNK_BYTES,
+            threads=threads,
+            costs=costs,
+        )
+        is Strategy.MAP
+    )
 
 
 def make_jobs(
@@ -190,7 +205,7 @@ def make_jobs(
     mostly_cold: frozenset[str],
     strategy: Strategy | None,
     ranks: int,
-    mappable: Mappable = _never,
+    mappable: Mappable = never_mapped,
     over_read: float | None = None,
     chunk: int | None = None,
     costs: Costs = DEFAULT_COSTS,
@@ -221,7 +236,7 @@ def make_jobs(
     """
     jobs: list[Job] = []
     threads = budget.threads * max(1, ranks)
-    may_map = mappable is not _never and strategy in (None, Strategy.MAP)
+    may_map = mappable is not never_mapped and strategy in (None, Strategy.MAP)
     for name, extents in routes.direct.items():
         if may_map:
             # Per range: whether it is copied from a map (the rule weighs the length only,
@@ -235,16 +250,8 @@ def make_jobs(
                     continue
                 by_map = rule.get(length)
                 if by_map is None:
-                    by_map = rule[length] = strategy is Strategy.MAP or (
-                        choose_run(
-                            length,
-                            ranks=ranks,
-                            chunk=CHUNK_BYTES,
-                            map_part=CHUNK_BYTES,
-                            threads=threads,
-                            costs=costs,
-                        )
-                        is Strategy.MAP
+                    by_map = rule[length] = strategy is Strategy.MAP or maps_run(
+                        length, ranks=ranks, threads=threads, costs=costs
                     )
                 mapped[row] = by_map
             if mapped.any():
