@@ -156,7 +156,9 @@ class S3Storage:
             args: dict[str, str] = {"Bucket": self.bucket, "Prefix": prefix, "Delimiter": "/"}
             if token:
                 args["ContinuationToken"] = token
-            page = self.attempt(
+            page = attempt(
+                self.settings,
+                self.counts,
                 lambda a=args: self._client.list_objects_v2(**a),  # type: ignore[misc]
                 what=f"listing {self._root}/",
                 where=self._root,
@@ -186,7 +188,9 @@ class S3Storage:
         except CheckpointNotFoundError:
             pass
         key = self.resolve(name)
-        page = self.attempt(
+        page = attempt(
+            self.settings,
+            self.counts,
             lambda: self._client.list_objects_v2(Bucket=self.bucket, Prefix=f"{key}/", MaxKeys=1),
             what=f"listing {self.url(name)}/",
             where=self.url(name),
@@ -204,7 +208,9 @@ class S3Storage:
             CheckpointError: The store refused or failed (retried first).
         """
         key = self.resolve(name)
-        response = self.attempt(
+        response = attempt(
+            self.settings,
+            self.counts,
             lambda: self._client.head_object(Bucket=self.bucket, Key=key),
             what="HEAD",
             where=self.url(name),
@@ -354,7 +360,7 @@ class S3Storage:
             opened.append((stamp, bytes(buffer)))
             return {}
 
-        self.attempt(one_try, what=what, where=where, missing=name)
+        attempt(self.settings, self.counts, one_try, what=what, where=where, missing=name)
         if not opened:
             return S3File(self, name, self.stamp(name))
         stamp, head = opened[-1]
@@ -410,27 +416,6 @@ class S3Storage:
 
     def sync(self) -> None:
         """Nothing to make durable: nothing is written."""
-
-    def attempt(
-        self,
-        request: Callable[[], dict[str, Any]],
-        *,
-        what: str,
-        where: str,
-        missing: str | None = None,
-        again: str | None = None,
-    ) -> dict[str, Any]:
-        """:func:`~hyperckpt._storage.s3_requests.attempt` with this store's settings and
-        counts."""
-        return attempt(
-            self.settings,
-            self.counts,
-            request,
-            what=what,
-            where=where,
-            missing=missing,
-            again=again,
-        )
 
 
 def _opened_size(response: dict[str, Any], prefetch: int, where: str, what: str, name: str) -> int:

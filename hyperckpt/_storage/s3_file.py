@@ -10,7 +10,7 @@ from __future__ import annotations
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from hyperckpt._storage.s3_requests import Retry, stream
+from hyperckpt._storage.s3_requests import Retry, attempt, stream
 from hyperckpt._storage.stamp import FileStamp, stamp_changes
 from hyperckpt.errors import CheckpointChangedError, CheckpointError
 
@@ -122,7 +122,9 @@ class S3File:
                 raise Retry(f"a short body ({got} of {length} bytes)")
             return {}
 
-        storage.attempt(one_try, what=what, where=where, again=self._again)
+        attempt(
+            storage.settings, storage.counts, one_try, what=what, where=where, again=self._again
+        )
 
     def _check_response(
         self,
