@@ -47,6 +47,7 @@ __all__ = [
     "columns_of_plans",
     "columns_of_requests",
     "cut_stripes",
+    "index_kind",
     "narrow_kind",
     "narrowest_ints",
     "part_rows",
@@ -57,6 +58,8 @@ __all__ = [
 ]
 
 Ints = NDArray[np.int64]
+#: A plan column of ranks, rows or indices: 32-bit where its bound allows (:func:`index_kind`).
+Indices = NDArray[np.signedinteger]
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +111,8 @@ class StripePlan:
     """The whole striped plan as arrays.
 
     Parts are in placement order (round by round, readers ascending); slots in message
-    order; messages by (round, source, receiver).
+    order; messages by (round, source, receiver).  The slots' and messages' ranks, rows
+    and indices are 32-bit where their bounds allow (:func:`index_kind`); bytes are 64-bit.
 
     Attributes:
         world: Ranks in the load.
@@ -141,16 +145,16 @@ class StripePlan:
     part_first: Ints
     part_stop: Ints
     part_ordinal: Ints
-    slot_key: Ints
-    slot_part: Ints
-    slot_first: Ints
-    slot_stop: Ints
+    slot_key: Indices
+    slot_part: Indices
+    slot_first: Indices
+    slot_stop: Indices
     slot_offset: Ints
     slot_nbytes: Ints
-    message_round: Ints
-    message_source: Ints
-    message_receiver: Ints
-    message_start: Ints
+    message_round: Indices
+    message_source: Indices
+    message_receiver: Indices
+    message_start: Indices
     message_nbytes: Ints
     columns: StripeColumns
 
@@ -175,7 +179,15 @@ class StripePlan:
         )
 
     def _slot_bounds(self) -> Ints:
-        return np.append(self.message_start, len(self.slot_key)).astype(np.int64)
+        return self.slot_bounds().astype(np.int64, copy=False)
+
+    def slot_bounds(self) -> Indices:
+        """Each message's first slot, then the number of slots: in ``message_start``'s
+        type, which holds every slot index and their count (see :func:`index_kind`)."""
+        bounds = np.empty(len(self.message_start) + 1, self.message_start.dtype)
+        bounds[:-1] = self.message_start
+        bounds[-1] = len(self.slot_key)
+        return bounds
 
     def shares(self, table: Sequence[ChunkKey] | None = None) -> list[StripeShare]:
         """Every rank's :class:`StripeShare`, by rank.
@@ -417,10 +429,27 @@ def plan_stripe_arrays(
     # Written in place, block after block: a block's results joined at the end would be
     # every slot's memory faulted in twice (the blocks', then the joined arrays').  No
     # more slots than boxes (nor messages than slots); the tail never written is never
-    # faulted in.
+    # faulted in.  Ranks, rows and indices are held in 32 bits where their bound allows
+    # (at 8,192 ranks each 64-bit column is ~37 MB of fresh memory); bytes keep 64.
     bound = int(width.sum())
-    slot_columns = [np.empty(bound, np.int64) for _ in range(6)]
-    message_columns = [np.empty(bound, np.int64) for _ in range(5)]
+    rows_kind = index_kind(int(c.chunk_rows.max(initial=0)))
+    slot_kinds = (
+        index_kind(len(c.key_chunk)),  # a request's key
+        index_kind(len(placed)),  # an ordinal among a reader's parts
+        rows_kind,
+        rows_kind,
+        np.int64,  # byte offsets and lengths
+        np.int64,
+    )
+    message_kinds = (
+        index_kind(len(placed)),  # a round: no more rounds than parts
+        index_kind(world),
+        index_kind(world),
+        index_kind(bound),  # a slot's index
+        np.int64,
+    )
+    slot_columns = [np.empty(bound, kind) for kind in slot_kinds]
+    message_columns = [np.empty(bound, kind) for kind in message_kinds]
     done = sent = 0
     for first, stop in _blocks(width[placed], group_starts):
         b_part, b_req, b_a, b_b = boxes.made(placed[first:stop])
@@ -778,6 +807,18 @@ def ramps(count: Ints) -> Ints:
 
 def _ints(values: list[int]) -> Ints:
     return np.asarray(values, dtype=np.int64).reshape(-1)
+
+
+def index_kind(bound: int) -> type[np.signedinteger]:
+    """The integer type of a plan column whose values lie in ``0 .. bound``: 32 bits
+    where they fit (:data:`INDEX_KIND`), else 64."""
+    kind, most = INDEX_KIND
+    return kind if bound <= most else np.int64
+
+
+#: The narrow type of the plan's rank, row and index columns, and the most it holds
+#: (the tests narrow further, so that a column given too small a bound shows).
+INDEX_KIND: tuple[type[np.signedinteger], int] = (np.int32, int(np.iinfo(np.int32).max))
 
 
 def narrowest_ints(values: Ints) -> Ints:

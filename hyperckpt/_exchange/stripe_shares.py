@@ -26,7 +26,7 @@ from hyperckpt._exchange.stripe_plan import (
 )
 from hyperckpt._exchange.stripes import ChunkKey
 
-__all__ = ["BLOCK_RANKS", "cut_shares"]
+__all__ = ["BLOCK_MESSAGES", "BLOCK_RANKS", "cut_shares"]
 
 #: Ranks whose shares are cut together.
 BLOCK_RANKS = 256
@@ -41,19 +41,8 @@ def cut_shares(plan: StripePlan, in_table: Ints | None) -> list[StripeShare]:
             to name chunks by ``(tensor name, offsets)``.
     """
     world = plan.world
-    bounds = np.append(plan.message_start, len(plan.slot_key)).astype(np.int64)
-    # Each message belongs to its source and, when another rank, its receiver.
-    index = np.arange(len(plan.message_start))
-    other = plan.message_receiver != plan.message_source
-    # By (owner, message): the pairs are distinct, so sorting them packed into one
-    # number (a plain sort of values) gives np.lexsort's order in one pass.  Packed and
-    # sorted in place: at 8,192 ranks each array of them is ~70 MB of fresh memory.
-    bits = max(1, len(index).bit_length())
-    owned = np.concatenate((plan.message_source, plan.message_receiver[other]))
-    owned = owned.astype(np.int64, copy=False)
-    owned <<= bits
-    owned |= np.concatenate((index, index[other]))
-    owned.sort()
+    bounds = plan.slot_bounds()
+    owned, bits = _owned_messages(plan)
     message_edges = np.searchsorted(owned, np.arange(world + 1, dtype=np.int64) << bits)
     owned &= (1 << bits) - 1
     part_order = np.argsort(plan.part_reader, kind="stable")
@@ -73,6 +62,39 @@ def cut_shares(plan: StripePlan, in_table: Ints | None) -> list[StripeShare]:
             )
         )
     return shares
+
+
+def _owned_messages(plan: StripePlan) -> tuple[Ints, int]:
+    """Each message's (owner, message) pairs, ascending, packed into one number each (the
+    owner shifted left by the returned bits): a message belongs to its source and, when
+    another rank, its receiver.
+
+    The pairs are distinct, so sorting them packed (a plain sort of values) gives
+    np.lexsort's order in one pass.  Packed and sorted in place, the message indices
+    added a block at a time: at 8,192 ranks each array of them is ~70 MB of fresh memory.
+    """
+    source, receiver = plan.message_source, plan.message_receiver
+    count = len(source)
+    other = receiver != source
+    bits = max(1, count.bit_length())
+    owned = np.empty(count + int(np.count_nonzero(other)), np.int64)
+    owned[:count] = source
+    owned[count:] = receiver[other]
+    owned <<= bits
+    into = count
+    for at in range(0, count, BLOCK_MESSAGES):
+        end = min(count, at + BLOCK_MESSAGES)
+        owned[at:end] |= np.arange(at, end)
+        moved = np.flatnonzero(other[at:end])
+        moved += at
+        owned[into : into + len(moved)] |= moved
+        into += len(moved)
+    owned.sort()
+    return owned, bits
+
+
+#: Messages whose indices are packed at once.
+BLOCK_MESSAGES = 1 << 19
 
 
 class _Block:

@@ -24,7 +24,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadIte
 from hyperckpt._exchange import stripe_plan, stripe_shares
 from hyperckpt._exchange.schedule import item_key
 from hyperckpt._exchange.stripe_plan import BLOCK_BOXES, narrowest_ints, plan_stripes
-from hyperckpt._exchange.stripe_shares import BLOCK_RANKS
+from hyperckpt._exchange.stripe_shares import BLOCK_MESSAGES, BLOCK_RANKS
 from hyperckpt._exchange.stripes import ChunkRows, StripesTooLarge
 
 # chunk name -> (file, offset, rows, columns); 2-byte elements
@@ -178,13 +178,19 @@ def _tied_plans(draw: st.DrawFn) -> list[LoadPlan]:
     st.booleans(),
     st.sampled_from([BLOCK_BOXES, 1, 5]),
     st.sampled_from([BLOCK_RANKS, 1, 2, 3]),
+    st.sampled_from([BLOCK_MESSAGES, 1, 3]),
 )
 def test_the_column_planner_gives_exactly_the_reference_planners_schedules(
-    plans: list[LoadPlan], round_bytes: int, some_readers: bool, block: int, ranks: int
+    plans: list[LoadPlan],
+    round_bytes: int,
+    some_readers: bool,
+    block: int,
+    ranks: int,
+    messages: int,
 ) -> None:
     """Whatever the number of boxes the planner makes at once (blocks of 1 or 5 boxes
-    cut the parts into many blocks, as 8,192 ranks do with the default), and however
-    many ranks' shares are cut together."""
+    cut the parts into many blocks, as 8,192 ranks do with the default), however many
+    ranks' shares are cut together, and however many messages are numbered at once."""
     readers = list(range(len(plans)))[::2] if some_readers else None
     try:
         expected: object = reference_plan_stripes(
@@ -196,6 +202,7 @@ def test_the_column_planner_gives_exactly_the_reference_planners_schedules(
         with (
             mock.patch.object(stripe_plan, "BLOCK_BOXES", block),
             mock.patch.object(stripe_shares, "BLOCK_RANKS", ranks),
+            mock.patch.object(stripe_shares, "BLOCK_MESSAGES", messages),
         ):
             got: object = plan_stripes(plans, _chunk_of, round_bytes=round_bytes, readers=readers)
     except StripesTooLarge as err:
@@ -227,3 +234,53 @@ def test_shares_cut_a_block_of_ranks_at_a_time_are_those_cut_one_rank_at_a_time(
                     assert (x == y).all()
                 else:
                     assert x == y
+
+
+#: The plan's columns of ranks, rows and indices (narrowed where their bounds allow).
+NARROWED = (
+    "slot_key",
+    "slot_part",
+    "slot_first",
+    "slot_stop",
+    "message_round",
+    "message_source",
+    "message_receiver",
+    "message_start",
+)
+
+
+@given(st.one_of(_plans(), _tied_plans()), st.integers(1, 400))
+def test_columns_narrowed_below_their_bounds_hold_every_value_and_plan_the_same(
+    plans: list[LoadPlan], round_bytes: int
+) -> None:
+    """With 8 bits and a small limit standing in for 32 bits (as if the ranks, rows or
+    requests passed 2**31 - 1), a column is narrowed only where all its values fit: one
+    whose bound were understated would hold a value past the limit (or wrap) here.  The
+    limits tried are one under each column's greatest value, where an off-by-one bound
+    shows."""
+    columns = stripe_plan.columns_of_plans(plans, _chunk_of)
+    wide = stripe_plan.plan_stripe_arrays(columns, round_bytes=round_bytes)
+    table = stripe_plan.chunk_table(wide.columns.chunks)
+    expected = [share.schedule(table) for share in wide.shares(table)]
+    greatest = {int(column.max(initial=0)) for column in _narrowed(wide).values()}
+    for most in sorted({min(127, max(0, g - 1)) for g in greatest}):
+        with mock.patch.object(stripe_plan, "INDEX_KIND", (np.int8, most)):
+            plan = stripe_plan.plan_stripe_arrays(columns, round_bytes=round_bytes)
+            assert [share.schedule(table) for share in plan.shares(table)] == expected
+            assert plan.totals() == wide.totals()
+        narrow, full_width = _narrowed(plan), _narrowed(wide)
+        for name, column in narrow.items():
+            full = full_width[name]
+            assert column.dtype in (np.int8, np.int64)
+            assert full.dtype in (np.int32, np.int64)
+            assert (column == full).all()
+            if column.dtype == np.int8 and len(column):
+                assert int(column.max()) <= most, name
+        for name in ("slot_offset", "slot_nbytes", "message_nbytes"):
+            assert getattr(plan, name).dtype == getattr(wide, name).dtype == np.int64
+
+
+def _narrowed(plan: stripe_plan.StripePlan) -> dict[str, np.ndarray]:
+    """The plan's narrowed columns by name, and the message bounds the shares are cut by
+    (in ``message_start``'s type, ending with the count of slots)."""
+    return {name: getattr(plan, name) for name in NARROWED} | {"bounds": plan.slot_bounds()}
