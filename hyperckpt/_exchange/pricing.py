@@ -307,7 +307,13 @@ def _striped_routes(
     order = packed_order((chunk, first, stop))
     c, f, s = chunk[order], first[order], stop[order]
     span = int(r.chunk_rows.max(initial=0)) + 2
-    reach = np.maximum.accumulate(c * span + s) - c * span  # running max of stop per chunk
+    # The running max of stop per chunk, in place (at 8,192 ranks each temporary as long as
+    # the requests is ~37 MB of memory the kernel faults in afresh).
+    lead = c * span
+    reach = lead + s
+    np.maximum.accumulate(reach, out=reach)
+    reach -= lead
+    del lead
     begins = np.ones(len(c), dtype=bool)
     if len(c):
         begins[1:] = (c[1:] != c[:-1]) | (f[1:] > reach[:-1])
@@ -337,10 +343,12 @@ def _striped_routes(
     g_start, g_stop = base[st_chunk] + st_first, base[st_chunk] + st_stop
     by_start = np.argsort(g_start, kind="stable")
     g_start, g_stop, g_reader = g_start[by_start], g_stop[by_start], st_reader[by_start]
-    a, b = base[chunk] + first, base[chunk] + stop
+    b = base[chunk]
+    a = b + first
+    b += stop
     stripes = Stripes(g_start, g_stop, g_reader, host_of[g_reader])
     # The planner's parts (its own arithmetic), for the boxes it would route.
-    delivered = int(((stop - first) * rows_bytes).sum())
+    delivered = int(_times(stop - first, rows_bytes).sum())
     needed = int(((ext_stop - ext_first) * row_bytes[ext_chunk]).sum())
     step = part_rows(delivered, needed, round_bytes, row_bytes[st_chunk])[by_start]
     taken, routed = _taken(r, wanted, a, b, rows_bytes, stripes, step)
@@ -356,7 +364,7 @@ def _striped_routes(
     reader_host = stripes.host
     out = _sum_by(reader_host, taken - by_host, hosts)
     intra = _sum_by(reader_host, by_host - own, hosts)
-    asked = np.bincount(rank, weights=(b - a) * rows_bytes, minlength=world).astype(np.int64)
+    asked = np.bincount(rank, weights=_times(b - a, rows_bytes), minlength=world).astype(np.int64)
     received = asked - _sum_by(g_reader, own, world)
     into = _sum_by(host_of, received, hosts) - intra
     # The fewest rounds the budget allows: a round holds at most ``round_bytes`` of a rank's
@@ -408,6 +416,12 @@ def _stripe_calls(
     return np.bincount(run_reader, weights=calls, minlength=world).astype(np.int64)
 
 
+def _times(rows: Ints, row_bytes: Ints) -> Ints:
+    """``rows * row_bytes``, written over ``rows`` (a temporary of the caller's)."""
+    rows *= row_bytes
+    return rows
+
+
 def _sum_by(where: Ints, values: Ints, size: int) -> Ints:
     """``values`` summed by ``where`` into ``size`` integers, exactly (no float weights)."""
     total = np.zeros(size, np.int64)
@@ -429,9 +443,11 @@ def _taken(
     Identical boxes (replicas: under HSDP, every host's copy) weigh together."""
     copies: Ints | None = None  # every box asked once (FSDP): nothing to weigh together
     if r.keys != len(r.rank):
-        count = np.bincount(r.key[wanted], minlength=r.keys)
+        keys = r.key if wanted.all() else r.key[wanted]
+        count = np.bincount(keys, minlength=r.keys)
         one = np.zeros(r.keys, np.int64)
-        one[r.key[wanted][::-1]] = np.arange(len(a))[::-1]
+        one[keys[::-1]] = np.arange(len(a))[::-1]
+        del keys
         one = one[count > 0]
         copies = count[count > 0]
         a, b, weight = a[one], b[one], weight[one]
