@@ -37,7 +37,7 @@ from hyperckpt._exchange.packed import packed_order
 from hyperckpt._exchange.requests import Requests
 from hyperckpt._exchange.schedule import rounds_of
 from hyperckpt._exchange.strategy import Strategy, shared_slices_of
-from hyperckpt._exchange.stripe_plan import BLOCK_BOXES, cut_stripes, part_rows
+from hyperckpt._exchange.stripe_plan import BLOCK_BOXES, cut_stripes, part_rows, row_bytes_of
 from hyperckpt._exchange.stripes import ROUTED_BASE, ROUTED_PER_ITEM, StripesTooLarge
 from hyperckpt._read.engine import CHUNK_BYTES
 
@@ -296,8 +296,8 @@ def _striped_routes(
     part of a stripe it meets), counted without making them."""
     world = r.world
     row_bytes = r.chunk_row_bytes
-    box_row = np.where(r.stop > r.first, r.nbytes // np.maximum(1, r.stop - r.first), 0)
-    wanted = (r.stop > r.first) & (box_row > 0)
+    box_row = row_bytes_of(r.first, r.stop, r.nbytes)
+    wanted = box_row > 0  # (0 where a request has no rows)
     if wanted.all():  # the usual case: no copies of the columns
         chunk, first, stop, rank, rows_bytes = r.chunk, r.first, r.stop, r.rank, box_row
     else:

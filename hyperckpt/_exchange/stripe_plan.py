@@ -54,6 +54,7 @@ __all__ = [
     "plan_stripe_arrays",
     "plan_stripes",
     "ramps",
+    "row_bytes_of",
     "share_keys",
 ]
 
@@ -852,10 +853,21 @@ def _int_tuple(values: Ints) -> tuple[int, ...]:
     return tuple(int(v) for v in values.tolist())
 
 
+def row_bytes_of(first: Ints, stop: Ints, nbytes: Ints) -> Ints:
+    """Bytes of one row of each request's box: its bytes over its rows, 0 when it has no
+    rows.  Made over one temporary (at 8,192 ranks each request-long one is ~37 MB of
+    memory the kernel faults in afresh)."""
+    rows = np.subtract(stop, first, dtype=np.int64)
+    some = rows > 0
+    np.maximum(rows, 1, out=rows)
+    np.floor_divide(nbytes, rows, out=rows)
+    np.multiply(rows, some, out=rows)
+    return rows
+
+
 def columns_of_requests(requests: Requests) -> StripeColumns:
     """The stripe planner's columns from the requests the cost model prices."""
     r = requests
-    rows = r.stop - r.first
     return StripeColumns(
         world=r.world,
         items=len(r.rank),
@@ -864,7 +876,7 @@ def columns_of_requests(requests: Requests) -> StripeColumns:
         key=r.key,
         first=r.first,
         stop=r.stop,
-        box_row=np.where(rows > 0, r.nbytes // np.maximum(1, rows), 0),
+        box_row=row_bytes_of(r.first, r.stop, r.nbytes),
         chunk_file=r.chunk_file,
         chunk_offset=r.chunk_offset,
         chunk_rows=r.chunk_rows,

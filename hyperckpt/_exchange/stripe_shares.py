@@ -269,13 +269,20 @@ def _unique(values: Ints) -> tuple[Ints, Ints]:
     if int(values.max()).bit_length() + spot > _PACKED_BITS:
         unique, inverse = np.unique(values, return_inverse=True)
         return unique.astype(np.int64), inverse.reshape(-1).astype(np.int64)
-    packed = np.sort((values.astype(np.int64) << spot) | np.arange(count))
+    # Packed, sorted and unpacked in place: each temporary is as long as a block's slots.
+    packed = values.astype(np.int64)
+    packed <<= spot
+    packed |= np.arange(count)
+    packed.sort()
     ordered = packed >> spot
     starts = np.empty(count, dtype=bool)
     starts[0] = True
     np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
+    number = np.cumsum(starts)
+    number -= 1
+    packed &= (1 << spot) - 1
     inverse = np.empty(count, np.int64)
-    inverse[packed & ((1 << spot) - 1)] = np.cumsum(starts) - 1
+    inverse[packed] = number
     return ordered[starts], inverse
 
 
