@@ -6,6 +6,9 @@ This runs only that step, as ``simulate_columns`` runs it, ``--repeat`` times on
 requests, and prints one line per run with its user and system seconds (``getrusage``):
 the growth from 1,024 to 8,192 ranks is mostly system time (memory faulted in), which
 ``time.process_time`` adds in unseen.  Compare two checkouts by running this from each.
+With ``--small-pages`` numpy's huge-page advice is off, so every fault is one 4 KiB page
+and the minor faults count the fresh memory a run touches (with the advice a fault of a
+large array is 2 MiB and the count says little); the times then differ from a plain run.
 
     PYTHONPATH=$PWD python benchmarks/coordinator_growth.py --layout fsdp --world 8192
 """
@@ -16,6 +19,7 @@ import argparse
 import gc
 import resource
 
+import numpy as np
 from placed_requests import placed_requests
 from simulate_columns import BATCH_BYTES
 from simulate_scale import MODELS, RANKS_PER_HOST, synthetic_layout
@@ -34,7 +38,14 @@ def main() -> None:
     parser.add_argument("--layout", default="fsdp")
     parser.add_argument("--world", type=int, default=1024)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--small-pages",
+        action="store_true",
+        help="numpy's huge-page advice off: print the memory faulted in per run (4 KiB a fault)",
+    )
     args = parser.parse_args()
+    if args.small_pages:
+        np._core.multiarray._set_madvise_hugepage(False)
     shapes, files = MODELS[args.model]
     hosts = max(1, args.world // RANKS_PER_HOST)
     requests, columns = placed_requests(
@@ -68,9 +79,12 @@ def main() -> None:
             )
         after = resource.getrusage(resource.RUSAGE_SELF)
         user, system = after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
+        faulted = ""
+        if args.small_pages:
+            faulted = f", faulted {(after.ru_minflt - before.ru_minflt) * 4 / 1024:.0f} MiB"
         print(
             f"{args.model} {args.layout} {args.world} run {run}: {best}, "
-            f"user {user:.2f} s, system {system:.2f} s, CPU {user + system:.2f} s"
+            f"user {user:.2f} s, system {system:.2f} s, CPU {user + system:.2f} s{faulted}"
         )
         del shares
 
