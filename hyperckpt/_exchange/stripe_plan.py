@@ -750,8 +750,9 @@ def _place(
         Each part's round, and the parts in placement order.
     """
     parts = len(reader)
-    receivers = unique % world
-    edges = np.searchsorted(unique // world, np.arange(parts + 1))
+    # (A pair's part is under p exactly when the pair is under p x world.)
+    receivers = np.remainder(unique, world, out=np.empty(len(unique), index_kind(world)))
+    edges = np.searchsorted(unique, np.arange(parts + 1, dtype=np.int64) * world)
     queues: dict[int, list[int]] = {}
     for part, who in enumerate(reader.tolist()):
         queues.setdefault(who, []).append(part)
