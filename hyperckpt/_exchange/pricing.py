@@ -130,10 +130,11 @@ def replicated_floor(requests: Requests, hosts: Sequence[str], model: CostModel)
         size = np.zeros(r.keys, np.int64)
         size[r.key] = r.nbytes
         alone = (low == high) & (high >= 0) & (size > 0)
-    only = np.bincount(low[alone], weights=size[alone], minlength=len(names))
+    host = low[alone]  # (gathered once: as long as the keys)
+    only = np.bincount(host, weights=size[alone], minlength=len(names))
     # Each such byte range costs its host one read call at least (a shared slice one, an
     # unshared request its calls, one or more when it has bytes).
-    calls = np.bincount(low[alone], minlength=len(names))
+    calls = np.bincount(host, minlength=len(names))
     return max(
         int(nbytes) / (model.storage_gbps * 1e9)
         + int(count) * model.read_latency_ms / 1e3 / max(1, model.reads_in_flight)
