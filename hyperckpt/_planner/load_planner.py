@@ -32,7 +32,7 @@ from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Sha
 
 from hyperckpt._planner.compact import CompactItems
 from hyperckpt._planner.gc_hold import without_gc
-from hyperckpt._planner.local_items import flat_state_dict, scan_local
+from hyperckpt._planner.local_items import OwnPaths, flat_state_dict, scan_local
 from hyperckpt._planner.placements import is_strided
 from hyperckpt._planner.region_items import RegionItems
 from hyperckpt._planner.regions import DTENSOR, FSDP, Order, Region, local_regions, orders_differ
@@ -149,7 +149,7 @@ class LoadPlanner(DefaultLoadPlanner):
                 _init_state_dict(state_dict)  # in place: meta tensors become real ones
             self.original_state_dict = state_dict
             self.state_dict = dict(state_dict)
-            self.mappings = {key: (key,) for key in state_dict}
+            self.mappings = OwnPaths(self.state_dict)  # type: ignore[assignment]
             self.metadata = metadata
             self.is_coordinator = is_coordinator
 

@@ -24,7 +24,8 @@ def coalesce(
     Extents in offset order join one read while the bytes between them are at most ``gap``
     (read into ``scratch`` and dropped), the read spans at most ``chunk`` bytes and it needs
     at most :data:`~hyperckpt._read.sysio.IOV_MAX` buffers; an extent longer than ``chunk`` is
-    split into reads of ``chunk`` bytes so that several threads share it.
+    split into reads of ``chunk`` bytes so that several threads share it, the extents after
+    it joining its last piece as they would join any read.
 
     Args:
         extents: Byte ranges of one file and the address each one lands at.
@@ -54,8 +55,12 @@ def coalesce(
                 group = []
             cuts = range(chunk - offset % chunk if aligned else chunk, length, chunk)
             bounds = [0, *cuts, length]
-            for first, last in itertools.pairwise(bounds):
+            for first, last in itertools.pairwise(bounds[:-1]):
                 reads.append((offset + first, [(address + first, last - first)]))
+            # The last piece opens a read the next extents may join (an FP8 expert weight's
+            # small scale after it: one read less per weight).
+            tail = bounds[-2]
+            group, start, end = [(address + tail, length - tail)], offset + tail, offset + length
             continue
         skip = offset - end
         fits = 0 <= skip <= gap and offset + length - start <= chunk and len(group) + 2 <= IOV_MAX

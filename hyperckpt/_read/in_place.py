@@ -93,8 +93,8 @@ def direct_jobs(
 
     Locally (no ``over_read``), for at least :data:`FEW_RANGES` ranges, a range that joins neither neighbour, and is no longer
     than a chunk, is a read of its own; :func:`coalesce` starts a new read at every range
-    that cannot join the one before (its gap or its length, or the one before it was
-    split), so only the runs of ranges that may join go through it, and the reads alone
+    that cannot join the one before (its gap, or its length: a range longer than a chunk
+    is split, and only the ranges after it may join its last piece), so only the runs of ranges that may join go through it, and the reads alone
     are batched into :class:`SeparateReads`.  Same reads as :func:`coalesce` of them all.
 
     Args:
@@ -151,7 +151,7 @@ def direct_jobs(
     long = lengths > chunk
     skips = offsets[1:] - (offsets[:-1] + lengths[:-1])
     joins = np.zeros(len(ranges), dtype=bool)
-    joins[1:] = (skips >= 0) & (skips <= gap) & ~long[1:] & ~long[:-1]
+    joins[1:] = (skips >= 0) & (skips <= gap) & ~long[1:]
     first = np.flatnonzero(~joins)  # where coalesce starts a read (or splits a range)
     sizes = np.diff(first, append=len(ranges))
     alone = np.zeros(len(ranges), dtype=bool)

@@ -106,10 +106,9 @@ def routed(
     state = planner.state_dict  # type: ignore[attr-defined]
     # The ranges read in place go straight into the router's columns.
     add_file, add_offset, add_length, add_address, add_key = router.appenders()
-    # Per cut: the chunk shape it was cut from, and the first element and count of its
-    # one byte run (None: strided); per stored dtype code: the torch dtype.
-    runs: dict[_Cut, tuple[tuple[int, ...], tuple[int, int] | None]] = {}
-    dtypes: dict[str, torch.dtype] = {}
+    # Per cut: the byte run its rows read in place, for the chunk shape and dtype it was
+    # last worked out for (see _Run).
+    runs: dict[_Cut, _Run] = {}
     keys, cuts = items.columns()
     for key, cut in zip(keys, cuts, strict=True):
         if key is None:
@@ -121,32 +120,23 @@ def routed(
             continue
         info = names[key]
         run = runs.get(cut)  # type: ignore[arg-type]  # a cut hashes by identity
-        if run is None:
-            run = runs[cut] = (  # type: ignore[index]
-                info.shape,
-                Box(0, info.shape, cut.box.offsets, cut.lengths, 1).one_run(),  # type: ignore[union-attr, arg-type]
-            )
-        dtype = dtypes.get(info.dtype)
-        if dtype is None:
-            dtype = dtypes[info.dtype] = to_torch_dtype(info.dtype)
+        if run is None or run[1] != info.dtype or run[0] != info.shape:
+            run = runs[cut] = _run(cut, info)  # type: ignore[index, arg-type]
         value = state.get(key)
         kind = type(value)
         local = value._local_tensor if kind is DTensor else value if kind in _PLAIN else None
-        extent = run[1]
         if (
-            extent is not None
-            and info.shape == run[0]
+            run[4] is not None
             and type(local) in _PLAIN
-            and local.shape == cut.lengths  # type: ignore[union-attr]
-            and local.dtype is dtype  # type: ignore[union-attr]
+            and local.size() == run[2]  # type: ignore[union-attr]
+            and local.dtype is run[3]  # type: ignore[union-attr]
             and local.is_cpu  # type: ignore[union-attr]
             and local.is_contiguous()  # type: ignore[union-attr]
         ):
-            if extent[1]:
-                itemsize = dtype.itemsize
+            if run[5]:
                 add_file(info.file)
-                add_offset(info.offset + extent[0] * itemsize)
-                add_length(extent[1] * itemsize)
+                add_offset(info.offset + run[4])
+                add_length(run[5])
                 add_address(local.data_ptr())  # type: ignore[union-attr]
                 add_key(key)
             continue
@@ -154,6 +144,36 @@ def routed(
         router.add(request)
         committed.append(request)
     return router.routes(), committed
+
+
+#: What the rows of one cut read in place from a chunk of one shape and dtype: the chunk's
+#: shape, its dtype code and torch dtype, the local tensor's shape (the cut's lengths), and
+#: the first byte (relative to the chunk's data) and byte count of the cut's one run, or
+#: ``None`` and 0 when the cut is not one run (its rows are resolved as items).
+_Run = tuple[tuple[int, ...], str, torch.Size, torch.dtype, int | None, int]
+
+
+def _run(cut: _Cut, info: StorageInfo) -> _Run:
+    """The byte run of the rows of ``cut`` in a chunk like ``info`` (see :data:`_Run`)."""
+    dtype = to_torch_dtype(info.dtype)
+    lengths = cut.lengths
+    assert lengths is not None, "a row's cut overlaps its tensor"
+    # A chunk whose shape is not the tensor's is not read in place: its rows become items.
+    extent = (
+        Box(0, info.shape, cut.box.offsets, lengths, 1).one_run()
+        if info.shape == cut.shape
+        else None
+    )
+    if extent is None:
+        return info.shape, info.dtype, lengths, dtype, None, 0
+    return (
+        info.shape,
+        info.dtype,
+        lengths,
+        dtype,
+        extent[0] * dtype.itemsize,
+        extent[1] * dtype.itemsize,
+    )
 
 
 def local_destination(item: ReadItem, state: Mapping[str, object]) -> torch.Tensor | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import random
 
+import pytest
 import torch
 from helpers import device_mesh, run_ranks, stored_in_rows
 from torch.distributed.checkpoint.default_planner import (
@@ -25,7 +26,7 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.placement_types import _StridedShard
 
-from hyperckpt import LoadPlanner
+from hyperckpt import CheckpointError, LoadPlanner
 from hyperckpt._exchange.rank_requests import ChunkOrder, rank_requests
 from hyperckpt._planner.compact import CompactItems
 from hyperckpt._planner.local_items import local_read_items
@@ -38,19 +39,37 @@ _SHAPES = [(8, 6), (7, 5), (3, 1), (1, 9), (5,), (2, 3, 4)]
 def _check_items(rank: int, world_size: int) -> bool:
     state: dict[str, object] = {"scalar": torch.zeros(()), "plain": torch.zeros(4, 3)}
     meshes = {"flat": device_mesh((4,)), "grid": device_mesh((2, 2))}
-    for (name, mesh), shape in itertools.product(meshes.items(), _SHAPES):
-        choices = [Replicate(), *(Shard(d) for d in range(len(shape)))]
-        for number, placements in enumerate(itertools.product(choices, repeat=mesh.ndim)):
-            state[f"{name}.{shape}.{number}"] = distribute_tensor(
-                torch.zeros(shape), mesh, list(placements)
-            )
+    # Each signature twice, the second time after every other one (a later DTensor of a
+    # shape, mesh and placements seen before takes the scan's fast path; one whose shape
+    # and mesh were seen with other placements must not take their cut).
+    for again in ("", ".again"):
+        for (name, mesh), shape in itertools.product(meshes.items(), _SHAPES):
+            choices = [Replicate(), *(Shard(d) for d in range(len(shape)))]
+            for number, placements in enumerate(itertools.product(choices, repeat=mesh.ndim)):
+                state[f"{name}.{shape}.{number}{again}"] = distribute_tensor(
+                    torch.zeros(shape), mesh, list(placements)
+                )
     for pieces in (1, 3):
         metadata = Metadata(
             {fqn: stored_in_rows(value.size(), pieces) for fqn, value in state.items()}  # type: ignore[attr-defined]
         )
         expected = create_default_local_load_plan(state, metadata, True).items
         assert local_read_items(state, metadata, strict=True) == expected, (rank, pieces)
+        compact = LoadPlanner()
+        compact.compact_items = True
+        compact.set_up_planner(dict(state), metadata, is_coordinator=False)
+        assert list(compact.create_local_plan().items) == expected, (rank, pieces)
         assert len(expected) > len(meshes) * len(_SHAPES)  # most ranks hold something
+    # A size that differs from the checkpoint's is refused even where the shape, mesh and
+    # placements were planned before.
+    metadata = Metadata({fqn: stored_in_rows(v.size(), 1) for fqn, v in state.items()})  # type: ignore[attr-defined]
+    metadata.state_dict_metadata["flat.(8, 6).1.again"] = stored_in_rows((8, 7), 1)
+    with pytest.raises(ValueError, match=r"Size mismatch between saved torch.Size\(\[8, 7\]\)"):
+        local_read_items(state, metadata, strict=True)
+    planner = LoadPlanner()
+    planner.set_up_planner(dict(state), metadata, is_coordinator=False)
+    with pytest.raises(CheckpointError, match=r"flat\.\(8, 6\)\.1\.again"):
+        planner.create_local_plan()
     return True
 
 

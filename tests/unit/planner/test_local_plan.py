@@ -52,6 +52,9 @@ def test_a_flat_state_dict_is_set_up_as_torch_sets_it_up() -> None:
     assert ours.state_dict == theirs.state_dict
     assert list(ours.state_dict) == list(theirs.state_dict)
     assert ours.mappings == theirs.mappings
+    assert ours.mappings["a.weight"] == ("a.weight",)
+    with pytest.raises(KeyError):
+        ours.mappings["z.missing"]
 
 
 def test_a_nested_state_dict_is_set_up_by_torch_itself() -> None:

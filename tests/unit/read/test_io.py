@@ -355,6 +355,23 @@ def test_coalesce_joins_small_gaps_and_splits_long_ranges() -> None:
     assert coalesce(extents[:3], gap=20, scratch=9, chunk=100)[1] == (100, [(1000, 10)])
 
 
+def test_the_extent_after_a_long_one_joins_its_last_piece() -> None:
+    # An FP8 expert weight longer than a chunk, then its small scale: the scale rides on
+    # the weight's last read instead of a read of its own.
+    reads = coalesce([(0, 250, 4000), (260, 5, 5000)], gap=20, scratch=9, chunk=120)
+    assert reads == [
+        (0, [(4000, 120)]),
+        (120, [(4120, 120)]),
+        (240, [(4240, 10), (9, 10), (5000, 5)]),
+    ]
+    aligned = coalesce(
+        [(100, 250, 4000), (350, 5, 5000)], gap=0, scratch=9, chunk=120, aligned=True
+    )
+    assert aligned[-1] == (240, [(4140, 110), (5000, 5)])
+    # Not where the read would pass a chunk.
+    assert len(coalesce([(0, 235, 1), (235, 10, 2)], gap=0, scratch=9, chunk=120)) == 3
+
+
 def test_coalesce_never_joins_overlapping_or_far_extents_or_too_many_buffers() -> None:
     assert coalesce([(0, 10, 1), (5, 10, 2)], gap=100, scratch=0, chunk=10**6) == [
         (0, [(1, 10)]),

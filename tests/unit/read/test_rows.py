@@ -132,3 +132,18 @@ def test_the_rows_walk_refuses_a_narrowing_before_writing_a_byte_and_reports_the
 
 def _bits(tensor: torch.Tensor) -> bytes:
     return tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def test_rows_of_one_shape_and_several_dtypes_each_read_their_own_bytes(tmp_path: Path) -> None:
+    # Tensors of one shape share a cut; each row's byte run is its dtype's, and a
+    # destination the run cannot land in (wider, transposed) is read as an item.
+    dtypes = [torch.float32, torch.bfloat16, torch.float32, torch.float16, torch.bfloat16]
+    stored = {
+        f"layer.{n}.weight": sample_tensor((4, 6), dtype, seed=n) for n, dtype in enumerate(dtypes)
+    }
+    write_hf_checkpoint(tmp_path / "ckpt", stored, files=2)
+    state = _poisoned(stored, wider="layer.3.weight")
+    state["layer.2.weight"] = poison_(torch.empty(6, 4)).t()  # not contiguous
+    hyperckpt.load(state, tmp_path / "ckpt")
+    for name, truth in stored.items():
+        assert torch.equal(state[name], truth.to(state[name].dtype)), name
