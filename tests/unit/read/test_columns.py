@@ -15,6 +15,9 @@ from hyperckpt._layout.directory import huggingface_layout
 from hyperckpt._load.readers import to_metadata
 from hyperckpt._read.columns import Costs, Runs, Strategy, choose, estimate
 from hyperckpt._read.engine import MAX_GAP, STAGE_BLOCK, ReadEngine
+from hyperckpt._read.jobs import RunsRead, make_jobs
+from hyperckpt._read.requests import resolve
+from hyperckpt._read.routes import route, share
 
 
 def _rows(run: int, pitch: int, count: int) -> Runs:
@@ -135,3 +138,74 @@ def test_every_strategy_fills_a_poisoned_destination_bit_exactly(
         assert stats.bytes_read == needed
     else:
         assert stats.bytes_read >= needed
+
+
+_SPLIT_CASES = {
+    "bf16 expert column slice": (torch.bfloat16, (96, 64), (0, 16), (96, 16)),
+    "f32 3-D inner box": (torch.float32, (7, 40, 24), (1, 3, 5), (5, 30, 11)),
+}
+
+
+@pytest.mark.parametrize("strategy", [Strategy.RUNS, Strategy.SCATTER], ids=lambda s: s.value)
+@pytest.mark.parametrize("case", sorted(_SPLIT_CASES))
+def test_a_column_slice_split_into_jobs_of_several_reads_each_lands_bit_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, strategy: Strategy, case: str
+) -> None:
+    # Tiny limits: each request becomes several RunsRead jobs (blocks of rows), each job
+    # several reads (its runs listed and cut into calls only when it runs).
+    from hyperckpt._read import jobs as jobs_module
+    from hyperckpt._read import sysio
+
+    monkeypatch.setattr(jobs_module, "CHUNK_BYTES", 1024)
+    monkeypatch.setattr(jobs_module, "RUNS_JOB_SPAN", 4096)
+    monkeypatch.setattr(sysio, "IOV_MAX", 7)
+    dtype, shape, offsets, lengths = _SPLIT_CASES[case]
+    source = (torch.randn(shape) * 50).to(dtype)
+    save_file({"w": source}, str(tmp_path / "model.safetensors"))
+    layout = huggingface_layout(tmp_path)
+    storage = to_metadata(layout).storage_data
+    stamps = {name: header.stamp for name, header in layout.files.items()}
+    poison = torch.full((torch.Size(lengths).numel() * dtype.itemsize,), 0xA5, dtype=torch.uint8)
+    destination = poison.view(dtype).view(lengths)
+    item = ReadItem(
+        type=LoadItemType.TENSOR,
+        dest_index=MetadataIndex("w", torch.Size(offsets)),
+        dest_offsets=torch.Size((0,) * len(shape)),
+        storage_index=MetadataIndex("w", torch.Size((0,) * len(shape))),
+        storage_offsets=torch.Size(offsets),
+        lengths=torch.Size(lengths),
+    )
+
+    class Planner:
+        def resolve_tensor(self, item: ReadItem) -> torch.Tensor:
+            return destination
+
+        def commit_tensor(self, item: ReadItem, tensor: torch.Tensor) -> None:
+            pass
+
+    routes = route(
+        [resolve(item, next(iter(storage.values())), Planner())],  # type: ignore[arg-type]
+        cuda=False,
+    )
+    budget = share(routes, limit=2**20, threads=2)
+    made = make_jobs(
+        routes, budget, scratch=1, mostly_cold=frozenset(), strategy=strategy, ranks=1
+    )
+    assert len(made) > 1 and all(isinstance(job, RunsRead) for job in made)
+    calls = [call for job in made for call in job.calls()]  # type: ignore[union-attr]
+    if strategy is Strategy.SCATTER:  # RUNS reads run by run whatever a call is given
+        assert any(len(job.calls()) > 1 for job in made)  # type: ignore[union-attr]
+    # Every run once, in file order, each landing right after the one before it.
+    box = routes.strided[0].box
+    starts, run = box.run_starts()
+    assert torch.equal(torch.cat([starts for starts, _, _ in calls]), starts)
+    landed = [
+        address + index * run for part, _, address in calls for index in range(len(part))
+    ]
+    assert landed == [destination.data_ptr() + index * run for index in range(len(starts))]
+    engine = ReadEngine(
+        str(tmp_path), stamps, ReadOptions(thread_count=2), column_strategy=strategy
+    )
+    engine.run([item], storage, Planner())  # type: ignore[arg-type]
+    expected = source[tuple(slice(o, o + n) for o, n in zip(offsets, lengths, strict=True))]
+    assert torch.equal(destination.view(torch.uint8), expected.contiguous().view(torch.uint8))
