@@ -188,9 +188,7 @@ def test_a_column_slice_split_into_jobs_of_several_reads_each_lands_bit_exactly(
         cuda=False,
     )
     budget = share(routes, limit=2**20, threads=2)
-    made = make_jobs(
-        routes, budget, scratch=1, mostly_cold=frozenset(), strategy=strategy, ranks=1
-    )
+    made = make_jobs(routes, budget, scratch=1, mostly_cold=frozenset(), strategy=strategy, ranks=1)
     assert len(made) > 1 and all(isinstance(job, RunsRead) for job in made)
     calls = [call for job in made for call in job.calls()]  # type: ignore[union-attr]
     if strategy is Strategy.SCATTER:  # RUNS reads run by run whatever a call is given
@@ -199,9 +197,7 @@ def test_a_column_slice_split_into_jobs_of_several_reads_each_lands_bit_exactly(
     box = routes.strided[0].box
     starts, run = box.run_starts()
     assert torch.equal(torch.cat([starts for starts, _, _ in calls]), starts)
-    landed = [
-        address + index * run for part, _, address in calls for index in range(len(part))
-    ]
+    landed = [address + index * run for part, _, address in calls for index in range(len(part))]
     assert landed == [destination.data_ptr() + index * run for index in range(len(starts))]
     engine = ReadEngine(
         str(tmp_path), stamps, ReadOptions(thread_count=2), column_strategy=strategy
