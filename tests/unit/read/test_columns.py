@@ -189,7 +189,8 @@ def test_a_column_slice_split_into_jobs_of_several_reads_each_lands_bit_exactly(
     )
     budget = share(routes, limit=2**20, threads=2)
     made = make_jobs(routes, budget, scratch=1, mostly_cold=frozenset(), strategy=strategy, ranks=1)
-    assert len(made) > 1 and all(isinstance(job, RunsRead) for job in made)
+    assert len(made) > 1
+    assert all(isinstance(job, RunsRead) for job in made)
     calls = [call for job in made for call in job.calls()]  # type: ignore[union-attr]
     if strategy is Strategy.SCATTER:  # RUNS reads run by run whatever a call is given
         assert any(len(job.calls()) > 1 for job in made)  # type: ignore[union-attr]
