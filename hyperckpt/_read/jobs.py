@@ -256,7 +256,8 @@ def make_jobs(
     """
     jobs: list[Job] = []
     threads = budget.threads * max(1, ranks)
-    may_map = mappable is not never_mapped and strategy in (None, Strategy.MAP)
+    may_ask = mappable is not never_mapped
+    may_map = may_ask and strategy in (None, Strategy.MAP)
     for name, extents in routes.direct.items():
         if may_map:
             # Per range: whether it is copied from a map (the rule weighs the length only,
@@ -301,16 +302,30 @@ def make_jobs(
                     threads=budget.threads,
                 )
             )
+    # The strategy depends on the box's shape in its file (not where it starts) and on
+    # whether its span may be mapped: asked once per kind (15k expert column slices of a
+    # DeepSeek-V3 rank are a handful of kinds).
+    chosen_for: dict[tuple[tuple[int, ...], tuple[int, ...], int, bool], Strategy] = {}
+    layouts: dict[tuple[tuple[int, ...], tuple[int, ...], int, bool], tuple[int, int, int]] = {}
     for request in routes.strided:
-        offset, length = request.box.span()
-        usable = mappable(request.name, offset, length)
-        chosen = strided_strategy(request.box, budget, strategy, ranks, usable, costs)
+        box = request.box
+        usable = may_ask and mappable(request.name, *box.span())
+        kind = (box.shape, box.lengths, box.itemsize, usable)
+        chosen = chosen_for.get(kind)
+        if chosen is None:
+            chosen = chosen_for[kind] = strided_strategy(
+                box, budget, strategy, ranks, usable, costs
+            )
         if chosen is Strategy.MAP:
             jobs.extend(_mapped_parts(request))
         elif chosen is Strategy.STAGE:
             jobs.extend(_staged_jobs(request, min(budget.host_block, STAGE_BLOCK)))
         else:
-            jobs.extend(_strided_jobs(request, scratch, chosen is Strategy.SCATTER))
+            together = chosen is Strategy.SCATTER
+            layout = layouts.get(kind)
+            if layout is None:
+                layout = layouts[kind] = _runs_layout(box, together)
+            jobs.extend(_strided_jobs(request, scratch, together, layout))
     for request in routes.staged:
         jobs.extend(_staged_jobs(request, budget.host_block))
     for request in routes.device:
@@ -406,23 +421,40 @@ def _listed_runs(box: Box) -> Runs:
     )
 
 
-def _strided_jobs(request: Request, scratch: int, together: bool) -> list[Job]:
+def _runs_layout(box: Box, together: bool) -> tuple[int, int, int]:
+    """``(run, span, per_call)`` of a strided ``box`` read by its runs: the bytes of each
+    run, of its span and the runs one read carries (with ``together``: one scatter read's
+    ``iovec`` entries and span bounded as :func:`per_job` bounds them; else
+    :data:`CHUNK_BYTES` of runs, read one by one).  The same for every box of one shape,
+    lengths and dtype."""
+    shape = strided_runs(box)
+    run = shape.run
+    per_call = per_job(run + _first_pitch(box)) if together else max(1, CHUNK_BYTES // run)
+    return run, shape.span, per_call
+
+
+def _strided_jobs(
+    request: Request,
+    scratch: int,
+    together: bool,
+    layout: tuple[int, int, int] | None = None,
+) -> list[Job]:
     """A strided sub-box into a contiguous CPU destination of its dtype, its runs landing
     in place: with ``together``, ``preadv`` fills the gaps between them into ``scratch``
     (one call for many runs), else each run is read on its own.
 
     One job per block of at most :data:`CHUNK_BYTES` delivered and :data:`RUNS_JOB_SPAN`
     of file (one per request for an expert's column slice), its runs listed when it runs.
+    ``layout``: :func:`_runs_layout` of the box, when the caller has it.
     """
     box = request.box
-    shape = strided_runs(box)
-    run = shape.run
-    per_call = per_job(run + _first_pitch(box)) if together else max(1, CHUNK_BYTES // run)
+    _, span, per_call = _runs_layout(box, together) if layout is None else layout
     address = request.target.data_ptr()
     name, key = request.name, request.key
-    if box.nbytes <= CHUNK_BYTES and shape.span <= RUNS_JOB_SPAN:
+    nbytes = box.nbytes
+    if nbytes <= CHUNK_BYTES and span <= RUNS_JOB_SPAN:
+        parts = [(key, nbytes)]
         offset = box.span()[0]
-        parts = [(key, box.nbytes)]
         return [RunsRead(name, offset, box, address, per_call, together, scratch, parts)]
     jobs: list[Job] = []
     strides = _strides(box.lengths)

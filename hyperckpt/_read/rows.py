@@ -162,7 +162,9 @@ def routed(
                 add_address(local.data_ptr())  # type: ignore[union-attr]
                 add_key(key)
             continue
-        request = resolve(cut.item(key, cut.dest_offsets), info, planner, key)  # type: ignore[union-attr]
+        item = cut.item(key, cut.dest_offsets)  # type: ignore[union-attr]
+        found = local_destination(item, state)
+        request = resolve(item, info, planner, key, found=found)
         router.add(request)
         committed.append(request)
     return router.routes(), committed
