@@ -218,7 +218,7 @@ class InPlaceItems:
         router: Takes the ranges read in place.
     """
 
-    __slots__ = ("_add", "_dtypes", "_runs", "_state", "_storage")
+    __slots__ = ("_add", "_dtypes", "_local", "_runs", "_state", "_storage", "_value")
 
     def __init__(
         self, state: Mapping[str, object], storage: Mapping[object, StorageInfo], router: Router
@@ -231,27 +231,31 @@ class InPlaceItems:
         # run and elements; None where either side is not one run (or the narrowing is
         # one DCP refuses).
         self._runs: dict[_Geometry, tuple[int, int, int] | None] = {}
+        # The last item's destination value and what :func:`_local_facts` found of it
+        # (a tensor's items come one after another).
+        self._value: object = _UNKNOWN
+        self._local: tuple[torch.Size, torch.dtype, int] | None = None
 
     def add(self, item: ReadItem) -> bool:
         """Route ``item`` when it lands in place (or is empty); ``False``: resolve it."""
         if item.type is not LoadItemType.TENSOR:
             return False
         value = self._state.get(item.dest_index.fqn)
-        if type(value) is not DTensor:
+        if value is self._value:
+            local = self._local
+        else:
+            local = self._local = _local_facts(value)
+            self._value = value
+        if local is None:
             return False
-        local = value._local_tensor
-        if type(local) not in _PLAIN:
-            return False
-        for placement in value._spec.placements:
-            if type(placement) not in _NOT_PARTIAL:
-                return False  # DCP's lookup raises for a Partial one
+        shape, local_dtype, address = local
         info = self._storage[item.storage_index]
         dtype = self._dtypes.get(info.dtype)
         if dtype is None:
             dtype = self._dtypes[info.dtype] = to_torch_dtype(info.dtype)
-        if local.dtype is not dtype or not local.is_cpu or not local.is_contiguous():
+        if local_dtype is not dtype:
             return False
-        geometry = (info.shape, item.storage_offsets, item.lengths, local.shape, item.dest_offsets)
+        geometry = (info.shape, item.storage_offsets, item.lengths, shape, item.dest_offsets)
         runs = self._runs.get(geometry, _UNKNOWN)
         if runs is _UNKNOWN:
             runs = self._runs[geometry] = _runs(*geometry)
@@ -264,9 +268,23 @@ class InPlaceItems:
             add_file(info.file)
             add_offset(info.offset + stored * itemsize)
             add_length(count * itemsize)
-            add_address(local.data_ptr() + placed * itemsize)
+            add_address(address + placed * itemsize)
             add_key(item)
         return True
+
+
+def _local_facts(value: object) -> tuple[torch.Size, torch.dtype, int] | None:
+    """The shape, dtype and address of ``value``'s local tensor when ``value`` is exactly
+    a DTensor, not ``Partial``, over a contiguous CPU tensor; else ``None``."""
+    if type(value) is not DTensor:
+        return None
+    local = value._local_tensor
+    if type(local) not in _PLAIN or not local.is_cpu or not local.is_contiguous():
+        return None
+    for placement in value._spec.placements:
+        if type(placement) not in _NOT_PARTIAL:
+            return None  # DCP's lookup raises for a Partial one
+    return local.shape, local.dtype, local.data_ptr()
 
 
 #: Placements that are surely not ``Partial`` (an ``isinstance`` check of a placement goes
