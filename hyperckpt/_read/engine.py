@@ -443,7 +443,8 @@ class _Delivery:
             self.mapped.copy_run(job.name, job.offset, job.length, job.address)
         elif isinstance(job, MappedPart):
             assert self.mapped is not None
-            self.mapped.copy_box(job.name, job.part, job.destination)
+            for part, destination in job.copies():
+                self.mapped.copy_box(job.name, part, destination)
         elif isinstance(job, StagedPart):
             through_host(
                 reads.scatter,

@@ -28,6 +28,7 @@ from hyperckpt._read.routes import Budget, Routes
 __all__ = [
     "CHUNK_BYTES",
     "COLD_CHUNK_BYTES",
+    "MAPPED_JOB_SPAN",
     "RUNS_JOB_SPAN",
     "STAGE_BLOCK",
     "DevicePart",
@@ -55,6 +56,9 @@ COLD_CHUNK_BYTES = 32 * 2**20
 #: Bytes of whole rows one :attr:`~hyperckpt._read.columns.Strategy.STAGE` read brings into
 #: staging: small enough that the copy out of it finds the rows still in the core's cache.
 STAGE_BLOCK = 2**20
+#: Most bytes of file one :class:`MappedPart` job spans (its copies span at most
+#: :data:`CHUNK_BYTES` each): an expert's column slice is one job of four copies.
+MAPPED_JOB_SPAN = 4 * CHUNK_BYTES
 #: Most bytes of file one :class:`RunsRead` job spans (its delivered bytes are at most
 #: :data:`CHUNK_BYTES`): an expert's column slice, 7168 rows of 512 bytes 4 KiB apart, is
 #: one job, not one per ``per_job`` runs (14); a wider span is split so threads share it.
@@ -167,14 +171,19 @@ class MappedRun:
 
 @dataclass(frozen=True, slots=True)
 class MappedPart:
-    """A block of a strided request copied from a memory map into its destination.
+    """Blocks of a strided request copied from a memory map into its destination.
+
+    Each copy spans at most :data:`CHUNK_BYTES` of file (:func:`blocks_within`); the
+    blocks are listed by the thread that copies them (:meth:`copies`), not when the job
+    is made: a DeepSeek-V3 rank under FSDP over tensor parallelism has 15k column slices
+    of four blocks each.
 
     Attributes:
         name: The file.
-        offset: The block's first byte, absolute in the file.
-        part: The block, a sub-box of the request's box (its span at most
-            :data:`CHUNK_BYTES`, or one run).
-        destination: Where the block lands (a view of a contiguous CPU tensor of the
+        offset: The part's first byte, absolute in the file.
+        part: The part of the request copied (the whole request's box, or one block of
+            it when the request spans more than :data:`MAPPED_JOB_SPAN`).
+        destination: Where the part lands (a view of a contiguous CPU tensor of the
             stored dtype).
         parts: Bytes delivered to each read item.
     """
@@ -184,6 +193,14 @@ class MappedPart:
     part: Box
     destination: torch.Tensor
     parts: Parts
+
+    def copies(self) -> list[tuple[Box, torch.Tensor]]:
+        """Each copy's block of the file and its destination."""
+        box, destination = self.part, self.destination
+        return [
+            (box.sub(offsets, lengths), narrow(destination, offsets, lengths))
+            for offsets, lengths in blocks_within(box, CHUNK_BYTES)
+        ]
 
 
 Job = ScatterRead | SeparateReads | RunsRead | StagedPart | DevicePart | MappedRun | MappedPart
@@ -344,8 +361,13 @@ def _mapped_runs(name: str, offset: int, length: int, address: int, item: Hashab
 
 
 def _mapped_parts(request: Request) -> list[Job]:
-    """A strided request copied from a map in blocks whose spans fit :data:`CHUNK_BYTES`."""
+    """A strided request copied from a map in blocks whose spans fit :data:`CHUNK_BYTES`:
+    one job for them all when the request spans at most :data:`MAPPED_JOB_SPAN`, else one
+    job per block (threads share them)."""
     box, target = request.box, request.target
+    offset, span = box.span()
+    if span <= MAPPED_JOB_SPAN:
+        return [MappedPart(request.name, offset, box, target, [(request.key, box.nbytes)])]
     jobs: list[Job] = []
     for offsets, lengths in blocks_within(box, CHUNK_BYTES):
         part = box.sub(offsets, lengths)

@@ -13,11 +13,15 @@ from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 from hyperckpt import ReadOptions
 from hyperckpt._layout.directory import huggingface_layout
 from hyperckpt._load.readers import to_metadata
+from hyperckpt._read import jobs as jobs_module
+from hyperckpt._read import sysio
+from hyperckpt._read.boxes import Box
 from hyperckpt._read.columns import Costs, Runs, Strategy, choose, estimate
 from hyperckpt._read.engine import MAX_GAP, STAGE_BLOCK, ReadEngine
-from hyperckpt._read.jobs import RunsRead, make_jobs
+from hyperckpt._read.jobs import MappedPart, RunsRead, make_jobs
 from hyperckpt._read.requests import resolve
 from hyperckpt._read.routes import route, share
+from hyperckpt._read.stats import LoadStats
 
 
 def _rows(run: int, pitch: int, count: int) -> Runs:
@@ -146,6 +150,64 @@ _SPLIT_CASES = {
 }
 
 
+class _Split:
+    """A stored column slice and its poisoned destination, for the split tests."""
+
+    def __init__(self, tmp_path: Path, case: str) -> None:
+        dtype, shape, offsets, lengths = _SPLIT_CASES[case]
+        self.source = (torch.randn(shape) * 50).to(dtype)
+        save_file({"w": self.source}, str(tmp_path / "model.safetensors"))
+        layout = huggingface_layout(tmp_path)
+        self.storage = to_metadata(layout).storage_data
+        self.stamps = {name: header.stamp for name, header in layout.files.items()}
+        poison = torch.full(
+            (torch.Size(lengths).numel() * dtype.itemsize,), 0xA5, dtype=torch.uint8
+        )
+        self.destination = poison.view(dtype).view(lengths)
+        self.item = ReadItem(
+            type=LoadItemType.TENSOR,
+            dest_index=MetadataIndex("w", torch.Size(offsets)),
+            dest_offsets=torch.Size((0,) * len(shape)),
+            storage_index=MetadataIndex("w", torch.Size((0,) * len(shape))),
+            storage_offsets=torch.Size(offsets),
+            lengths=torch.Size(lengths),
+        )
+        self.expected = self.source[
+            tuple(slice(o, o + n) for o, n in zip(offsets, lengths, strict=True))
+        ]
+
+    def resolve_tensor(self, item: ReadItem) -> torch.Tensor:
+        return self.destination
+
+    def commit_tensor(self, item: ReadItem, tensor: torch.Tensor) -> None:
+        pass
+
+    def jobs(self, strategy: Strategy) -> tuple[Box, list[object]]:
+        info = next(iter(self.storage.values()))
+        routes = route([resolve(self.item, info, self)], cuda=False)  # type: ignore[arg-type]
+        budget = share(routes, limit=2**20, threads=2)
+        made = make_jobs(
+            routes,
+            budget,
+            scratch=1,
+            mostly_cold=frozenset(),
+            strategy=strategy,
+            ranks=1,
+            mappable=lambda name, offset, length: True,
+        )
+        return routes.strided[0].box, made  # type: ignore[return-value]
+
+    def load(self, tmp_path: Path, strategy: Strategy) -> LoadStats:
+        engine = ReadEngine(
+            str(tmp_path), self.stamps, ReadOptions(thread_count=2), column_strategy=strategy
+        )
+        stats = engine.run([self.item], self.storage, self)  # type: ignore[arg-type]
+        assert torch.equal(
+            self.destination.view(torch.uint8), self.expected.contiguous().view(torch.uint8)
+        )
+        return stats
+
+
 @pytest.mark.parametrize("strategy", [Strategy.RUNS, Strategy.SCATTER], ids=lambda s: s.value)
 @pytest.mark.parametrize("case", sorted(_SPLIT_CASES))
 def test_a_column_slice_split_into_jobs_of_several_reads_each_lands_bit_exactly(
@@ -153,56 +215,41 @@ def test_a_column_slice_split_into_jobs_of_several_reads_each_lands_bit_exactly(
 ) -> None:
     # Tiny limits: each request becomes several RunsRead jobs (blocks of rows), each job
     # several reads (its runs listed and cut into calls only when it runs).
-    from hyperckpt._read import jobs as jobs_module
-    from hyperckpt._read import sysio
-
     monkeypatch.setattr(jobs_module, "CHUNK_BYTES", 1024)
     monkeypatch.setattr(jobs_module, "RUNS_JOB_SPAN", 4096)
     monkeypatch.setattr(sysio, "IOV_MAX", 7)
-    dtype, shape, offsets, lengths = _SPLIT_CASES[case]
-    source = (torch.randn(shape) * 50).to(dtype)
-    save_file({"w": source}, str(tmp_path / "model.safetensors"))
-    layout = huggingface_layout(tmp_path)
-    storage = to_metadata(layout).storage_data
-    stamps = {name: header.stamp for name, header in layout.files.items()}
-    poison = torch.full((torch.Size(lengths).numel() * dtype.itemsize,), 0xA5, dtype=torch.uint8)
-    destination = poison.view(dtype).view(lengths)
-    item = ReadItem(
-        type=LoadItemType.TENSOR,
-        dest_index=MetadataIndex("w", torch.Size(offsets)),
-        dest_offsets=torch.Size((0,) * len(shape)),
-        storage_index=MetadataIndex("w", torch.Size((0,) * len(shape))),
-        storage_offsets=torch.Size(offsets),
-        lengths=torch.Size(lengths),
-    )
-
-    class Planner:
-        def resolve_tensor(self, item: ReadItem) -> torch.Tensor:
-            return destination
-
-        def commit_tensor(self, item: ReadItem, tensor: torch.Tensor) -> None:
-            pass
-
-    routes = route(
-        [resolve(item, next(iter(storage.values())), Planner())],  # type: ignore[arg-type]
-        cuda=False,
-    )
-    budget = share(routes, limit=2**20, threads=2)
-    made = make_jobs(routes, budget, scratch=1, mostly_cold=frozenset(), strategy=strategy, ranks=1)
+    split = _Split(tmp_path, case)
+    box, made = split.jobs(strategy)
     assert len(made) > 1
     assert all(isinstance(job, RunsRead) for job in made)
-    calls = [call for job in made for call in job.calls()]  # type: ignore[union-attr]
+    calls = [call for job in made for call in job.calls()]  # type: ignore[attr-defined]
     if strategy is Strategy.SCATTER:  # RUNS reads run by run whatever a call is given
-        assert any(len(job.calls()) > 1 for job in made)  # type: ignore[union-attr]
+        assert any(len(job.calls()) > 1 for job in made)  # type: ignore[attr-defined]
     # Every run once, in file order, each landing right after the one before it.
-    box = routes.strided[0].box
     starts, run = box.run_starts()
     assert torch.equal(torch.cat([starts for starts, _, _ in calls]), starts)
     landed = [address + index * run for part, _, address in calls for index in range(len(part))]
-    assert landed == [destination.data_ptr() + index * run for index in range(len(starts))]
-    engine = ReadEngine(
-        str(tmp_path), stamps, ReadOptions(thread_count=2), column_strategy=strategy
-    )
-    engine.run([item], storage, Planner())  # type: ignore[arg-type]
-    expected = source[tuple(slice(o, o + n) for o, n in zip(offsets, lengths, strict=True))]
-    assert torch.equal(destination.view(torch.uint8), expected.contiguous().view(torch.uint8))
+    first = split.destination.data_ptr()
+    assert landed == [first + index * run for index in range(len(starts))]
+    split.load(tmp_path, strategy)
+
+
+@pytest.mark.parametrize("job_span", [2048, 65536], ids=["jobs per block", "one job"])
+@pytest.mark.parametrize("case", sorted(_SPLIT_CASES))
+def test_a_column_slice_copied_from_a_map_in_jobs_of_several_copies_lands_bit_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str, job_span: int
+) -> None:
+    # Each copy spans at most CHUNK_BYTES; a request spanning at most MAPPED_JOB_SPAN is
+    # one job of several copies (listed when it runs), a wider one a job per block.
+    monkeypatch.setattr(jobs_module, "CHUNK_BYTES", 1024)
+    monkeypatch.setattr(jobs_module, "MAPPED_JOB_SPAN", job_span)
+    split = _Split(tmp_path, case)
+    box, made = split.jobs(Strategy.MAP)
+    assert all(isinstance(job, MappedPart) for job in made)
+    copies = [copy for job in made for copy in job.copies()]  # type: ignore[attr-defined]
+    assert len(made) == (1 if job_span > box.span()[1] else len(copies))
+    assert len(copies) > 1
+    assert all(part.span()[1] <= 1024 for part, _ in copies)
+    assert sum(part.nbytes for part, _ in copies) == box.nbytes
+    stats = split.load(tmp_path, Strategy.MAP)
+    assert stats.mapped_bytes == box.nbytes  # the file was just written: warm, ours, local
