@@ -256,12 +256,13 @@ class InPlaceItems:
         if local_dtype is not dtype:
             return False
         geometry = (info.shape, item.storage_offsets, item.lengths, shape, item.dest_offsets)
-        runs = self._runs.get(geometry, _UNKNOWN)
-        if runs is _UNKNOWN:
-            runs = self._runs[geometry] = _runs(*geometry)
+        found = self._runs.get(geometry, _UNKNOWN)
+        if found is _UNKNOWN:
+            found = self._runs[geometry] = _runs(*geometry)
+        runs = cast("tuple[int, int, int] | None", found)
         if runs is None:
             return False
-        stored, placed, count = runs  # type: ignore[misc]
+        stored, placed, count = runs
         if count:
             itemsize = dtype.itemsize
             add_file, add_offset, add_length, add_address, add_key = self._add
