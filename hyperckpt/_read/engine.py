@@ -434,20 +434,17 @@ class _Delivery:
         elif isinstance(job, ScatterRead):
             reads.scatter(job.name, job.offset, job.buffers)
         elif isinstance(job, RunsRead):
-            reads.runs(
-                job.name,
-                job.starts,
-                job.run,
-                job.address,
-                together=job.together,
-                scratch=job.scratch,
-            )
+            for starts, run, address in job.calls():
+                reads.runs(
+                    job.name, starts, run, address, together=job.together, scratch=job.scratch
+                )
         elif isinstance(job, MappedRun):
             assert self.mapped is not None
             self.mapped.copy_run(job.name, job.offset, job.length, job.address)
         elif isinstance(job, MappedPart):
             assert self.mapped is not None
-            self.mapped.copy_box(job.name, job.part, job.destination)
+            for part, destination in job.copies():
+                self.mapped.copy_box(job.name, part, destination)
         elif isinstance(job, StagedPart):
             through_host(
                 reads.scatter,

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from hyperckpt._read import sysio as _sysio
-from hyperckpt._read.boxes import Box, narrow
+from hyperckpt._read.boxes import Box, _strides, narrow
 from hyperckpt._read.columns import DEFAULT_COSTS, Costs, Runs, Strategy, choose, choose_run
 from hyperckpt._read.in_place import Parts, ScatterRead, SeparateReads, direct_jobs
 from hyperckpt._read.requests import Request
@@ -28,6 +28,8 @@ from hyperckpt._read.routes import Budget, Routes
 __all__ = [
     "CHUNK_BYTES",
     "COLD_CHUNK_BYTES",
+    "MAPPED_JOB_SPAN",
+    "RUNS_JOB_SPAN",
     "STAGE_BLOCK",
     "DevicePart",
     "Job",
@@ -54,32 +56,54 @@ COLD_CHUNK_BYTES = 32 * 2**20
 #: Bytes of whole rows one :attr:`~hyperckpt._read.columns.Strategy.STAGE` read brings into
 #: staging: small enough that the copy out of it finds the rows still in the core's cache.
 STAGE_BLOCK = 2**20
+#: Most bytes of file one :class:`MappedPart` job spans (its copies span at most
+#: :data:`CHUNK_BYTES` each): an expert's column slice is one job of four copies.
+MAPPED_JOB_SPAN = 4 * CHUNK_BYTES
+#: Most bytes of file one :class:`RunsRead` job spans (its delivered bytes are at most
+#: :data:`CHUNK_BYTES`): an expert's column slice, 7168 rows of 512 bytes 4 KiB apart, is
+#: one job, not one per ``per_job`` runs (14); a wider span is split so threads share it.
+RUNS_JOB_SPAN = 4 * CHUNK_BYTES
 
 
 @dataclass(frozen=True, slots=True)
 class RunsRead:
     """Runs of a strided sub-box read straight into a contiguous destination.
 
+    The runs are listed by the thread that reads them (:meth:`calls`), not when the job
+    is made: a column slice of an expert has thousands of rows, and a rank of DeepSeek-V3
+    under FSDP over tensor parallelism 15k such slices.
+
     Attributes:
         name: The file.
         offset: The first run's first byte, absolute in the file.
-        starts: Each run's first byte, absolute in the file (int64, ascending).
-        run: Bytes of each run.
+        box: The runs' sub-box of its stored chunk (a whole request, or a block of one).
         address: Where the first run lands; the others follow it.
-        together: One scatter read for all runs, the bytes between them landing in the
-            scratch buffer; otherwise one read per run.
+        per_call: Most runs one read carries (with ``together``: its ``iovec`` entries and
+            its span are bounded so; else the runs one call of the store's read is given).
+        together: One scatter read per ``per_call`` runs, the bytes between them landing
+            in the scratch buffer; otherwise one read per run.
         scratch: Address of the scratch buffer.
         parts: Bytes delivered to each read item.
     """
 
     name: str
     offset: int
-    starts: torch.Tensor
-    run: int
+    box: Box
     address: int
+    per_call: int
     together: bool
     scratch: int
     parts: Parts
+
+    def calls(self) -> list[tuple[torch.Tensor, int, int]]:
+        """``(starts, run, address)`` of each read: the absolute file offsets of its runs
+        (int64, ascending), the bytes of each run and where its first run lands."""
+        starts, run = self.box.run_starts()
+        each = self.per_call
+        return [
+            (part, run, self.address + number * each * run)
+            for number, part in enumerate(torch.split(starts, each))
+        ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,14 +171,19 @@ class MappedRun:
 
 @dataclass(frozen=True, slots=True)
 class MappedPart:
-    """A block of a strided request copied from a memory map into its destination.
+    """Blocks of a strided request copied from a memory map into its destination.
+
+    Each copy spans at most :data:`CHUNK_BYTES` of file (:func:`blocks_within`); the
+    blocks are listed by the thread that copies them (:meth:`copies`), not when the job
+    is made: a DeepSeek-V3 rank under FSDP over tensor parallelism has 15k column slices
+    of four blocks each.
 
     Attributes:
         name: The file.
-        offset: The block's first byte, absolute in the file.
-        part: The block, a sub-box of the request's box (its span at most
-            :data:`CHUNK_BYTES`, or one run).
-        destination: Where the block lands (a view of a contiguous CPU tensor of the
+        offset: The part's first byte, absolute in the file.
+        part: The part of the request copied (the whole request's box, or one block of
+            it when the request spans more than :data:`MAPPED_JOB_SPAN`).
+        destination: Where the part lands (a view of a contiguous CPU tensor of the
             stored dtype).
         parts: Bytes delivered to each read item.
     """
@@ -164,6 +193,14 @@ class MappedPart:
     part: Box
     destination: torch.Tensor
     parts: Parts
+
+    def copies(self) -> list[tuple[Box, torch.Tensor]]:
+        """Each copy's block of the file and its destination."""
+        box, destination = self.part, self.destination
+        return [
+            (box.sub(offsets, lengths), narrow(destination, offsets, lengths))
+            for offsets, lengths in blocks_within(box, CHUNK_BYTES)
+        ]
 
 
 Job = ScatterRead | SeparateReads | RunsRead | StagedPart | DevicePart | MappedRun | MappedPart
@@ -236,7 +273,8 @@ def make_jobs(
     """
     jobs: list[Job] = []
     threads = budget.threads * max(1, ranks)
-    may_map = mappable is not never_mapped and strategy in (None, Strategy.MAP)
+    may_ask = mappable is not never_mapped
+    may_map = may_ask and strategy in (None, Strategy.MAP)
     for name, extents in routes.direct.items():
         if may_map:
             # Per range: whether it is copied from a map (the rule weighs the length only,
@@ -281,16 +319,30 @@ def make_jobs(
                     threads=budget.threads,
                 )
             )
+    # The strategy depends on the box's shape in its file (not where it starts) and on
+    # whether its span may be mapped: asked once per kind (15k expert column slices of a
+    # DeepSeek-V3 rank are a handful of kinds).
+    chosen_for: dict[tuple[tuple[int, ...], tuple[int, ...], int, bool], Strategy] = {}
+    layouts: dict[tuple[tuple[int, ...], tuple[int, ...], int, bool], tuple[int, int, int]] = {}
     for request in routes.strided:
-        offset, length = request.box.span()
-        usable = mappable(request.name, offset, length)
-        chosen = strided_strategy(request.box, budget, strategy, ranks, usable, costs)
+        box = request.box
+        usable = may_ask and mappable(request.name, *box.span())
+        kind = (box.shape, box.lengths, box.itemsize, usable)
+        chosen = chosen_for.get(kind)
+        if chosen is None:
+            chosen = chosen_for[kind] = strided_strategy(
+                box, budget, strategy, ranks, usable, costs
+            )
         if chosen is Strategy.MAP:
             jobs.extend(_mapped_parts(request))
         elif chosen is Strategy.STAGE:
             jobs.extend(_staged_jobs(request, min(budget.host_block, STAGE_BLOCK)))
         else:
-            jobs.extend(_strided_jobs(request, scratch, chosen is Strategy.SCATTER))
+            together = chosen is Strategy.SCATTER
+            layout = layouts.get(kind)
+            if layout is None:
+                layout = layouts[kind] = _runs_layout(box, together)
+            jobs.extend(_strided_jobs(request, scratch, together, layout))
     for request in routes.staged:
         jobs.extend(_staged_jobs(request, budget.host_block))
     for request in routes.device:
@@ -309,8 +361,13 @@ def _mapped_runs(name: str, offset: int, length: int, address: int, item: Hashab
 
 
 def _mapped_parts(request: Request) -> list[Job]:
-    """A strided request copied from a map in blocks whose spans fit :data:`CHUNK_BYTES`."""
+    """A strided request copied from a map in blocks whose spans fit :data:`CHUNK_BYTES`:
+    one job for them all when the request spans at most :data:`MAPPED_JOB_SPAN`, else one
+    job per block (threads share them)."""
     box, target = request.box, request.target
+    offset, span = box.span()
+    if span <= MAPPED_JOB_SPAN:
+        return [MappedPart(request.name, offset, box, target, [(request.key, box.nbytes)])]
     jobs: list[Job] = []
     for offsets, lengths in blocks_within(box, CHUNK_BYTES):
         part = box.sub(offsets, lengths)
@@ -386,36 +443,65 @@ def _listed_runs(box: Box) -> Runs:
     )
 
 
-def _strided_jobs(request: Request, scratch: int, together: bool) -> list[Job]:
+def _runs_layout(box: Box, together: bool) -> tuple[int, int, int]:
+    """``(run, span, per_call)`` of a strided ``box`` read by its runs: the bytes of each
+    run, of its span and the runs one read carries (with ``together``: one scatter read's
+    ``iovec`` entries and span bounded as :func:`per_job` bounds them; else
+    :data:`CHUNK_BYTES` of runs, read one by one).  The same for every box of one shape,
+    lengths and dtype."""
+    shape = strided_runs(box)
+    run = shape.run
+    per_call = per_job(run + _first_pitch(box)) if together else max(1, CHUNK_BYTES // run)
+    return run, shape.span, per_call
+
+
+def _strided_jobs(
+    request: Request,
+    scratch: int,
+    together: bool,
+    layout: tuple[int, int, int] | None = None,
+) -> list[Job]:
     """A strided sub-box into a contiguous CPU destination of its dtype, its runs landing
     in place: with ``together``, ``preadv`` fills the gaps between them into ``scratch``
-    (one call for many runs), else each run is read on its own."""
-    starts, run = request.box.run_starts()
-    count = starts.numel()
+    (one call for many runs), else each run is read on its own.
+
+    One job per block of at most :data:`CHUNK_BYTES` delivered and :data:`RUNS_JOB_SPAN`
+    of file (one per request for an expert's column slice), its runs listed when it runs.
+    ``layout``: :func:`_runs_layout` of the box, when the caller has it.
+    """
+    box = request.box
+    _, span, per_call = _runs_layout(box, together) if layout is None else layout
     address = request.target.data_ptr()
-    span = run + (int(starts[1] - starts[0]) if count > 1 else 0)
-    each = per_job(span) if together else max(1, CHUNK_BYTES // max(1, run))
     name, key = request.name, request.key
-    # Each job's runs as one view, its first run's offset from one list (no per-job indexing).
-    parts = torch.split(starts, each)
-    offsets = starts[::each].tolist()
+    nbytes = box.nbytes
+    if nbytes <= CHUNK_BYTES and span <= RUNS_JOB_SPAN:
+        parts = [(key, nbytes)]
+        offset = box.span()[0]
+        return [RunsRead(name, offset, box, address, per_call, together, scratch, parts)]
     jobs: list[Job] = []
-    for number, (part, offset) in enumerate(zip(parts, offsets, strict=True)):
-        first = number * each
-        taken = min(each, count - first)
+    strides = _strides(box.lengths)
+    itemsize = box.itemsize
+    for offsets, lengths in blocks_within(box, RUNS_JOB_SPAN, CHUNK_BYTES):
+        part = box.sub(offsets, lengths)
+        at = address + sum(map(operator.mul, offsets, strides)) * itemsize
         jobs.append(
             RunsRead(
-                name,
-                offset,
-                part,
-                run,
-                address + first * run,
-                together,
-                scratch,
-                [(key, taken * run)],
+                name, part.span()[0], part, at, per_call, together, scratch, [(key, part.nbytes)]
             )
         )
     return jobs
+
+
+def _first_pitch(box: Box) -> int:
+    """Bytes from the first run's first byte to the second's (0 for a box of one run)."""
+    shape, lengths = box.shape, box.lengths
+    narrowed = [d for d in range(len(shape)) if lengths[d] != shape[d]]
+    inner = narrowed[-1] if narrowed else 0
+    strides = box.strides()
+    for dim in reversed(range(inner)):
+        if lengths[dim] > 1:
+            return strides[dim] * box.itemsize
+    return 0
 
 
 def _staged_jobs(request: Request, limit: int) -> list[Job]:
@@ -448,15 +534,19 @@ def _device_jobs(request: Request, budget: Budget) -> list[Job]:
     return jobs
 
 
-def blocks_within(box: Box, limit: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
-    """Parts of ``box`` whose bytes fit ``limit``, and whose spans too when it is strided.
+def blocks_within(
+    box: Box, limit: int, most: int | None = None
+) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Parts of ``box`` whose bytes fit ``limit`` (and ``most`` when given), and whose spans
+    fit ``limit`` too when it is strided.
 
     A strided part's span exceeds its bytes about as the whole box's does, so the budget
     is scaled by that ratio and halved until every span fits (one element always does).
     """
     if box.is_one_run():
-        return list(box.blocks(limit))
-    budget = max(box.itemsize, limit * box.nbytes // max(1, box.span()[1]))
+        return list(box.blocks(limit if most is None else min(limit, most)))
+    budget = limit * box.nbytes // max(1, box.span()[1])
+    budget = max(box.itemsize, budget if most is None else min(most, budget))
     while True:
         parts = list(box.blocks(budget))
         if budget <= box.itemsize or all(

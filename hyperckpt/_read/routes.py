@@ -162,11 +162,16 @@ class Router:
         target, box = request.target, request.box
         if box.nbytes == 0:
             return
-        self._widest = max(self._widest, box.span()[1])
-        kind = target.device.type
-        if kind == "cuda" and self._cuda:
-            self._device.append(request)
-        elif not (kind == "cpu" and target.dtype == request.dtype and target.is_contiguous()):
+        span = box.span()[1]
+        if span > self._widest:
+            self._widest = span
+        # ``is_cpu`` first: a tensor's ``device`` is an object made per call.
+        if not target.is_cpu:
+            if self._cuda and target.device.type == "cuda":
+                self._device.append(request)
+            else:
+                self._staged.append(request)
+        elif target.dtype != request.dtype or not target.is_contiguous():
             self._staged.append(request)
         elif (extent := box.one_run()) is not None:
             self.direct(request.name, *extent, target.data_ptr(), request.key)

@@ -21,6 +21,7 @@ from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlanner, ReadItem
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.placement_types import Replicate, Shard, _StridedShard
 
 from hyperckpt._planner.compact import CompactItems
 from hyperckpt._planner.load_planner import resolves_in_place
@@ -33,7 +34,7 @@ from hyperckpt._read.storage_info import StorageInfo, by_name
 if TYPE_CHECKING:
     from hyperckpt._planner.local_items import _Cut
 
-__all__ = ["local_destination", "reads_rows", "routed", "row_chunks"]
+__all__ = ["InPlaceItems", "local_destination", "reads_rows", "routed", "row_chunks"]
 
 #: Rows per stored chunk below which a plan's rows look their chunks up one by one rather
 #: than by a table of every chunk (an EP rank of DeepSeek-V3 has 2k rows of 92k chunks).
@@ -95,15 +96,24 @@ def routed(
     router = Router(cuda=cuda)
     committed: list[Request] = []
     if not reads_rows(items, planner):
-        state = planner.state_dict if resolves_in_place(planner) else None  # type: ignore[attr-defined]
+        if not resolves_in_place(planner):
+            for item in items:
+                request = resolve(item, storage[item.storage_index], planner)
+                router.add(request)
+                committed.append(request)
+            return router.routes(), committed
+        state = planner.state_dict  # type: ignore[attr-defined]
+        in_place = InPlaceItems(state, storage, router)
         for item in items:
-            found = None if state is None else local_destination(item, state)
-            request = resolve(item, storage[item.storage_index], planner, found=found)
-            router.add(request)
-            committed.append(request)
+            if not in_place.add(item):
+                found = local_destination(item, state)
+                request = resolve(item, storage[item.storage_index], planner, found=found)
+                router.add(request)
+                committed.append(request)
         return router.routes(), committed
     names = row_chunks(items, storage) if names is None else names
     state = planner.state_dict  # type: ignore[attr-defined]
+    in_place = InPlaceItems(state, storage, router)
     # The ranges read in place go straight into the router's columns.
     add_file, add_offset, add_length, add_address, add_key = router.appenders()
     # Per cut: the byte run its rows read in place, for the chunk shape and dtype it was
@@ -113,6 +123,8 @@ def routed(
     for key, cut in zip(keys, cuts, strict=True):
         if key is None:
             item = cast(ReadItem, cut)
+            if in_place.add(item):
+                continue
             found = local_destination(item, state)
             request = resolve(item, storage[item.storage_index], planner, found=found)
             router.add(request)
@@ -140,7 +152,9 @@ def routed(
                 add_address(local.data_ptr())  # type: ignore[union-attr]
                 add_key(key)
             continue
-        request = resolve(cut.item(key, cut.dest_offsets), info, planner, key)  # type: ignore[union-attr]
+        item = cut.item(key, cut.dest_offsets)  # type: ignore[union-attr]
+        found = local_destination(item, state)
+        request = resolve(item, info, planner, key, found=found)
         router.add(request)
         committed.append(request)
     return router.routes(), committed
@@ -193,3 +207,139 @@ def local_destination(item: ReadItem, state: Mapping[str, object]) -> torch.Tens
         return None
     value._raise_if_contains_partial_placements()  # as DCP's lookup does
     return narrow_tensor_by_index(local, item.dest_offsets, item.lengths)
+
+
+#: One item's geometry: the chunk's shape, the item's storage offsets and lengths, the local
+#: tensor's shape and the item's destination offsets.
+_Geometry = tuple[
+    tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]
+]
+
+
+class InPlaceItems:
+    """Routes the read items of DTensors that land in place without a :class:`Request`.
+
+    Under FSDP over tensor parallelism a DeepSeek-V3 rank has 76k read items, one per
+    region of a ``_StridedShard`` DTensor; most read one byte range into one run of the
+    local tensor.  Resolving each (DCP's narrow, the partial check, ``detach``, a
+    :class:`Box` and its run twice) cost ~20 us an item.  Here an item whose destination
+    is exactly a DTensor over a contiguous CPU tensor of the stored dtype, whose narrowing
+    stays inside that tensor and is one run of it, and whose stored sub-box is one run,
+    goes straight to the router's columns: its address is the local tensor's plus the
+    run's first element, the very memory :func:`local_destination` narrows to.  The run
+    of both sides is worked out once per geometry (items of tensors of one shape and
+    placements share it).  Such an item needs no commit (its planner
+    :func:`resolves_in_place`) and converts no dtype.  Any other item is left to the
+    caller, who resolves it as before (and raises what that raises).
+
+    Args:
+        state: The planner's state dict.
+        storage: The metadata's storage data.
+        router: Takes the ranges read in place.
+    """
+
+    __slots__ = ("_add", "_dtypes", "_local", "_runs", "_state", "_storage", "_value")
+
+    def __init__(
+        self, state: Mapping[str, object], storage: Mapping[object, StorageInfo], router: Router
+    ) -> None:
+        self._state = state
+        self._storage = storage
+        self._add = router.appenders()
+        self._dtypes: dict[str, torch.dtype] = {}
+        # Per geometry: first element of the stored run, first element of the destination
+        # run and elements; None where either side is not one run (or the narrowing is
+        # one DCP refuses).
+        self._runs: dict[_Geometry, tuple[int, int, int] | None] = {}
+        # The last item's destination value and what :func:`_local_facts` found of it
+        # (a tensor's items come one after another).
+        self._value: object = _UNKNOWN
+        self._local: tuple[torch.Size, torch.dtype, int] | None = None
+
+    def add(self, item: ReadItem) -> bool:
+        """Route ``item`` when it lands in place (or is empty); ``False``: resolve it."""
+        if item.type is not LoadItemType.TENSOR:
+            return False
+        value = self._state.get(item.dest_index.fqn)
+        if value is self._value:
+            local = self._local
+        else:
+            local = self._local = _local_facts(value)
+            self._value = value
+        if local is None:
+            return False
+        shape, local_dtype, address = local
+        info = self._storage[item.storage_index]
+        dtype = self._dtypes.get(info.dtype)
+        if dtype is None:
+            dtype = self._dtypes[info.dtype] = to_torch_dtype(info.dtype)
+        if local_dtype is not dtype:
+            return False
+        geometry = (info.shape, item.storage_offsets, item.lengths, shape, item.dest_offsets)
+        found = self._runs.get(geometry, _UNKNOWN)
+        if found is _UNKNOWN:
+            found = self._runs[geometry] = _runs(*geometry)
+        runs = cast("tuple[int, int, int] | None", found)
+        if runs is None:
+            return False
+        stored, placed, count = runs
+        if count:
+            itemsize = dtype.itemsize
+            add_file, add_offset, add_length, add_address, add_key = self._add
+            add_file(info.file)
+            add_offset(info.offset + stored * itemsize)
+            add_length(count * itemsize)
+            add_address(address + placed * itemsize)
+            add_key(item)
+        return True
+
+
+def _local_facts(value: object) -> tuple[torch.Size, torch.dtype, int] | None:
+    """The shape, dtype and address of ``value``'s local tensor when ``value`` is exactly
+    a DTensor, not ``Partial``, over a contiguous CPU tensor; else ``None``."""
+    if type(value) is not DTensor:
+        return None
+    local = value._local_tensor
+    if type(local) not in _PLAIN or not local.is_cpu or not local.is_contiguous():
+        return None
+    for placement in value._spec.placements:
+        if type(placement) not in _NOT_PARTIAL:
+            return None  # DCP's lookup raises for a Partial one
+    return local.shape, local.dtype, local.data_ptr()
+
+
+#: Placements that are surely not ``Partial`` (an ``isinstance`` check of a placement goes
+#: through torch's opaque-type hook: ~1 us each).
+_NOT_PARTIAL = frozenset({Shard, _StridedShard, Replicate})
+#: A geometry not worked out yet.
+_UNKNOWN = object()
+
+
+def _runs(
+    chunk: tuple[int, ...],
+    storage_offsets: tuple[int, ...],
+    lengths: tuple[int, ...],
+    local: tuple[int, ...],
+    dest_offsets: tuple[int, ...],
+) -> tuple[int, int, int] | None:
+    """First element of the stored sub-box's run, first element of the destination's run
+    within the (contiguous) local tensor and their elements, when both are one run.
+
+    The destination is narrowed as DCP narrows it (``narrow_tensor_by_index``: only the
+    dimensions the item is shorter in; there its offset must keep it inside).  ``None``
+    for anything else: a longer or out-of-range item, whose resolution raises.
+    """
+    if not len(chunk) == len(storage_offsets) == len(lengths) == len(local) == len(dest_offsets):
+        return None
+    offsets = []
+    for offset, length, size in zip(dest_offsets, lengths, local, strict=True):
+        if length > size:
+            return None
+        if length < size and not 0 <= offset <= size - length:
+            return None
+        offsets.append(offset if length < size else 0)
+    stored = Box(0, tuple(chunk), tuple(storage_offsets), tuple(lengths), 1).one_run()
+    placed = Box(0, tuple(local), tuple(offsets), tuple(lengths), 1).one_run()
+    if stored is None or placed is None:
+        return None
+    return stored[0], placed[0], stored[1]

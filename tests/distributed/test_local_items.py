@@ -30,7 +30,9 @@ from hyperckpt import CheckpointError, LoadPlanner
 from hyperckpt._exchange.rank_requests import ChunkOrder, rank_requests
 from hyperckpt._planner.compact import CompactItems
 from hyperckpt._planner.local_items import local_read_items
-from hyperckpt._read.rows import local_destination
+from hyperckpt._read.requests import resolve
+from hyperckpt._read.routes import Router
+from hyperckpt._read.rows import InPlaceItems, local_destination
 from hyperckpt._read.storage_info import StorageInfo
 
 _SHAPES = [(8, 6), (7, 5), (3, 1), (1, 9), (5,), (2, 3, 4)]
@@ -174,3 +176,67 @@ def _check_destinations(rank: int, world_size: int) -> bool:
 
 def test_a_dtensors_destination_found_in_place_is_the_planners() -> None:
     assert run_ranks(_check_destinations, 4) == [True] * 4
+
+
+def _check_in_place(rank: int, world_size: int) -> bool:
+    meshes = [device_mesh((4,)), device_mesh((2, 2))]
+    state: dict[str, object] = {"plain": torch.zeros(4, 3)}
+    layouts = [
+        (meshes[0], [_StridedShard(0, split_factor=2)]),
+        (meshes[0], [Shard(1)]),
+        (meshes[1], [_StridedShard(0, split_factor=2), Shard(0)]),
+        (meshes[1], [Shard(0), Shard(1)]),
+        (meshes[1], [Replicate(), _StridedShard(1, split_factor=2)]),
+        (meshes[1], [Shard(0), Replicate()]),
+    ]
+    for number, (mesh, placements) in enumerate(layouts):
+        for shape in ((8, 8), (16, 4), (8, 4, 6)):
+            state[f"w.{number}.{shape}"] = distribute_tensor(torch.zeros(shape), mesh, placements)
+    # Uneven and empty local shards.
+    for shape in ((9, 5), (1, 4), (3, 0)):
+        state[f"uneven.{shape}"] = distribute_tensor(
+            torch.zeros(shape), meshes[1], [Shard(0), Shard(1)]
+        )
+    state["param"] = torch.nn.Parameter(distribute_tensor(torch.zeros(8, 4), meshes[0], [Shard(0)]))
+    # Stored in another dtype: staged, never in place.
+    state["wider"] = distribute_tensor(
+        torch.zeros(8, 4, dtype=torch.float64), meshes[0], [Shard(0)]
+    )
+    metadata = Metadata({fqn: stored_in_rows(v.size(), 2) for fqn, v in state.items()})  # type: ignore[attr-defined]
+    storage = {
+        MetadataIndex(fqn, chunk.offsets): StorageInfo(
+            f"{fqn}.safetensors", 100, 4 * chunk.sizes.numel(), "F32", tuple(chunk.sizes)
+        )
+        for fqn, md in metadata.state_dict_metadata.items()
+        for chunk in md.chunks  # type: ignore[union-attr]
+    }
+    planner = LoadPlanner()
+    planner.set_up_planner(dict(state), metadata, is_coordinator=False)
+    items = planner.create_local_plan().items
+    # Every item resolved by the planner, against the same items routed in place where
+    # they may be: the same routes, range for range, address for address.
+    resolved = Router(cuda=False)
+    for item in items:
+        resolved.add(resolve(item, storage[item.storage_index], planner))
+    mixed = Router(cuda=False)
+    in_place = InPlaceItems(planner.state_dict, storage, mixed)
+    taken = 0
+    for item in items:
+        if in_place.add(item):
+            taken += 1
+        else:
+            mixed.add(resolve(item, storage[item.storage_index], planner))
+    expected, got = resolved.routes(), mixed.routes()
+    assert taken > 0
+    assert got.direct.keys() == expected.direct.keys()
+    for name, extents in expected.direct.items():
+        for column in ("offsets", "lengths", "addresses", "keys"):
+            assert getattr(got.direct[name], column).tolist() == getattr(extents, column).tolist()
+    assert [r.item for r in got.strided] == [r.item for r in expected.strided]
+    assert [r.item for r in got.staged] == [r.item for r in expected.staged]
+    assert any(r.item.dest_index.fqn == "wider" for r in got.staged)
+    return True
+
+
+def test_dtensor_items_routed_in_place_land_where_the_planner_resolves_them() -> None:
+    assert run_ranks(_check_in_place, 4) == [True] * 4

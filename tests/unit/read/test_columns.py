@@ -13,8 +13,15 @@ from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 from hyperckpt import ReadOptions
 from hyperckpt._layout.directory import huggingface_layout
 from hyperckpt._load.readers import to_metadata
+from hyperckpt._read import jobs as jobs_module
+from hyperckpt._read import sysio
+from hyperckpt._read.boxes import Box
 from hyperckpt._read.columns import Costs, Runs, Strategy, choose, estimate
 from hyperckpt._read.engine import MAX_GAP, STAGE_BLOCK, ReadEngine
+from hyperckpt._read.jobs import MappedPart, RunsRead, make_jobs
+from hyperckpt._read.requests import resolve
+from hyperckpt._read.routes import route, share
+from hyperckpt._read.stats import LoadStats
 
 
 def _rows(run: int, pitch: int, count: int) -> Runs:
@@ -135,3 +142,114 @@ def test_every_strategy_fills_a_poisoned_destination_bit_exactly(
         assert stats.bytes_read == needed
     else:
         assert stats.bytes_read >= needed
+
+
+_SPLIT_CASES = {
+    "bf16 expert column slice": (torch.bfloat16, (96, 64), (0, 16), (96, 16)),
+    "f32 3-D inner box": (torch.float32, (7, 40, 24), (1, 3, 5), (5, 30, 11)),
+}
+
+
+class _Split:
+    """A stored column slice and its poisoned destination, for the split tests."""
+
+    def __init__(self, tmp_path: Path, case: str) -> None:
+        dtype, shape, offsets, lengths = _SPLIT_CASES[case]
+        self.source = (torch.randn(shape) * 50).to(dtype)
+        save_file({"w": self.source}, str(tmp_path / "model.safetensors"))
+        layout = huggingface_layout(tmp_path)
+        self.storage = to_metadata(layout).storage_data
+        self.stamps = {name: header.stamp for name, header in layout.files.items()}
+        poison = torch.full(
+            (torch.Size(lengths).numel() * dtype.itemsize,), 0xA5, dtype=torch.uint8
+        )
+        self.destination = poison.view(dtype).view(lengths)
+        self.item = ReadItem(
+            type=LoadItemType.TENSOR,
+            dest_index=MetadataIndex("w", torch.Size(offsets)),
+            dest_offsets=torch.Size((0,) * len(shape)),
+            storage_index=MetadataIndex("w", torch.Size((0,) * len(shape))),
+            storage_offsets=torch.Size(offsets),
+            lengths=torch.Size(lengths),
+        )
+        self.expected = self.source[
+            tuple(slice(o, o + n) for o, n in zip(offsets, lengths, strict=True))
+        ]
+
+    def resolve_tensor(self, item: ReadItem) -> torch.Tensor:
+        return self.destination
+
+    def commit_tensor(self, item: ReadItem, tensor: torch.Tensor) -> None:
+        pass
+
+    def jobs(self, strategy: Strategy) -> tuple[Box, list[object]]:
+        info = next(iter(self.storage.values()))
+        routes = route([resolve(self.item, info, self)], cuda=False)  # type: ignore[arg-type]
+        budget = share(routes, limit=2**20, threads=2)
+        made = make_jobs(
+            routes,
+            budget,
+            scratch=1,
+            mostly_cold=frozenset(),
+            strategy=strategy,
+            ranks=1,
+            mappable=lambda name, offset, length: True,
+        )
+        return routes.strided[0].box, made  # type: ignore[return-value]
+
+    def load(self, tmp_path: Path, strategy: Strategy) -> LoadStats:
+        engine = ReadEngine(
+            str(tmp_path), self.stamps, ReadOptions(thread_count=2), column_strategy=strategy
+        )
+        stats = engine.run([self.item], self.storage, self)  # type: ignore[arg-type]
+        assert torch.equal(
+            self.destination.view(torch.uint8), self.expected.contiguous().view(torch.uint8)
+        )
+        return stats
+
+
+@pytest.mark.parametrize("strategy", [Strategy.RUNS, Strategy.SCATTER], ids=lambda s: s.value)
+@pytest.mark.parametrize("case", sorted(_SPLIT_CASES))
+def test_a_column_slice_split_into_jobs_of_several_reads_each_lands_bit_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, strategy: Strategy, case: str
+) -> None:
+    # Tiny limits: each request becomes several RunsRead jobs (blocks of rows), each job
+    # several reads (its runs listed and cut into calls only when it runs).
+    monkeypatch.setattr(jobs_module, "CHUNK_BYTES", 1024)
+    monkeypatch.setattr(jobs_module, "RUNS_JOB_SPAN", 4096)
+    monkeypatch.setattr(sysio, "IOV_MAX", 7)
+    split = _Split(tmp_path, case)
+    box, made = split.jobs(strategy)
+    assert len(made) > 1
+    assert all(isinstance(job, RunsRead) for job in made)
+    calls = [call for job in made for call in job.calls()]  # type: ignore[attr-defined]
+    if strategy is Strategy.SCATTER:  # RUNS reads run by run whatever a call is given
+        assert any(len(job.calls()) > 1 for job in made)  # type: ignore[attr-defined]
+    # Every run once, in file order, each landing right after the one before it.
+    starts, run = box.run_starts()
+    assert torch.equal(torch.cat([starts for starts, _, _ in calls]), starts)
+    landed = [address + index * run for part, _, address in calls for index in range(len(part))]
+    first = split.destination.data_ptr()
+    assert landed == [first + index * run for index in range(len(starts))]
+    split.load(tmp_path, strategy)
+
+
+@pytest.mark.parametrize("job_span", [2048, 65536], ids=["jobs per block", "one job"])
+@pytest.mark.parametrize("case", sorted(_SPLIT_CASES))
+def test_a_column_slice_copied_from_a_map_in_jobs_of_several_copies_lands_bit_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str, job_span: int
+) -> None:
+    # Each copy spans at most CHUNK_BYTES; a request spanning at most MAPPED_JOB_SPAN is
+    # one job of several copies (listed when it runs), a wider one a job per block.
+    monkeypatch.setattr(jobs_module, "CHUNK_BYTES", 1024)
+    monkeypatch.setattr(jobs_module, "MAPPED_JOB_SPAN", job_span)
+    split = _Split(tmp_path, case)
+    box, made = split.jobs(Strategy.MAP)
+    assert all(isinstance(job, MappedPart) for job in made)
+    copies = [copy for job in made for copy in job.copies()]  # type: ignore[attr-defined]
+    assert len(made) == (1 if job_span > box.span()[1] else len(copies))
+    assert len(copies) > 1
+    assert all(part.span()[1] <= 1024 for part, _ in copies)
+    assert sum(part.nbytes for part, _ in copies) == box.nbytes
+    stats = split.load(tmp_path, Strategy.MAP)
+    assert stats.mapped_bytes == box.nbytes  # the file was just written: warm, ours, local
