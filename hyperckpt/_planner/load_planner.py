@@ -28,12 +28,17 @@ from torch.distributed.checkpoint.planner import LoadPlanner as DcpLoadPlanner
 from torch.distributed.checkpoint.planner_helpers import (
     _init_state_dict,
 )
-from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from hyperckpt._planner.compact import CompactItems
 from hyperckpt._planner.gc_hold import without_gc
-from hyperckpt._planner.local_items import flat_state_dict, scan_local
-from hyperckpt._planner.placements import is_strided
+from hyperckpt._planner.local_items import (
+    Deferred,
+    DeferredLayout,
+    flat_state_dict,
+    scan_local,
+)
+from hyperckpt._planner.placements import same_placements
 from hyperckpt._planner.region_items import RegionItems
 from hyperckpt._planner.regions import DTENSOR, FSDP, Order, Region, local_regions, orders_differ
 from hyperckpt._planner.shapes import shape_mismatch
@@ -263,8 +268,10 @@ def strided_regions(
             DTensor is ``Partial``, or its regions do not tile its local
             tensor; the message names the key, placements and mesh.
     """
-    kinds: dict[object, _Kind] = {}  # placements -> (partial, strided, first seen)
-    marked: list[tuple[str, DTensor]] = []  # the DTensors to look at closer
+    # (shape, mesh) -> the layout of each placements seen with them that is Partial or
+    # _StridedShard (compared natively, never hashed; see same_placements).
+    layouts: dict[tuple[object, ...], list[DeferredLayout]] = {}
+    marked: list[Deferred] = []  # the DTensors to look at closer
     for fqn, value in state_dict.items():
         if known is not None:
             md = known.get(fqn)
@@ -278,38 +285,38 @@ def strided_regions(
                 raise shape_mismatch(fqn, tuple(md.size), tuple(value.size()))
         if not isinstance(value, DTensor):
             continue
-        placements = value._spec.placements
+        spec = value._spec
+        placements = spec.placements
         if all(type(p) in _PLAIN_PLACEMENTS for p in placements):
-            continue  # neither Partial nor _StridedShard, without hashing the placements
-        kind = kinds.get(placements)
-        if kind is None:
-            kind = kinds[placements] = _kind_of(placements)
-        if kind[0] or kind[1]:
-            marked.append((fqn, value))
-    return _checked_regions(marked, strided_layout, kinds=kinds, checked=checked)
+            continue  # neither Partial nor _StridedShard, without comparing the placements
+        seen = layouts.setdefault((value.shape, id(spec.mesh)), [])
+        for layout in seen:
+            if same_placements(layout.placements, placements):
+                break
+        else:
+            layout = DeferredLayout(placements)
+            seen.append(layout)
+        partial, strided = layout.kind_of()
+        if partial or strided:
+            marked.append((fqn, value, layout))
+    return _checked_regions(marked, strided_layout, checked=checked)
 
 
 def _checked_regions(
-    marked: Sequence[tuple[str, DTensor]],
+    marked: Sequence[Deferred],
     strided_layout: StridedLayout,
     *,
-    kinds: dict[object, _Kind] | None = None,
     checked: Mapping[str, tuple[DTensor, tuple[Region, ...]]] | None = None,
 ) -> dict[str, tuple[Region, ...]]:
     """The regions of the ``Partial`` and ``_StridedShard`` DTensors ``marked``, in key
-    order (see :func:`strided_regions`); ``kinds`` caches each placements' kind (partial,
-    strided, first seen), ``checked`` holds regions already computed for the same DTensors."""
-    kinds = {} if kinds is None else kinds
+    order (see :func:`strided_regions`); each comes with its layout, which keeps the
+    regions found for it; ``checked`` holds regions already computed for the same
+    DTensors."""
     regions = {}
-    # Regions by layout, for the layouts that take no all-reduce (see _regions_for).
-    known: dict[tuple[object, ...], tuple[Region, ...]] = {}
+    members: dict[int, bool] = {}  # id(mesh) -> whether this rank is in it
     problems: list[CheckpointError] = []
-    for fqn, value in sorted(marked, key=_first):
-        placements = value._spec.placements
-        kind = kinds.get(placements)
-        if kind is None:
-            kind = kinds[placements] = _kind_of(placements)
-        partial, strided, first = kind
+    for fqn, value, layout in sorted(marked, key=_first):
+        partial, strided = layout.kind_of()
         if partial:
             problems.append(
                 CheckpointError(
@@ -320,31 +327,32 @@ def _checked_regions(
                     tensor=fqn,
                 )
             )
-        elif checked and (found := checked.get(fqn)) is not None and _same(found[0], value):
+            continue
+        if checked and (found := checked.get(fqn)) is not None and _same(found[0], value):
             regions[fqn] = found[1]
-        elif strided and value.device_mesh.get_coordinate() is not None:
-            # Go on after a problem: later tensors may take an all-reduce the other ranks
-            # of their mesh are waiting for.
-            try:
-                regions[fqn] = _regions_for(fqn, value, strided_layout, known, first)
-            except CheckpointError as err:
-                problems.append(err)
+            continue
+        if not strided:
+            continue
+        mesh = value._spec.mesh  # lives as long as the DTensor: its id is stable here
+        inside = members.get(id(mesh))
+        if inside is None:
+            inside = members[id(mesh)] = mesh.get_coordinate() is not None
+        if not inside:
+            continue
+        # The local tensor's shape, as to_local() gives it (without its autograd call).
+        held = layout.regions.get(value._local_tensor.shape)
+        if held is not None:
+            regions[fqn] = held
+            continue
+        # Go on after a problem: later tensors may take an all-reduce the other ranks of
+        # their mesh are waiting for.
+        try:
+            regions[fqn] = _regions_for(fqn, value, strided_layout, layout)
+        except CheckpointError as err:
+            problems.append(err)
     if problems:
         raise problems[0]
     return regions
-
-
-#: Placements' kind: whether any is ``Partial``, whether any is ``_StridedShard``, and the
-#: first placements seen equal to them.
-_Kind = tuple[bool, bool, tuple[Placement, ...]]
-
-
-def _kind_of(placements: tuple[Placement, ...]) -> _Kind:
-    return (
-        any(isinstance(p, Partial) for p in placements),
-        any(is_strided(p) for p in placements),
-        placements,
-    )
 
 
 def _same(before: DTensor, now: DTensor) -> bool:
@@ -362,41 +370,29 @@ def _same(before: DTensor, now: DTensor) -> bool:
     )
 
 
-def _first(marked: tuple[str, DTensor]) -> str:
+def _first(marked: Deferred) -> str:
     return marked[0]
 
 
 def _regions_for(
-    fqn: str,
-    value: DTensor,
-    layout: StridedLayout,
-    known: dict[tuple[object, ...], tuple[Region, ...]],
-    placements_seen: tuple[Placement, ...],
+    fqn: str, value: DTensor, strided_layout: StridedLayout, layout: DeferredLayout
 ) -> tuple[Region, ...]:
     """The regions ``value`` holds on this rank, checked against its local shape.
 
-    ``known`` holds the regions already found for a layout (global shape, mesh,
-    placements, local shape) that takes no all-reduce: a DTensor of the same layout gets
-    them as they are (a model's experts share a handful of layouts).  Whether a layout
-    takes the all-reduce depends on its global shape, mesh and placements alone, so every
-    rank of the mesh takes the same all-reduces, cached or not.  ``placements_seen`` is
-    the first placements found equal to the DTensor's (kept alive by the caller): its id
-    stands for them in ``known`` (torch compares and hashes ``_StridedShard`` in Python).
+    ``layout.regions`` keeps the regions found by local shape where the layout takes no
+    all-reduce: a DTensor of the same layout gets them as they are (a model's experts
+    share a handful of layouts).  Whether a layout takes the all-reduce depends on its
+    global shape, mesh and placements alone, so every rank of the mesh takes the same
+    all-reduces, cached or not.
     """
     mesh = value.device_mesh
-    spec = value._spec
-    # The local tensor's shape, as to_local() gives it (without its autograd call).
-    local_shape = tuple(value._local_tensor.shape)
-    signature = (spec.shape, id(mesh), id(placements_seen), local_shape, layout)
-    found = known.get(signature)
-    if found is not None:
-        return found
+    local_shape = value._local_tensor.shape
     coordinate = mesh.get_coordinate()
     assert coordinate is not None
     shape, mesh_shape, placements = tuple(value.shape), tuple(mesh.shape), value.placements
     try:
-        order: Order = DTENSOR if layout == "auto" else layout
-        agreed = layout == "auto" and orders_differ(shape, mesh_shape, placements)
+        order: Order = DTENSOR if strided_layout == "auto" else strided_layout
+        agreed = strided_layout == "auto" and orders_differ(shape, mesh_shape, placements)
         if agreed:
             # FSDP2 over tensor parallelism: take the order whose shapes fit on every rank,
             # FSDP2's when both do (its form of placements is what made them differ).
@@ -423,7 +419,7 @@ def _regions_for(
             tensor=fqn,
         )
     if not agreed:
-        known[signature] = regions
+        layout.regions[local_shape] = regions
     return regions
 
 
