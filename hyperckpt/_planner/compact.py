@@ -35,9 +35,12 @@ def request_of(item: ReadItem) -> Request:
 class CompactItems(Sequence[ReadItem]):
     """A rank's read items: rows of (key, cut) and whole items, in plan order.
 
-    A row stands for the one read item of a tensor stored as a single whole chunk (its
-    storage offsets the origin): ``cut.item(key, cut.dest_offsets)``, equal field by field
-    to torch's.  Any other item is kept as it is.  The items are made on the first walk,
+    A row stands for one read item of a tensor stored as a single whole chunk (its
+    storage offsets ``cut.origin``, the origin): ``cut.item(key, cut.origin)``, equal field
+    by field to torch's.  The cut is a ``_Cut`` (the tensor's one item, landing at the
+    local origin) or an :class:`~hyperckpt._planner.region_items.ItemTemplate` (one of a
+    ``_StridedShard`` DTensor's items, one per region, landing at ``cut.dest_offsets``).
+    Any other item is kept as it is.  The items are made on the first walk,
     index or length-independent query and kept; the rows are dropped then.
     """
 
@@ -75,7 +78,7 @@ class CompactItems(Sequence[ReadItem]):
         items = self._items
         if items is None:
             items = self._items = [
-                cut if key is None else cut.item(key, cut.dest_offsets)  # type: ignore[misc, union-attr]
+                cut if key is None else cut.item(key, cut.origin)  # type: ignore[misc, union-attr]
                 for key, cut in zip(self._keys, self._cuts, strict=True)
             ]
             self._keys = []
@@ -108,7 +111,7 @@ class CompactItems(Sequence[ReadItem]):
             if key is None:
                 yield request_of(cut)  # type: ignore[arg-type]
             else:
-                yield key, cut.dest_offsets, cut.box.offsets, cut.lengths  # type: ignore[union-attr, misc]
+                yield key, cut.origin, cut.box.offsets, cut.lengths  # type: ignore[union-attr, misc]
 
     def __len__(self) -> int:
         return len(self._keys) if self._items is None else len(self._items)

@@ -35,6 +35,7 @@ from hyperckpt._planner.gc_hold import without_gc
 from hyperckpt._planner.local_items import (
     Deferred,
     DeferredLayout,
+    every_tensor_whole,
     flat_state_dict,
     scan_local,
 )
@@ -229,17 +230,45 @@ class LoadPlanner(DefaultLoadPlanner):
             plan = LoadPlan(items)  # type: ignore[arg-type]
         if not regions:
             return plan
-        make_items = RegionItems()
-        for fqn, held in regions.items():
-            md = known[fqn]
-            if not isinstance(md, TensorStorageMetadata):
-                raise CheckpointError(
-                    f"{fqn}: the checkpoint holds a non-tensor value here, the state dict a "
-                    f"DTensor",
-                    tensor=fqn,
-                )
-            items.extend(make_items(fqn, md, held))
+        _add_region_items(items, regions, self.metadata)
         return dataclasses.replace(plan, items=items)  # type: ignore[arg-type]
+
+
+def _add_region_items(
+    items: list[ReadItem] | CompactItems,
+    regions: Mapping[str, tuple[Region, ...]],
+    metadata: Metadata,
+) -> None:
+    """Append the read items of each tensor planned by region, in ``regions``' order.
+
+    Into compact items, a tensor stored as one whole chunk at the origin (every tensor
+    of a checkpoint marked whole) gets one row per region, its key and a template shared
+    by every tensor of the same regions and shape, rather than items of its own.
+    """
+    known = metadata.state_dict_metadata
+    make_items = RegionItems()
+    rows = items if isinstance(items, CompactItems) else None
+    add_key, add_cut = rows.appenders() if rows is not None else (None, None)
+    marked_whole = every_tensor_whole(metadata)
+    for fqn, held in regions.items():
+        md = known[fqn]
+        if not isinstance(md, TensorStorageMetadata):
+            raise CheckpointError(
+                f"{fqn}: the checkpoint holds a non-tensor value here, the state dict a DTensor",
+                tensor=fqn,
+            )
+        if rows is None or not (marked_whole or _stored_whole(md)):
+            items.extend(make_items(fqn, md, held))
+            continue
+        for template in make_items.templates(fqn, md, held):
+            add_key(fqn)  # type: ignore[misc]
+            add_cut(template)  # type: ignore[misc]
+
+
+def _stored_whole(md: TensorStorageMetadata) -> bool:
+    """Whether the tensor is stored as one chunk at the origin that covers it."""
+    chunks = md.chunks
+    return len(chunks) == 1 and chunks[0].sizes == md.size and not any(chunks[0].offsets)
 
 
 def strided_regions(

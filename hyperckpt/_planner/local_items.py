@@ -41,6 +41,7 @@ __all__ = [
     "Deferred",
     "DeferredLayout",
     "LocalScan",
+    "every_tensor_whole",
     "flat_state_dict",
     "local_read_items",
     "mark_whole",
@@ -62,6 +63,11 @@ def mark_whole(metadata: Metadata) -> Metadata:
     Returns ``metadata``; its fields, equality and pickling are unchanged."""
     setattr(metadata, _WHOLE, True)
     return metadata
+
+
+def every_tensor_whole(metadata: Metadata) -> bool:
+    """Whether ``metadata`` was marked by :func:`mark_whole`."""
+    return getattr(metadata, _WHOLE, False) is True
 
 
 def flat_state_dict(state_dict: dict[str, Any]) -> tuple[bool, bool]:
@@ -201,7 +207,7 @@ def _scan(
     DTensors are collected there, sizes raise our error and a missing key is reported;
     with ``compact`` the items of tensors stored whole are rows."""
     known = metadata.state_dict_metadata
-    whole = getattr(metadata, _WHOLE, False) is True  # every tensor one whole chunk
+    whole = every_tensor_whole(metadata)  # every tensor one whole chunk
     # (shape, mesh) -> each placements seen with them and the rank's cut, or the layout
     # where the placements defer.  The placements are compared, never hashed: torch hashes a
     # Shard in Python (~0.4 µs a tensor), its equality is native.
@@ -355,9 +361,10 @@ class _Cut:
         lengths: The box's extent inside the tensor, or ``None`` when they do not overlap
             (torch's overlap test: then there is nothing to read).
         dest_offsets: Where the read lands in the local tensor: its origin.
+        origin: The stored chunk's offsets: the origin too.
     """
 
-    __slots__ = ("box", "dest_offsets", "lengths")
+    __slots__ = ("box", "dest_offsets", "lengths", "origin")
 
     def __init__(self, box: ChunkStorageMetadata, whole: torch.Size) -> None:
         self.box = box
@@ -367,7 +374,7 @@ class _Cut:
                 break
             lengths.append(min(extent, offset + size) - offset)
         self.lengths = torch.Size(lengths) if len(lengths) == len(whole) else None
-        self.dest_offsets = torch.Size([0] * len(whole))
+        self.dest_offsets = self.origin = torch.Size([0] * len(whole))
 
     def item(self, fqn: str, origin: torch.Size) -> ReadItem:
         """The read item of tensor ``fqn`` (whose chunk starts at ``origin``), equal to
