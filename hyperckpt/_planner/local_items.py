@@ -38,9 +38,9 @@ from hyperckpt._planner.regions import Region
 from hyperckpt._planner.shapes import shape_mismatch
 
 __all__ = [
-    "Deferred",
     "DeferredLayout",
     "LocalScan",
+    "defers",
     "every_tensor_whole",
     "flat_state_dict",
     "local_read_items",
@@ -118,27 +118,39 @@ def local_read_items(
 
 
 class DeferredLayout:
-    """The placements shared by the deferred DTensors of one (global shape, mesh,
-    placements), found once, and what the planner works out once for them.
+    """The deferred DTensors of one (global shape, mesh, placements), found once, and
+    what the planner works out once for them.
 
     One object per layout, told apart by identity: the DTensors found to share it need
     neither their placements compared again nor hashed (torch compares and hashes
-    ``_StridedShard`` in Python).
+    ``_StridedShard`` in Python), and the planner settles them layout by layout.
 
     Attributes:
         placements: The first placements seen of the layout (equal to every member's).
+        keys: The members' keys, in state dict order.
+        values: The members, in the order of ``keys``.
+        whole: Whether every member is stored as one chunk at the origin that covers it
+            (``False`` where not looked at).
         kind: Whether any placement is ``Partial`` and whether any is ``_StridedShard``,
             once asked (see :meth:`kind_of`).
         regions: The planner's regions of the layout by local shape, where they take no
             all-reduce (filled by the planner).
     """
 
-    __slots__ = ("kind", "placements", "regions")
+    __slots__ = ("keys", "kind", "placements", "regions", "values", "whole")
 
     def __init__(self, placements: tuple[Placement, ...]) -> None:
         self.placements = placements
+        self.keys: list[str] = []
+        self.values: list[DTensor] = []
+        self.whole = False
         self.kind: tuple[bool, bool] | None = None
         self.regions: dict[tuple[int, ...], tuple[Region, ...]] = {}
+
+    def add(self, key: str, value: DTensor) -> None:
+        """Append a member."""
+        self.keys.append(key)
+        self.values.append(value)
 
     def kind_of(self) -> tuple[bool, bool]:
         """Whether any placement is ``Partial``, and whether any is ``_StridedShard``."""
@@ -152,10 +164,6 @@ class DeferredLayout:
         return kind
 
 
-#: A deferred DTensor: its key, itself and its layout.
-Deferred = tuple[str, DTensor, DeferredLayout]
-
-
 @dataclass(frozen=True, slots=True)
 class LocalScan:
     """One pass over a rank's state dict: its read items, and what is planned elsewhere.
@@ -163,14 +171,14 @@ class LocalScan:
     Attributes:
         items: The read items of every tensor but the deferred ones, equal to torch's
             (as :class:`~hyperckpt._planner.compact.CompactItems` when asked for).
-        deferred: The DTensors with a ``Partial`` or ``_StridedShard`` placement, in
-            state dict order (whether or not this rank is in their mesh), each with its
-            key and its :class:`DeferredLayout`.
+        deferred: The DTensors with a ``Partial`` or ``_StridedShard`` placement
+            (whether or not this rank is in their mesh), by layout, in the order first
+            seen: each knows whether its members are all stored whole.
         missing: The first key the checkpoint lacks, when ``strict``; else ``None``.
     """
 
     items: list[ReadItem] | CompactItems
-    deferred: list[Deferred]
+    deferred: list[DeferredLayout]
     missing: str | None
 
 
@@ -200,7 +208,7 @@ def _scan(
     strict: bool,
     skipped: set[str],
     sizes_checked: bool,
-    deferred: list[Deferred] | None,
+    deferred: list[DeferredLayout] | None,
     compact: bool,
 ) -> LocalScan:
     """The loop of :func:`local_read_items` and :func:`scan_local`: with ``deferred``, its
@@ -255,14 +263,26 @@ def _scan(
                 ):
                     cut = known_cut
                     break
+            if cut is _UNSEEN and deferred is not None and defers(placements):
+                cut = DeferredLayout(placements)
+                cut.whole = True
+                seen.append((placements, cut))
+                deferred.append(cut)
             if type(cut) is DeferredLayout:
-                assert deferred is not None
-                deferred.append((fqn, obj, cut))
-                continue
-            if cut is _UNSEEN and deferred is not None and _defers(placements):
-                layout = DeferredLayout(placements)
-                seen.append((placements, layout))
-                deferred.append((fqn, obj, layout))
+                cut.keys.append(fqn)
+                cut.values.append(obj)
+                if cut.whole and not (
+                    stored
+                    and (
+                        whole
+                        or (
+                            len(md.chunks) == 1  # type: ignore[union-attr]
+                            and md.chunks[0].sizes == md.size  # type: ignore[union-attr]
+                            and not any(md.chunks[0].offsets)  # type: ignore[union-attr]
+                        )
+                    )
+                ):
+                    cut.whole = False
                 continue
             inside = members.get(id(mesh))
             if inside is None:
@@ -339,7 +359,7 @@ def _size_error(ours: bool, fqn: str, saved: torch.Size, current: object) -> Exc
     return ValueError(f"Size mismatch between saved {saved} and current: {current} for {fqn}")
 
 
-def _defers(placements: tuple[Placement, ...]) -> bool:
+def defers(placements: tuple[Placement, ...]) -> bool:
     """Whether a DTensor with ``placements`` is planned elsewhere: ``Partial`` (refused)
     or ``_StridedShard`` (planned by region)."""
     return any(isinstance(p, Partial) or is_strided(p) for p in placements)

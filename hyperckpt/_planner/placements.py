@@ -46,7 +46,7 @@ def _native_strided_equality() -> Callable[[object, object], bool] | None:
     if base.__module__.startswith("torch._C") and "__eq__" in vars(base):
         equal = base.__eq__  # pybind keeps it in the class as a wrapper: ask the class
         if inspect.isbuiltin(equal):
-            return equal  # type: ignore[no-any-return]
+            return equal
     return None
 
 

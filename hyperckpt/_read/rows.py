@@ -52,7 +52,7 @@ def row_chunks(
     found: dict[str, StorageInfo] = {}
     for key, cut in items.entries():
         if key is not None:
-            found[key] = storage[MetadataIndex(key, cut.origin)]
+            found[key] = storage[MetadataIndex(key, cut.origin)]  # type: ignore[union-attr]
     return found
 
 
