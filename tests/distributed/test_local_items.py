@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import random
 
+import pytest
 import torch
 from helpers import device_mesh, run_ranks, stored_in_rows
 from torch.distributed.checkpoint.default_planner import (
@@ -22,10 +23,10 @@ from torch.distributed.checkpoint.metadata import (
     Metadata,
     MetadataIndex,
 )
-from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.placement_types import _StridedShard
 
-from hyperckpt import LoadPlanner
+from hyperckpt import CheckpointError, LoadPlanner
 from hyperckpt._exchange.rank_requests import ChunkOrder, rank_requests
 from hyperckpt._planner.compact import CompactItems
 from hyperckpt._planner.local_items import local_read_items, mark_whole
@@ -227,6 +228,23 @@ def _check_strided_rows(rank: int, world_size: int) -> bool:
             found = local_destination(item, planner.state_dict)
             assert found is not None
             assert found.data_ptr() == planner.resolve_tensor(item).data_ptr(), item
+    # Members of a layout whose local tensors it did not lay out are refused, the first in
+    # key order, though the layout's other members are fine.
+    bad = dict(state)
+    for key, rows in (("z.3", 3), ("z.1", 3), ("z.2", 5)):
+        bad[key] = DTensor.from_local(
+            torch.zeros(rows, 16),
+            device_mesh((4,)),
+            [_StridedShard(0, split_factor=2)],
+            run_check=False,
+            shape=torch.Size((16, 16)),
+            stride=(16, 1),
+        )
+    metadata = Metadata({fqn: stored_in_rows(v.size(), 1) for fqn, v in bad.items()})  # type: ignore[attr-defined]
+    planner = LoadPlanner()
+    planner.set_up_planner(bad, metadata, is_coordinator=False)
+    with pytest.raises(CheckpointError, match=r"^z\.1: .*to_local\(\) has shape \[3, 16\]"):
+        planner.create_local_plan()
     return True
 
 
