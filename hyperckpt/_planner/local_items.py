@@ -147,11 +147,6 @@ class DeferredLayout:
         self.kind: tuple[bool, bool] | None = None
         self.regions: dict[tuple[int, ...], tuple[Region, ...]] = {}
 
-    def add(self, key: str, value: DTensor) -> None:
-        """Append a member."""
-        self.keys.append(key)
-        self.values.append(value)
-
     def kind_of(self) -> tuple[bool, bool]:
         """Whether any placement is ``Partial``, and whether any is ``_StridedShard``."""
         kind = self.kind
