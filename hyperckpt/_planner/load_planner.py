@@ -306,6 +306,7 @@ def strided_regions(
     strided_layout: StridedLayout = "auto",
     known: Mapping[str, object] | None = None,
     checked: Mapping[str, tuple[DTensor, tuple[Region, ...]]] | None = None,
+    agreed_only: bool = False,
 ) -> dict[str, tuple[Region, ...]]:
     """This rank's regions of every ``_StridedShard`` DTensor in ``state_dict``, checked.
 
@@ -320,7 +321,8 @@ def strided_regions(
 
     Returns:
         Regions by key; DTensors without ``_StridedShard`` and DTensors whose mesh
-        excludes this rank are left out.
+        excludes this rank are left out, and with ``agreed_only`` every DTensor whose
+        regions took no all-reduce (all a later call takes from ``checked``).
 
     Raises:
         CheckpointError: A tensor's size differs from the checkpoint's (with ``known``), a
@@ -328,7 +330,8 @@ def strided_regions(
             tensor (the first in key order); the message names the key, placements and
             mesh.
     """
-    return _settle(_layouts_of(state_dict, known), strided_layout, checked=checked).regions()
+    settled = _settle(_layouts_of(state_dict, known), strided_layout, checked=checked)
+    return dict(settled.agreed) if agreed_only else settled.regions()
 
 
 def _layouts_of(
