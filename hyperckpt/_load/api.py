@@ -217,7 +217,11 @@ def load(
         # than text inside DCP's CheckpointException; the plan reuses the regions.
         regions = {}
         try:
-            regions = strided_regions(destinations, strided_layout=planner.strided_layout)
+            # Every strided DTensor checked; kept for the plan: the regions the mesh agreed
+            # on (the others depend on the layout alone: the plan finds them again).
+            regions = strided_regions(
+                destinations, strided_layout=planner.strided_layout, agreed_only=True
+            )
         except CheckpointError as err:
             failure = err
         agree(failure, process_group, _refused)

@@ -18,6 +18,7 @@ from torch.distributed.checkpoint.planner import ReadItem
 
 if TYPE_CHECKING:
     from hyperckpt._planner.local_items import _Cut
+    from hyperckpt._planner.region_items import ItemTemplate
 
 __all__ = ["CompactItems", "Request", "request_of"]
 
@@ -35,9 +36,12 @@ def request_of(item: ReadItem) -> Request:
 class CompactItems(Sequence[ReadItem]):
     """A rank's read items: rows of (key, cut) and whole items, in plan order.
 
-    A row stands for the one read item of a tensor stored as a single whole chunk (its
-    storage offsets the origin): ``cut.item(key, cut.dest_offsets)``, equal field by field
-    to torch's.  Any other item is kept as it is.  The items are made on the first walk,
+    A row stands for one read item of a tensor stored as a single whole chunk (its
+    storage offsets ``cut.origin``, the origin): ``cut.item(key, cut.origin)``, equal field
+    by field to torch's.  The cut is a ``_Cut`` (the tensor's one item, landing at the
+    local origin) or an :class:`~hyperckpt._planner.region_items.ItemTemplate` (one of a
+    ``_StridedShard`` DTensor's items, one per region, landing at ``cut.dest_offsets``).
+    Any other item is kept as it is.  The items are made on the first walk,
     index or length-independent query and kept; the rows are dropped then.
     """
 
@@ -46,7 +50,7 @@ class CompactItems(Sequence[ReadItem]):
     def __init__(self) -> None:
         # Parallel lists: a key and its cut, or None and a whole ReadItem.
         self._keys: list[str | None] = []
-        self._cuts: list[_Cut | ReadItem] = []
+        self._cuts: list[_Cut | ItemTemplate | ReadItem] = []
         self._items: list[ReadItem] | None = None
         self._whole = 0  # how many of the entries are whole items
 
@@ -58,6 +62,12 @@ class CompactItems(Sequence[ReadItem]):
     def appenders(self) -> tuple[Callable[[str], None], Callable[[_Cut], None]]:
         """The two appends that together are :meth:`add` (for a caller's tight loop)."""
         return self._keys.append, self._cuts.append
+
+    def add_rows(self, keys: Sequence[str], cuts: Sequence[_Cut | ItemTemplate]) -> None:
+        """Append a row for each key and each of ``cuts``: each key's rows together,
+        ``cuts`` in order (C loops, no call per key)."""
+        self._keys.extend(keys if len(cuts) == 1 else [key for key in keys for _ in cuts])
+        self._cuts.extend(list(cuts) * len(keys))
 
     def extend(self, items: Iterable[ReadItem]) -> None:
         """Append whole read items."""
@@ -75,14 +85,14 @@ class CompactItems(Sequence[ReadItem]):
         items = self._items
         if items is None:
             items = self._items = [
-                cut if key is None else cut.item(key, cut.dest_offsets)  # type: ignore[misc, union-attr]
+                cut if key is None else cut.item(key, cut.origin)  # type: ignore[misc, union-attr]
                 for key, cut in zip(self._keys, self._cuts, strict=True)
             ]
             self._keys = []
             self._cuts = []
         return items
 
-    def entries(self) -> Iterator[tuple[str, _Cut] | tuple[None, ReadItem]]:
+    def entries(self) -> Iterator[tuple[str, _Cut | ItemTemplate] | tuple[None, ReadItem]]:
         """In plan order: ``(key, cut)`` for each row, ``(None, item)`` for each item kept
         whole (every item once they are made), without making the rows' items."""
         if self._items is not None:
@@ -91,7 +101,7 @@ class CompactItems(Sequence[ReadItem]):
             return
         yield from zip(self._keys, self._cuts, strict=True)
 
-    def columns(self) -> tuple[list[str | None], list[_Cut | ReadItem]]:
+    def columns(self) -> tuple[list[str | None], list[_Cut | ItemTemplate | ReadItem]]:
         """:meth:`entries` as two parallel lists, keys and cuts (for a caller's tight loop);
         only while some rows are not made yet (the lists are dropped then)."""
         assert self._items is None, "the rows were made into items"
@@ -108,7 +118,7 @@ class CompactItems(Sequence[ReadItem]):
             if key is None:
                 yield request_of(cut)  # type: ignore[arg-type]
             else:
-                yield key, cut.dest_offsets, cut.box.offsets, cut.lengths  # type: ignore[union-attr, misc]
+                yield key, cut.origin, cut.box.offsets, cut.lengths  # type: ignore[union-attr, misc]
 
     def __len__(self) -> int:
         return len(self._keys) if self._items is None else len(self._items)

@@ -11,6 +11,7 @@ and everything else exactly as the default planner does.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
@@ -28,12 +29,19 @@ from torch.distributed.checkpoint.planner import LoadPlanner as DcpLoadPlanner
 from torch.distributed.checkpoint.planner_helpers import (
     _init_state_dict,
 )
-from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
+from torch.distributed.tensor import DTensor, Placement
 
 from hyperckpt._planner.compact import CompactItems
 from hyperckpt._planner.gc_hold import without_gc
-from hyperckpt._planner.local_items import OwnPaths, flat_state_dict, scan_local
-from hyperckpt._planner.placements import is_strided
+from hyperckpt._planner.local_items import (
+    DeferredLayout,
+    OwnPaths,
+    defers,
+    every_tensor_whole,
+    flat_state_dict,
+    scan_local,
+)
+from hyperckpt._planner.placements import same_placements
 from hyperckpt._planner.region_items import RegionItems
 from hyperckpt._planner.regions import DTENSOR, FSDP, Order, Region, local_regions, orders_differ
 from hyperckpt._planner.shapes import shape_mismatch
@@ -43,10 +51,6 @@ __all__ = ["LoadPlanner", "StridedLayout", "resolves_in_place", "strided_regions
 
 #: Exact types that DCP's lookup returns as they are when asked at the origin.
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
-
-#: Placements that are exactly these types are neither ``Partial`` nor ``_StridedShard``
-#: (a subclass of ``Shard``).
-_PLAIN_PLACEMENTS = frozenset({Shard, Replicate})
 
 #: How to read ``_StridedShard`` placements; see :class:`LoadPlanner`.
 StridedLayout = Literal["auto", "dtensor", "fsdp"]
@@ -194,16 +198,16 @@ class LoadPlanner(DefaultLoadPlanner):
             # keys either way, so it takes the fast pass below.  Sizes are checked in the
             # same pass, before DCP's own check, whose message cannot say a shard file is
             # missing.
-            regions = strided_regions(
-                self.state_dict,
-                strided_layout=self.strided_layout,
-                known=known,
+            settled = _settle(
+                _layouts_of(self.state_dict, known),
+                self.strided_layout,
                 checked=self.checked_regions,
             )
             # torch's planner may swap in a pre-2.4 flattening here: let it.
             plan = super().create_local_plan()
+            planned = settled.regions()
             items: list[ReadItem] | CompactItems = [
-                item for item in plan.items if item.dest_index.fqn not in regions
+                item for item in plan.items if item.dest_index.fqn not in planned
             ]
         else:
             # The same items as torch's, in time for this rank's own tensors, and the
@@ -214,27 +218,87 @@ class LoadPlanner(DefaultLoadPlanner):
                 strict=not self.allow_partial_load,
                 compact=self.compact_items,
             )
-            regions = _checked_regions(
-                scan.deferred, self.strided_layout, checked=self.checked_regions
-            )
+            settled = _settle(scan.deferred, self.strided_layout, checked=self.checked_regions)
             if scan.missing is not None:  # torch's refusal, after every check of ours
                 raise RuntimeError(f"Missing key in checkpoint state_dict: {scan.missing}.")
             items = scan.items
             # Compact items stand in for the list (a Sequence of the same items).
             plan = LoadPlan(items)  # type: ignore[arg-type]
-        if not regions:
+        if not settled.groups and not settled.agreed:
             return plan
-        make_items = RegionItems()
-        for fqn, held in regions.items():
-            md = known[fqn]
-            if not isinstance(md, TensorStorageMetadata):
-                raise CheckpointError(
-                    f"{fqn}: the checkpoint holds a non-tensor value here, the state dict a "
-                    f"DTensor",
-                    tensor=fqn,
-                )
-            items.extend(make_items(fqn, md, held))
+        _add_region_items(items, settled, self.metadata)
         return dataclasses.replace(plan, items=items)  # type: ignore[arg-type]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Settled:
+    """The regions of this rank's ``_StridedShard`` DTensors, checked.
+
+    Attributes:
+        groups: Members of one layout with one local shape, and the regions each holds:
+            (layout, their keys, regions).
+        agreed: The regions of the DTensors whose layout the mesh agreed on, by key.
+    """
+
+    groups: list[tuple[DeferredLayout, list[str], tuple[Region, ...]]]
+    agreed: dict[str, tuple[Region, ...]]
+
+    def regions(self) -> dict[str, tuple[Region, ...]]:
+        """Every DTensor's regions by key (made without a call per key)."""
+        found: dict[str, tuple[Region, ...]] = {}
+        for _, keys, held in self.groups:
+            found.update(dict.fromkeys(keys, held))
+        found.update(self.agreed)
+        return found
+
+
+def _add_region_items(
+    items: list[ReadItem] | CompactItems, settled: _Settled, metadata: Metadata
+) -> None:
+    """Append the read items of each tensor planned by region.
+
+    Into compact items, the members of a layout stored whole (every tensor of a
+    checkpoint marked whole) get one row per region each: the key and a template shared
+    by the whole group, appended group by group without a call per tensor.  Every other
+    tensor gets its own items, swept once per (regions, stored chunks).
+
+    Raises:
+        CheckpointError: The checkpoint holds a non-tensor value where the state dict
+            holds a strided DTensor (the first such key).
+    """
+    known = metadata.state_dict_metadata
+    make_items = RegionItems()
+    rows = items if isinstance(items, CompactItems) else None
+    marked_whole = every_tensor_whole(metadata)
+    one_by_one: list[tuple[str, tuple[Region, ...]]] = []
+    for layout, keys, held in settled.groups:
+        if rows is not None and layout.whole:
+            # Every member stored as one whole chunk of the layout's shape (the scan
+            # checked each size): the first member's items stand for all of them.
+            rows.add_rows(keys, make_items.templates(keys[0], known[keys[0]], held))  # type: ignore[arg-type]
+        else:
+            one_by_one.extend(zip(keys, itertools.repeat(held)))
+    one_by_one.extend(settled.agreed.items())
+    bad = [fqn for fqn, _ in one_by_one if not isinstance(known[fqn], TensorStorageMetadata)]
+    if bad:
+        fqn = min(bad)
+        raise CheckpointError(
+            f"{fqn}: the checkpoint holds a non-tensor value here, the state dict a DTensor",
+            tensor=fqn,
+        )
+    for fqn, held in one_by_one:
+        md = known[fqn]
+        assert isinstance(md, TensorStorageMetadata)
+        if rows is not None and (marked_whole or _stored_whole(md)):
+            rows.add_rows((fqn,), make_items.templates(fqn, md, held))
+        else:
+            items.extend(make_items(fqn, md, held))
+
+
+def _stored_whole(md: TensorStorageMetadata) -> bool:
+    """Whether the tensor is stored as one chunk at the origin that covers it."""
+    chunks = md.chunks
+    return len(chunks) == 1 and chunks[0].sizes == md.size and not any(chunks[0].offsets)
 
 
 def strided_regions(
@@ -243,6 +307,7 @@ def strided_regions(
     strided_layout: StridedLayout = "auto",
     known: Mapping[str, object] | None = None,
     checked: Mapping[str, tuple[DTensor, tuple[Region, ...]]] | None = None,
+    agreed_only: bool = False,
 ) -> dict[str, tuple[Region, ...]]:
     """This rank's regions of every ``_StridedShard`` DTensor in ``state_dict``, checked.
 
@@ -251,20 +316,35 @@ def strided_regions(
     With ``known`` (the checkpoint's metadata by key), only its keys are looked at, and
     first every tensor's size is checked against the checkpoint's, in key order, before
     any all-reduce.  ``checked`` holds regions an earlier call returned, by key with the
-    DTensor they belong to: for that same DTensor they are taken as they are (every rank
-    of its mesh made that call too, so none waits in an all-reduce).
+    DTensor they belong to: for that same DTensor they are taken as they are where the
+    mesh agreed on them (every rank of its mesh made that call too, so none waits in an
+    all-reduce); other regions depend on the layout alone and are found again.
 
     Returns:
-        Regions by key, in key order; DTensors without ``_StridedShard`` and DTensors
-        whose mesh excludes this rank are left out.
+        Regions by key; DTensors without ``_StridedShard`` and DTensors whose mesh
+        excludes this rank are left out, and with ``agreed_only`` every DTensor whose
+        regions took no all-reduce (all a later call takes from ``checked``).
 
     Raises:
         CheckpointError: A tensor's size differs from the checkpoint's (with ``known``), a
             DTensor is ``Partial``, or its regions do not tile its local
-            tensor; the message names the key, placements and mesh.
+            tensor (the first in key order); the message names the key, placements and
+            mesh.
     """
-    kinds: dict[object, _Kind] = {}  # placements -> (partial, strided, first seen)
-    marked: list[tuple[str, DTensor]] = []  # the DTensors to look at closer
+    settled = _settle(_layouts_of(state_dict, known), strided_layout, checked=checked)
+    return dict(settled.agreed) if agreed_only else settled.regions()
+
+
+def _layouts_of(
+    state_dict: Mapping[str, object], known: Mapping[str, object] | None
+) -> list[DeferredLayout]:
+    """The ``Partial`` and ``_StridedShard`` DTensors of ``state_dict`` by layout (with
+    ``known``, of its keys only, each size checked against the checkpoint's)."""
+    # (shape, mesh) -> each placements seen with them, with its layout where it defers
+    # (compared natively, never hashed; see same_placements).
+    seen_by: dict[tuple[object, ...], list[tuple[tuple[Placement, ...], DeferredLayout | None]]]
+    seen_by = {}
+    layouts: list[DeferredLayout] = []
     for fqn, value in state_dict.items():
         if known is not None:
             md = known.get(fqn)
@@ -278,72 +358,135 @@ def strided_regions(
                 raise shape_mismatch(fqn, tuple(md.size), tuple(value.size()))
         if not isinstance(value, DTensor):
             continue
-        placements = value._spec.placements
-        if all(type(p) in _PLAIN_PLACEMENTS for p in placements):
-            continue  # neither Partial nor _StridedShard, without hashing the placements
-        kind = kinds.get(placements)
-        if kind is None:
-            kind = kinds[placements] = _kind_of(placements)
-        if kind[0] or kind[1]:
-            marked.append((fqn, value))
-    return _checked_regions(marked, strided_layout, kinds=kinds, checked=checked)
+        spec = value._spec
+        placements = spec.placements
+        signature = (value.shape, id(spec.mesh))
+        seen = seen_by.get(signature)
+        if seen is None:
+            seen = seen_by[signature] = []
+        layout: DeferredLayout | None = _UNSEEN
+        for known_placements, known_layout in seen:
+            if (
+                same_placements(known_placements, placements)
+                if known_layout is not None
+                else known_placements == placements
+            ):
+                layout = known_layout
+                break
+        if layout is _UNSEEN:
+            layout = DeferredLayout(placements) if defers(placements) else None
+            seen.append((placements, layout))
+            if layout is not None:
+                layouts.append(layout)
+        if layout is not None:
+            layout.keys.append(fqn)
+            layout.values.append(value)
+    return layouts
 
 
-def _checked_regions(
-    marked: Sequence[tuple[str, DTensor]],
+#: A layout not looked at yet.
+_UNSEEN: Any = object()
+
+
+def _settle(
+    layouts: Sequence[DeferredLayout],
     strided_layout: StridedLayout,
     *,
-    kinds: dict[object, _Kind] | None = None,
     checked: Mapping[str, tuple[DTensor, tuple[Region, ...]]] | None = None,
-) -> dict[str, tuple[Region, ...]]:
-    """The regions of the ``Partial`` and ``_StridedShard`` DTensors ``marked``, in key
-    order (see :func:`strided_regions`); ``kinds`` caches each placements' kind (partial,
-    strided, first seen), ``checked`` holds regions already computed for the same DTensors."""
-    kinds = {} if kinds is None else kinds
-    regions = {}
-    # Regions by layout, for the layouts that take no all-reduce (see _regions_for).
-    known: dict[tuple[object, ...], tuple[Region, ...]] = {}
-    problems: list[CheckpointError] = []
-    for fqn, value in sorted(marked, key=_first):
-        placements = value._spec.placements
-        kind = kinds.get(placements)
-        if kind is None:
-            kind = kinds[placements] = _kind_of(placements)
-        partial, strided, first = kind
+) -> _Settled:
+    """The regions of the ``Partial`` and ``_StridedShard`` DTensors of ``layouts`` (see
+    :func:`strided_regions`).
+
+    A layout whose regions need no all-reduce is settled once per local shape of its
+    members, checked on the first member in key order (whose error is the one any
+    member would give first); the DTensors whose layout the mesh agrees on are settled
+    one by one, in key order, each with its all-reduce.  A ``Partial`` layout is refused
+    for its first member.  Every problem is raised after every all-reduce: the first in
+    key order.
+    """
+    problems: list[tuple[str, CheckpointError]] = []
+    groups: list[tuple[DeferredLayout, list[str], tuple[Region, ...]]] = []
+    agreeing: list[tuple[str, DTensor, DeferredLayout]] = []
+    for layout in layouts:
+        keys, values = layout.keys, layout.values
+        partial, strided = layout.kind_of()
         if partial:
-            problems.append(
-                CheckpointError(
-                    f"{fqn}: DTensor with placements {_show(value.placements)} on mesh "
-                    f"{_show_mesh(value)} is Partial: each rank holds a term of a sum, not part "
-                    f"of the tensor, so nothing can be loaded into it; redistribute it to "
-                    f"Replicate or Shard before loading",
-                    tensor=fqn,
-                )
-            )
-        elif checked and (found := checked.get(fqn)) is not None and _same(found[0], value):
-            regions[fqn] = found[1]
-        elif strided and value.device_mesh.get_coordinate() is not None:
-            # Go on after a problem: later tensors may take an all-reduce the other ranks
-            # of their mesh are waiting for.
-            try:
-                regions[fqn] = _regions_for(fqn, value, strided_layout, known, first)
-            except CheckpointError as err:
-                problems.append(err)
+            at = _first_key(keys)
+            problems.append((keys[at], _partial_error(keys[at], values[at])))
+            continue
+        if not strided:
+            continue
+        first = values[0]
+        mesh = first._spec.mesh
+        if mesh.get_coordinate() is None:
+            continue
+        if _takes_agreement(first, strided_layout):
+            agreeing.extend(zip(keys, values, itertools.repeat(layout)))
+            continue
+        # The local tensors' shapes, as to_local() gives them (without its autograd call).
+        shapes = [value._local_tensor.shape for value in values]
+        parts: list[tuple[list[str], list[DTensor], torch.Size]]
+        if shapes.count(shapes[0]) == len(shapes):
+            parts = [(keys, values, shapes[0])]
+        else:  # uneven: members of several local shapes
+            by_shape: dict[torch.Size, tuple[list[str], list[DTensor]]] = {}
+            for key, value, shape in zip(keys, values, shapes, strict=True):
+                part = by_shape.setdefault(shape, ([], []))
+                part[0].append(key)
+                part[1].append(value)
+            parts = [(k, v, shape) for shape, (k, v) in by_shape.items()]
+        for part_keys, part_values, shape in parts:
+            held = layout.regions.get(shape)
+            if held is None:
+                at = _first_key(part_keys)
+                try:
+                    held = _regions_for(part_keys[at], part_values[at], strided_layout, layout)
+                except CheckpointError as err:
+                    problems.append((part_keys[at], err))
+                    continue
+            groups.append((layout, part_keys, held))
+    agreed = {}
+    # In key order on every rank: each takes an all-reduce over its mesh.  Go on after a
+    # problem: later tensors take all-reduces the other ranks of their mesh wait for.
+    for fqn, value, layout in sorted(agreeing, key=_key_of):
+        if checked and (found := checked.get(fqn)) is not None and _same(found[0], value):
+            agreed[fqn] = found[1]
+            continue
+        try:
+            agreed[fqn] = _regions_for(fqn, value, strided_layout, layout)
+        except CheckpointError as err:
+            problems.append((fqn, err))
     if problems:
-        raise problems[0]
-    return regions
+        raise min(problems, key=_key_of)[1]
+    return _Settled(groups, agreed)
 
 
-#: Placements' kind: whether any is ``Partial``, whether any is ``_StridedShard``, and the
-#: first placements seen equal to them.
-_Kind = tuple[bool, bool, tuple[Placement, ...]]
+def _first_key(keys: Sequence[str]) -> int:
+    """Where the first of ``keys`` in key order is."""
+    return min(range(len(keys)), key=keys.__getitem__)
 
 
-def _kind_of(placements: tuple[Placement, ...]) -> _Kind:
-    return (
-        any(isinstance(p, Partial) for p in placements),
-        any(is_strided(p) for p in placements),
-        placements,
+def _key_of(entry: tuple[Any, ...]) -> str:
+    key: str = entry[0]
+    return key
+
+
+def _takes_agreement(value: DTensor, strided_layout: StridedLayout) -> bool:
+    """Whether the ranks of ``value``'s mesh agree on its layout with an all-reduce
+    (``auto``, where DTensor's and FSDP2's orders of the placements give other rows).
+    Depends on the global shape, mesh and placements alone: alike on every rank."""
+    return strided_layout == "auto" and orders_differ(
+        tuple(value.shape), tuple(value.device_mesh.shape), value.placements
+    )
+
+
+def _partial_error(fqn: str, value: DTensor) -> CheckpointError:
+    return CheckpointError(
+        f"{fqn}: DTensor with placements {_show(value.placements)} on mesh "
+        f"{_show_mesh(value)} is Partial: each rank holds a term of a sum, not part "
+        f"of the tensor, so nothing can be loaded into it; redistribute it to "
+        f"Replicate or Shard before loading",
+        tensor=fqn,
     )
 
 
@@ -362,41 +505,25 @@ def _same(before: DTensor, now: DTensor) -> bool:
     )
 
 
-def _first(marked: tuple[str, DTensor]) -> str:
-    return marked[0]
-
-
 def _regions_for(
-    fqn: str,
-    value: DTensor,
-    layout: StridedLayout,
-    known: dict[tuple[object, ...], tuple[Region, ...]],
-    placements_seen: tuple[Placement, ...],
+    fqn: str, value: DTensor, strided_layout: StridedLayout, layout: DeferredLayout
 ) -> tuple[Region, ...]:
     """The regions ``value`` holds on this rank, checked against its local shape.
 
-    ``known`` holds the regions already found for a layout (global shape, mesh,
-    placements, local shape) that takes no all-reduce: a DTensor of the same layout gets
-    them as they are (a model's experts share a handful of layouts).  Whether a layout
-    takes the all-reduce depends on its global shape, mesh and placements alone, so every
-    rank of the mesh takes the same all-reduces, cached or not.  ``placements_seen`` is
-    the first placements found equal to the DTensor's (kept alive by the caller): its id
-    stands for them in ``known`` (torch compares and hashes ``_StridedShard`` in Python).
+    ``layout.regions`` keeps the regions found by local shape where the layout takes no
+    all-reduce: a DTensor of the same layout gets them as they are (a model's experts
+    share a handful of layouts).  Whether a layout takes the all-reduce depends on its
+    global shape, mesh and placements alone, so every rank of the mesh takes the same
+    all-reduces, cached or not.
     """
     mesh = value.device_mesh
-    spec = value._spec
-    # The local tensor's shape, as to_local() gives it (without its autograd call).
-    local_shape = tuple(value._local_tensor.shape)
-    signature = (spec.shape, id(mesh), id(placements_seen), local_shape, layout)
-    found = known.get(signature)
-    if found is not None:
-        return found
+    local_shape = value._local_tensor.shape
     coordinate = mesh.get_coordinate()
     assert coordinate is not None
     shape, mesh_shape, placements = tuple(value.shape), tuple(mesh.shape), value.placements
     try:
-        order: Order = DTENSOR if layout == "auto" else layout
-        agreed = layout == "auto" and orders_differ(shape, mesh_shape, placements)
+        order: Order = DTENSOR if strided_layout == "auto" else strided_layout
+        agreed = _takes_agreement(value, strided_layout)
         if agreed:
             # FSDP2 over tensor parallelism: take the order whose shapes fit on every rank,
             # FSDP2's when both do (its form of placements is what made them differ).
@@ -423,7 +550,7 @@ def _regions_for(
             tensor=fqn,
         )
     if not agreed:
-        known[signature] = regions
+        layout.regions[local_shape] = regions
     return regions
 
 

@@ -34,12 +34,16 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from torch.distributed.tensor.placement_types import Placement
 
 from hyperckpt._planner.compact import CompactItems
-from hyperckpt._planner.placements import is_strided
+from hyperckpt._planner.placements import is_strided, same_placements
+from hyperckpt._planner.regions import Region
 from hyperckpt._planner.shapes import shape_mismatch
 
 __all__ = [
+    "DeferredLayout",
     "LocalScan",
     "OwnPaths",
+    "defers",
+    "every_tensor_whole",
     "flat_state_dict",
     "local_read_items",
     "mark_whole",
@@ -64,6 +68,11 @@ def mark_whole(metadata: Metadata) -> Metadata:
     Returns ``metadata``; its fields, equality and pickling are unchanged."""
     setattr(metadata, _WHOLE, True)
     return metadata
+
+
+def every_tensor_whole(metadata: Metadata) -> bool:
+    """Whether ``metadata`` was marked by :func:`mark_whole`."""
+    return getattr(metadata, _WHOLE, False) is True
 
 
 def flat_state_dict(state_dict: dict[str, Any]) -> tuple[bool, bool]:
@@ -138,6 +147,48 @@ def local_read_items(
     return items
 
 
+class DeferredLayout:
+    """The deferred DTensors of one (global shape, mesh, placements), found once, and
+    what the planner works out once for them.
+
+    One object per layout, told apart by identity: the DTensors found to share it need
+    neither their placements compared again nor hashed (torch compares and hashes
+    ``_StridedShard`` in Python), and the planner settles them layout by layout.
+
+    Attributes:
+        placements: The first placements seen of the layout (equal to every member's).
+        keys: The members' keys, in state dict order.
+        values: The members, in the order of ``keys``.
+        whole: Whether every member is stored as one chunk at the origin that covers it
+            (``False`` where not looked at).
+        kind: Whether any placement is ``Partial`` and whether any is ``_StridedShard``,
+            once asked (see :meth:`kind_of`).
+        regions: The planner's regions of the layout by local shape, where they take no
+            all-reduce (filled by the planner).
+    """
+
+    __slots__ = ("keys", "kind", "placements", "regions", "values", "whole")
+
+    def __init__(self, placements: tuple[Placement, ...]) -> None:
+        self.placements = placements
+        self.keys: list[str] = []
+        self.values: list[DTensor] = []
+        self.whole = False
+        self.kind: tuple[bool, bool] | None = None
+        self.regions: dict[tuple[int, ...], tuple[Region, ...]] = {}
+
+    def kind_of(self) -> tuple[bool, bool]:
+        """Whether any placement is ``Partial``, and whether any is ``_StridedShard``."""
+        kind = self.kind
+        if kind is None:
+            placements = self.placements
+            kind = self.kind = (
+                any(isinstance(p, Partial) for p in placements),
+                any(is_strided(p) for p in placements),
+            )
+        return kind
+
+
 @dataclass(frozen=True, slots=True)
 class LocalScan:
     """One pass over a rank's state dict: its read items, and what is planned elsewhere.
@@ -145,13 +196,14 @@ class LocalScan:
     Attributes:
         items: The read items of every tensor but the deferred ones, equal to torch's
             (as :class:`~hyperckpt._planner.compact.CompactItems` when asked for).
-        deferred: The DTensors with a ``Partial`` or ``_StridedShard`` placement, by key,
-            in key order (whether or not this rank is in their mesh).
+        deferred: The DTensors with a ``Partial`` or ``_StridedShard`` placement
+            (whether or not this rank is in their mesh), by layout, in the order first
+            seen: each knows whether its members are all stored whole.
         missing: The first key the checkpoint lacks, when ``strict``; else ``None``.
     """
 
     items: list[ReadItem] | CompactItems
-    deferred: list[tuple[str, DTensor]]
+    deferred: list[DeferredLayout]
     missing: str | None
 
 
@@ -181,18 +233,18 @@ def _scan(
     strict: bool,
     skipped: set[str],
     sizes_checked: bool,
-    deferred: list[tuple[str, DTensor]] | None,
+    deferred: list[DeferredLayout] | None,
     compact: bool,
 ) -> LocalScan:
     """The loop of :func:`local_read_items` and :func:`scan_local`: with ``deferred``, its
     DTensors are collected there, sizes raise our error and a missing key is reported;
     with ``compact`` the items of tensors stored whole are rows."""
     known = metadata.state_dict_metadata
-    whole = getattr(metadata, _WHOLE, False) is True  # every tensor one whole chunk
-    # (shape, mesh) -> each placements seen with them and the rank's cut, or None where
-    # the placements defer.  The placements are compared, never hashed: torch hashes a
+    whole = every_tensor_whole(metadata)  # every tensor one whole chunk
+    # (shape, mesh) -> each placements seen with them and the rank's cut, or the layout
+    # where the placements defer.  The placements are compared, never hashed: torch hashes a
     # Shard in Python (~0.4 µs a tensor), its equality is native.
-    cuts: dict[tuple[object, ...], list[tuple[tuple[Placement, ...], _Cut | None]]] = {}
+    cuts: dict[tuple[object, ...], list[tuple[tuple[Placement, ...], _Cut | DeferredLayout]]] = {}
     members: dict[int, bool] = {}  # id(mesh) -> whether this rank is in it
     # The cut of a plain tensor of each shape (its box is the whole tensor).
     plain_cuts: dict[torch.Size, _Cut] = {}
@@ -225,16 +277,16 @@ def _scan(
             if seen_fast is not None and (sizes_checked or shape == md.size):
                 mesh = spec.mesh
                 placements = spec.placements
-                cut = _UNSEEN
-                for known_mesh, known_placements, known_cut in seen_fast:
+                hit = _UNSEEN
+                for known_mesh, known_placements, fast_cut in seen_fast:
                     if known_mesh is mesh and known_placements == placements:
-                        cut = known_cut
+                        hit = fast_cut
                         break
-                if cut is None:  # this rank is not in the mesh: nothing to read
+                if hit is None:  # this rank is not in the mesh: nothing to read
                     continue
                 chunks = md.chunks
                 if (
-                    cut is not _UNSEEN
+                    hit is not _UNSEEN
                     and (not skipped or fqn not in skipped)
                     and type(obj._local_tensor) in _PLAIN  # type: ignore[attr-defined]
                     and (
@@ -246,13 +298,13 @@ def _scan(
                         )
                     )
                 ):
-                    if cut.lengths is None:  # the box misses the tensor: nothing to read
+                    if hit.lengths is None:  # the box misses the tensor: nothing to read
                         continue
                     if rows is not None:
                         add_key(fqn)  # type: ignore[misc]
-                        add_cut(cut)  # type: ignore[misc]
+                        add_cut(hit)  # type: ignore[misc]
                     else:
-                        items.append(cut.item(fqn, chunks[0].offsets))  # type: ignore[union-attr]
+                        items.append(hit.item(fqn, chunks[0].offsets))  # type: ignore[union-attr]
                     continue
         stored = isinstance(md, TensorStorageMetadata)
         if isinstance(obj, DTensor):
@@ -270,16 +322,35 @@ def _scan(
                 seen = cuts[signature] = []
             cut = _UNSEEN
             for known_placements, known_cut in seen:
-                if known_placements == placements:
+                # A deferred layout's placements hold a _StridedShard or a Partial, whose
+                # Python equality costs ~1.5 us: compared natively (same_placements).
+                if (
+                    same_placements(known_placements, placements)
+                    if type(known_cut) is DeferredLayout
+                    else known_placements == placements
+                ):
                     cut = known_cut
                     break
-            if cut is None:
-                assert deferred is not None
-                deferred.append((fqn, obj))
-                continue
-            if cut is _UNSEEN and deferred is not None and _defers(placements):
-                seen.append((placements, None))
-                deferred.append((fqn, obj))
+            if cut is _UNSEEN and deferred is not None and defers(placements):
+                cut = DeferredLayout(placements)
+                cut.whole = True
+                seen.append((placements, cut))
+                deferred.append(cut)
+            if type(cut) is DeferredLayout:
+                cut.keys.append(fqn)
+                cut.values.append(obj)
+                if cut.whole and not (
+                    stored
+                    and (
+                        whole
+                        or (
+                            len(md.chunks) == 1  # type: ignore[union-attr]
+                            and md.chunks[0].sizes == md.size  # type: ignore[union-attr]
+                            and not any(md.chunks[0].offsets)  # type: ignore[union-attr]
+                        )
+                    )
+                ):
+                    cut.whole = False
                 continue
             inside = members.get(id(mesh))
             if inside is None:
@@ -384,7 +455,7 @@ def _size_error(ours: bool, fqn: str, saved: torch.Size, current: object) -> Exc
     return ValueError(f"Size mismatch between saved {saved} and current: {current} for {fqn}")
 
 
-def _defers(placements: tuple[Placement, ...]) -> bool:
+def defers(placements: tuple[Placement, ...]) -> bool:
     """Whether a DTensor with ``placements`` is planned elsewhere: ``Partial`` (refused)
     or ``_StridedShard`` (planned by region)."""
     return any(isinstance(p, Partial) or is_strided(p) for p in placements)
@@ -406,10 +477,11 @@ class _Cut:
         lengths: The box's extent inside the tensor, or ``None`` when they do not overlap
             (torch's overlap test: then there is nothing to read).
         dest_offsets: Where the read lands in the local tensor: its origin.
+        origin: The stored chunk's offsets: the origin too.
         shape: The tensor's shape (the whole chunk's).
     """
 
-    __slots__ = ("box", "dest_offsets", "lengths", "shape")
+    __slots__ = ("box", "dest_offsets", "lengths", "origin", "shape")
 
     def __init__(self, box: ChunkStorageMetadata, whole: torch.Size) -> None:
         self.box = box
@@ -420,7 +492,7 @@ class _Cut:
                 break
             lengths.append(min(extent, offset + size) - offset)
         self.lengths = torch.Size(lengths) if len(lengths) == len(whole) else None
-        self.dest_offsets = torch.Size([0] * len(whole))
+        self.dest_offsets = self.origin = torch.Size([0] * len(whole))
 
     def item(self, fqn: str, origin: torch.Size) -> ReadItem:
         """The read item of tensor ``fqn`` (whose chunk starts at ``origin``), equal to

@@ -5,7 +5,9 @@ chunks (~20 us a tensor); DeepSeek-V3 under FSDP over tensor parallelism plans 7
 ``_StridedShard`` tensors that way, most of them experts of a few layouts.  The items of
 one tensor depend on its key only through the key itself, so the items of the first tensor
 of each (regions, stored chunks) are kept and every later tensor gets the same items under
-its own key: equal, field by field, to what the sweep gives it.
+its own key: equal, field by field, to what the sweep gives it.  For a compact plan, a
+tensor stored as one whole chunk gets no items at all: one row per region, (its key, the
+kept item as a :class:`ItemTemplate`), made into its item when the plan is walked.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from torch.distributed.checkpoint.planner_helpers import create_read_items_for_c
 from hyperckpt._planner.local_items import _BY_DICT, _new, _set
 from hyperckpt._planner.regions import Region
 
-__all__ = ["RegionItems", "read_items"]
+__all__ = ["ItemTemplate", "RegionItems", "read_items"]
 
 
 def read_items(fqn: str, md: TensorStorageMetadata, regions: Sequence[Region]) -> list[ReadItem]:
@@ -45,6 +47,40 @@ def read_items(fqn: str, md: TensorStorageMetadata, regions: Sequence[Region]) -
     return items
 
 
+class ItemTemplate:
+    """A read item of a tensor stored as one whole chunk at the origin, standing for the
+    same item of every tensor of the same regions and shape: a row of
+    :class:`~hyperckpt._planner.compact.CompactItems`, read as its rows of whole tensors
+    are (see :class:`~hyperckpt._planner.local_items._Cut`).
+
+    Attributes:
+        box: The sub-box of the stored chunk read (its ``offsets``; ``sizes`` the lengths).
+        lengths: The sub-box's sizes.
+        origin: The stored chunk's offsets: the origin.
+        dest_offsets: Where the read lands in the local tensor (the region's place there).
+        shape: The tensor's shape (its one chunk's), which the reader checks a row's
+            stored chunk against before reading it in place.
+    """
+
+    __slots__ = ("_item", "box", "dest_offsets", "lengths", "origin", "shape")
+
+    def __init__(self, item: ReadItem, shape: tuple[int, ...]) -> None:
+        origin = item.storage_index.offset
+        assert origin is not None, "a template reads the tensor's one whole chunk"
+        assert not any(origin), "a template reads the tensor's one whole chunk"
+        self._item = item
+        self.box = ChunkStorageMetadata(offsets=item.storage_offsets, sizes=item.lengths)
+        self.lengths = item.lengths
+        self.origin = origin
+        self.dest_offsets = item.dest_offsets
+        self.shape = shape
+
+    def item(self, fqn: str, origin: torch.Size) -> ReadItem:
+        """The read item of tensor ``fqn``, equal to torch's; ``origin`` is the stored
+        chunk's offsets, the template's own :attr:`origin` (as for ``_Cut.item``)."""
+        return _renamed(self._item, fqn)
+
+
 class RegionItems:
     """:func:`read_items` for tensor after tensor, swept once per (regions, stored chunks).
 
@@ -52,10 +88,24 @@ class RegionItems:
     each kept entry holds its tuple, so an id is never reused while it is kept.
     """
 
-    __slots__ = ("_kept",)
+    __slots__ = ("_kept", "_templates")
 
     def __init__(self) -> None:
         self._kept: dict[tuple[object, ...], tuple[Sequence[Region], list[ReadItem]]] = {}
+        self._templates: dict[tuple[object, ...], tuple[Sequence[Region], list[ItemTemplate]]] = {}
+
+    def templates(
+        self, fqn: str, md: TensorStorageMetadata, regions: Sequence[Region]
+    ) -> list[ItemTemplate]:
+        """The read items of ``fqn`` as templates, for a tensor the caller knows to be
+        stored as one whole chunk at the origin (``md.size`` then fixes its chunk)."""
+        key = (id(regions), md.size)
+        kept = self._templates.get(key)
+        if kept is None:
+            made = [ItemTemplate(item, tuple(md.size)) for item in read_items(fqn, md, regions)]
+            self._templates[key] = (regions, made)
+            return made
+        return kept[1]
 
     def __call__(
         self, fqn: str, md: TensorStorageMetadata, regions: Sequence[Region]

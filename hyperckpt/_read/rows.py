@@ -53,7 +53,7 @@ def row_chunks(
     found: dict[str, StorageInfo] = {}
     for key, cut in items.entries():
         if key is not None:
-            found[key] = storage[MetadataIndex(key, cut.dest_offsets)]
+            found[key] = storage[MetadataIndex(key, cut.origin)]  # type: ignore[union-attr]
     return found
 
 
@@ -152,9 +152,9 @@ def routed(
                 add_address(local.data_ptr())  # type: ignore[union-attr]
                 add_key(key)
             continue
-        item = cut.item(key, cut.dest_offsets)  # type: ignore[union-attr]
-        found = local_destination(item, state)
-        request = resolve(item, info, planner, key, found=found)
+        # A region of a strided DTensor's local tensor, or a destination not read in place.
+        item = cut.item(key, cut.origin)  # type: ignore[union-attr]
+        request = resolve(item, info, planner, key, found=local_destination(item, state))
         router.add(request)
         committed.append(request)
     return router.routes(), committed

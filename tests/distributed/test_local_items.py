@@ -23,13 +23,15 @@ from torch.distributed.checkpoint.metadata import (
     Metadata,
     MetadataIndex,
 )
-from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from hyperckpt import CheckpointError, LoadPlanner
 from hyperckpt._exchange.rank_requests import ChunkOrder, rank_requests
 from hyperckpt._planner.compact import CompactItems
-from hyperckpt._planner.local_items import local_read_items
+from hyperckpt._planner.local_items import local_read_items, mark_whole
+from hyperckpt._planner.region_items import read_items
+from hyperckpt._planner.regions import local_regions
 from hyperckpt._read.requests import resolve
 from hyperckpt._read.routes import Router
 from hyperckpt._read.rows import InPlaceItems, local_destination
@@ -240,3 +242,95 @@ def _check_in_place(rank: int, world_size: int) -> bool:
 
 def test_dtensor_items_routed_in_place_land_where_the_planner_resolves_them() -> None:
     assert run_ranks(_check_in_place, 4) == [True] * 4
+
+
+#: Layouts of one shape and mesh that differ only in a split factor, the dimension split or
+#: the order of the placements: each must get its own regions (none is taken for another).
+_STRIDED_LAYOUTS = {
+    (4,): [
+        [_StridedShard(0, split_factor=2)],
+        [_StridedShard(0, split_factor=4)],
+        [_StridedShard(1, split_factor=2)],
+        [_StridedShard(1, split_factor=4)],
+        [Shard(0)],
+    ],
+    (2, 2): [
+        [_StridedShard(0, split_factor=2), Shard(0)],
+        [_StridedShard(0, split_factor=4), Shard(0)],
+        [_StridedShard(0, split_factor=2), Shard(1)],
+        [Shard(1), _StridedShard(0, split_factor=2)],
+        [Replicate(), _StridedShard(0, split_factor=2)],
+        [Replicate(), _StridedShard(0, split_factor=4)],
+        [Shard(0), Shard(1)],
+    ],
+}
+
+
+def _check_strided_rows(rank: int, world_size: int) -> bool:
+    state: dict[str, object] = {}
+    # Each layout twice, interleaved with the others: the second meets the first's cache.
+    for copy, (mesh_shape, layouts), shape in itertools.product(
+        range(2), _STRIDED_LAYOUTS.items(), [(16, 16), (32, 16)]
+    ):
+        for number, placements in enumerate(layouts):
+            state[f"{copy}.{mesh_shape}.{shape}.{number}"] = distribute_tensor(
+                torch.zeros(shape), device_mesh(mesh_shape), placements
+            )
+    for whole in (False, True):
+        metadata = Metadata({fqn: stored_in_rows(v.size(), 1) for fqn, v in state.items()})  # type: ignore[attr-defined]
+        if whole:
+            mark_whole(metadata)
+        plans = []
+        for compact in (False, True):
+            planner = LoadPlanner()
+            planner.compact_items = compact
+            planner.set_up_planner(dict(state), metadata, is_coordinator=False)
+            plans.append(planner.create_local_plan().items)
+        assert isinstance(plans[1], CompactItems)
+        assert plans[1].rows() == len(plans[1]), "every tensor, strided or not, is a row"
+        # Each tensor's items as torch's sweep makes them of its own regions.
+        expected = []
+        for fqn, value in state.items():
+            md = metadata.state_dict_metadata[fqn]
+            if any(isinstance(p, _StridedShard) for p in value.placements):  # type: ignore[attr-defined]
+                regions = local_regions(
+                    tuple(value.shape),  # type: ignore[attr-defined]
+                    tuple(value.device_mesh.shape),  # type: ignore[attr-defined]
+                    value.placements,  # type: ignore[attr-defined]
+                    value.device_mesh.get_coordinate(),  # type: ignore[attr-defined]
+                )
+                expected.extend(read_items(fqn, md, regions))  # type: ignore[arg-type]
+            else:
+                expected.extend(create_default_local_load_plan({fqn: value}, metadata, False).items)
+        for items in plans:
+            assert sorted(map(repr, items)) == sorted(map(repr, expected)), (rank, whole)
+        assert list(plans[1]) == plans[0]
+        # Each row's destination, found in place, is the planner's.
+        planner = LoadPlanner()
+        planner.set_up_planner(dict(state), metadata, is_coordinator=False)
+        for item in plans[1]:
+            found = local_destination(item, planner.state_dict)
+            assert found is not None
+            assert found.data_ptr() == planner.resolve_tensor(item).data_ptr(), item
+    # Members of a layout whose local tensors it did not lay out are refused, the first in
+    # key order, though the layout's other members are fine.
+    bad = dict(state)
+    for key, rows in (("z.3", 3), ("z.1", 3), ("z.2", 5)):
+        bad[key] = DTensor.from_local(
+            torch.zeros(rows, 16),
+            device_mesh((4,)),
+            [_StridedShard(0, split_factor=2)],
+            run_check=False,
+            shape=torch.Size((16, 16)),
+            stride=(16, 1),
+        )
+    metadata = Metadata({fqn: stored_in_rows(v.size(), 1) for fqn, v in bad.items()})  # type: ignore[attr-defined]
+    planner = LoadPlanner()
+    planner.set_up_planner(bad, metadata, is_coordinator=False)
+    with pytest.raises(CheckpointError, match=r"^z\.1: .*to_local\(\) has shape \[3, 16\]"):
+        planner.create_local_plan()
+    return True
+
+
+def test_strided_layouts_of_one_shape_and_mesh_each_get_their_own_rows() -> None:
+    assert run_ranks(_check_strided_rows, 4) == [True] * 4

@@ -62,3 +62,32 @@ def test_renamed_items_equal_the_sweeps_items_for_each_tensor(data: st.DataObjec
     # Equal regions in another tuple are swept again, with the same items.
     again = tuple(list(regions))
     assert make("other", whole, again) == read_items("other", whole, regions)
+
+
+@given(st.data())
+def test_templates_make_the_sweeps_items_for_each_tensor_stored_whole(data: st.DataObject) -> None:
+    ndim = data.draw(st.integers(1, 3))
+    shapes = st.lists(st.integers(1, 12), min_size=ndim, max_size=ndim).map(tuple)
+    mesh = tuple(data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=2)))
+    # Two layouts of one mesh, asked for in turn: each tensor gets its own layout's items.
+    layouts = []
+    for _ in range(2):
+        shape = data.draw(shapes)
+        placements = [draw_placement(data.draw, ndim, 4) for _ in mesh]
+        coordinate = tuple(data.draw(st.integers(0, n - 1)) for n in mesh)
+        try:
+            layouts.append((shape, local_regions(shape, mesh, placements, coordinate)))
+        except ValueError:
+            return  # a layout the placements refuse: no items are made of it
+    make = RegionItems()
+    for number in range(3):
+        for shape, regions in layouts:
+            fqn, md = f"layers.{number}.w", _stored(shape, [])
+            templates = make.templates(fqn, md, regions)
+            expected = read_items(fqn, md, regions)
+            assert [t.item(fqn, t.origin) for t in templates] == expected
+            # What a reader takes from a row without making its item.
+            assert [(t.origin, t.box.offsets, t.lengths, t.dest_offsets) for t in templates] == [
+                (i.storage_index.offset, i.storage_offsets, i.lengths, i.dest_offsets)
+                for i in expected
+            ]
