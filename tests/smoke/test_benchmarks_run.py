@@ -74,10 +74,14 @@ def test_plan_rank_makes_torchs_items(tmp_path: Path) -> None:
     out = tmp_path / "plan.json"
     text = _script(
         "plan_rank.py",
-        *("--models", "llama-3-70b", "--layouts", "fsdp", "--worlds", "8", "--out", str(out)),
+        *("--models", "llama-3-70b", "--layouts", "fsdp", "fsdp-tp", "--worlds", "8"),
+        *("--out", str(out)),
         cwd=tmp_path,
     )
-    assert "same items: True" in text, text
+    rows = json.loads(out.read_text())["rows"]
+    # FSDP x TP takes hyperckpt.load's strided check and the plan's strided rows.
+    assert [row["layout"] for row in rows] == ["fsdp", "fsdp-tp"], text
+    assert all(row["same_items"] and row["same_compact_items"] for row in rows), text
 
 
 def test_simulate_columns_runs_every_layout(tmp_path: Path) -> None:
