@@ -105,37 +105,10 @@ _CASES = {
 def test_every_strategy_fills_a_poisoned_destination_bit_exactly(
     tmp_path: Path, strategy: Strategy | None, case: str
 ) -> None:
-    dtype, shape, offsets, lengths = _CASES[case]
-    source = (torch.randn(shape) * 50).to(dtype)
-    save_file({"other": torch.arange(7.0), "w": source}, str(tmp_path / "model.safetensors"))
-    layout = huggingface_layout(tmp_path)
-    storage = to_metadata(layout).storage_data
-    stamps = {name: header.stamp for name, header in layout.files.items()}
-    poison = torch.full((torch.Size(lengths).numel() * dtype.itemsize,), 0xA5, dtype=torch.uint8)
-    destination = poison.view(dtype).view(lengths)
-    item = ReadItem(
-        type=LoadItemType.TENSOR,
-        dest_index=MetadataIndex("w", torch.Size(offsets)),
-        dest_offsets=torch.Size((0,) * len(shape)),
-        storage_index=MetadataIndex("w", torch.Size((0,) * len(shape))),
-        storage_offsets=torch.Size(offsets),
-        lengths=torch.Size(lengths),
-    )
-
-    class Planner:
-        def resolve_tensor(self, item: ReadItem) -> torch.Tensor:
-            return destination
-
-        def commit_tensor(self, item: ReadItem, tensor: torch.Tensor) -> None:
-            assert tensor.data_ptr() == destination.data_ptr()
-
-    engine = ReadEngine(
-        str(tmp_path), stamps, ReadOptions(thread_count=2), column_strategy=strategy
-    )
-    stats = engine.run([item], storage, Planner())  # type: ignore[arg-type]
-    expected = source[tuple(slice(o, o + n) for o, n in zip(offsets, lengths, strict=True))]
-    assert torch.equal(destination.view(torch.uint8), expected.contiguous().view(torch.uint8))
-    needed = expected.numel() * dtype.itemsize
+    stored = _Stored(tmp_path, *_CASES[case], neighbour=True)
+    stats = stored.load(tmp_path, strategy)
+    dtype = _CASES[case][0]
+    needed = stored.expected.numel() * dtype.itemsize
     if strategy is Strategy.MAP:  # the file was just written: warm, ours, on a local disk
         assert (stats.mapped_bytes, stats.bytes_read) == (needed, needed)
     elif strategy is Strategy.RUNS:
@@ -150,13 +123,23 @@ _SPLIT_CASES = {
 }
 
 
-class _Split:
-    """A stored column slice and its poisoned destination, for the split tests."""
+class _Stored:
+    """A stored sub-box of tensor ``w`` (after a small tensor when ``neighbour``) and its
+    poisoned destination, read as one item."""
 
-    def __init__(self, tmp_path: Path, case: str) -> None:
-        dtype, shape, offsets, lengths = _SPLIT_CASES[case]
+    def __init__(
+        self,
+        tmp_path: Path,
+        dtype: torch.dtype,
+        shape: tuple[int, ...],
+        offsets: tuple[int, ...],
+        lengths: tuple[int, ...],
+        *,
+        neighbour: bool = False,
+    ) -> None:
         self.source = (torch.randn(shape) * 50).to(dtype)
-        save_file({"w": self.source}, str(tmp_path / "model.safetensors"))
+        tensors = {"other": torch.arange(7.0)} if neighbour else {}
+        save_file({**tensors, "w": self.source}, str(tmp_path / "model.safetensors"))
         layout = huggingface_layout(tmp_path)
         self.storage = to_metadata(layout).storage_data
         self.stamps = {name: header.stamp for name, header in layout.files.items()}
@@ -180,10 +163,10 @@ class _Split:
         return self.destination
 
     def commit_tensor(self, item: ReadItem, tensor: torch.Tensor) -> None:
-        pass
+        assert tensor.data_ptr() == self.destination.data_ptr()
 
     def jobs(self, strategy: Strategy) -> tuple[Box, list[object]]:
-        info = next(iter(self.storage.values()))
+        info = self.storage[self.item.storage_index]
         routes = route([resolve(self.item, info, self)], cuda=False)  # type: ignore[arg-type]
         budget = share(routes, limit=2**20, threads=2)
         made = make_jobs(
@@ -197,7 +180,7 @@ class _Split:
         )
         return routes.strided[0].box, made  # type: ignore[return-value]
 
-    def load(self, tmp_path: Path, strategy: Strategy) -> LoadStats:
+    def load(self, tmp_path: Path, strategy: Strategy | None) -> LoadStats:
         engine = ReadEngine(
             str(tmp_path), self.stamps, ReadOptions(thread_count=2), column_strategy=strategy
         )
@@ -218,7 +201,7 @@ def test_a_column_slice_split_into_jobs_of_several_reads_each_lands_bit_exactly(
     monkeypatch.setattr(jobs_module, "CHUNK_BYTES", 1024)
     monkeypatch.setattr(jobs_module, "RUNS_JOB_SPAN", 4096)
     monkeypatch.setattr(sysio, "IOV_MAX", 7)
-    split = _Split(tmp_path, case)
+    split = _Stored(tmp_path, *_SPLIT_CASES[case])
     box, made = split.jobs(strategy)
     assert len(made) > 1
     assert all(isinstance(job, RunsRead) for job in made)
@@ -243,7 +226,7 @@ def test_a_column_slice_copied_from_a_map_in_jobs_of_several_copies_lands_bit_ex
     # one job of several copies (listed when it runs), a wider one a job per block.
     monkeypatch.setattr(jobs_module, "CHUNK_BYTES", 1024)
     monkeypatch.setattr(jobs_module, "MAPPED_JOB_SPAN", job_span)
-    split = _Split(tmp_path, case)
+    split = _Stored(tmp_path, *_SPLIT_CASES[case])
     box, made = split.jobs(Strategy.MAP)
     assert all(isinstance(job, MappedPart) for job in made)
     copies = [copy for job in made for copy in job.copies()]  # type: ignore[attr-defined]
