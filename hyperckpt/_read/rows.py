@@ -158,8 +158,11 @@ def routed(
                 add_address(local.data_ptr())  # type: ignore[union-attr]
                 add_key(key)
             continue
-        # A region of a strided DTensor's local tensor: in place where it is one run.
-        if kind is DTensor and in_place.add_row(key, value, info, cut):  # type: ignore[arg-type]
+        # A region of a strided DTensor's local tensor: in place where it is one run there
+        # too.  Not tried where the chunk's side is not one run (run[4] is None): a column
+        # slice's row would only pay for the look.
+        strided = run[4] is not None and kind is DTensor
+        if strided and in_place.add_row(key, value, info, cut):  # type: ignore[arg-type]
             continue
         # A region not one run (a column slice), or a destination not read in place.
         item = cut.item(key, cut.origin)  # type: ignore[union-attr]
