@@ -7,8 +7,10 @@ planner finds destinations as :class:`hyperckpt.LoadPlanner` does and commits no
 contiguous CPU tensor of the stored dtype, shaped as the cut, goes straight to the byte
 range it reads in place: its destination is the state dict's tensor (a DTensor's local
 tensor, which ``resolve_tensor`` returns too), its byte range the cut's first element and
-count, worked out once per cut.  Every other row is made into its item and resolved like
-any item; so is every item of a plain ``dcp.load``.
+count, worked out once per cut.  A row that is one region of a strided DTensor's local
+tensor goes there too when it is one run of both (see :meth:`InPlaceItems.add_row`).  Every
+other row is made into its item and resolved like any item; so is every item of a plain
+``dcp.load``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ from hyperckpt._read.storage_info import StorageInfo, by_name
 
 if TYPE_CHECKING:
     from hyperckpt._planner.local_items import _Cut
+    from hyperckpt._planner.region_items import ItemTemplate
+
+    #: A row's cut: a whole local box, or one region of a strided DTensor's.
+    RowCut = _Cut | ItemTemplate
 
 __all__ = ["InPlaceItems", "local_destination", "reads_rows", "routed", "row_chunks"]
 
@@ -152,7 +158,13 @@ def routed(
                 add_address(local.data_ptr())  # type: ignore[union-attr]
                 add_key(key)
             continue
-        # A region of a strided DTensor's local tensor, or a destination not read in place.
+        # A region of a strided DTensor's local tensor: in place where it is one run there
+        # too.  Not tried where the chunk's side is not one run (run[4] is None): a column
+        # slice's row would only pay for the look.
+        strided = run[4] is not None and kind is DTensor
+        if strided and in_place.add_row(key, value, info, cut):  # type: ignore[arg-type]
+            continue
+        # A region not one run (a column slice), or a destination not read in place.
         item = cut.item(key, cut.origin)  # type: ignore[union-attr]
         request = resolve(item, info, planner, key, found=local_destination(item, state))
         router.add(request)
@@ -261,6 +273,30 @@ class InPlaceItems:
         if item.type is not LoadItemType.TENSOR:
             return False
         value = self._state.get(item.dest_index.fqn)
+        info = self._storage[item.storage_index]
+        return self._place(value, info, item.storage_offsets, item.lengths, item.dest_offsets, item)
+
+    def add_row(self, key: str, value: object, info: StorageInfo, cut: RowCut) -> bool:
+        """Route a row (tensor ``key``, destination ``value``, its chunk ``info``) as
+        :meth:`add` routes the row's item, without making it: a region of a strided
+        DTensor's local tensor is one run there and one run of the chunk.  Its range is
+        counted under ``key``, as every row's read is (see :attr:`Request.key`)."""
+        return self._place(value, info, cut.box.offsets, cut.lengths, cut.dest_offsets, key)
+
+    def _place(
+        self,
+        value: object,
+        info: StorageInfo,
+        storage_offsets: tuple[int, ...],
+        lengths: tuple[int, ...] | None,
+        dest_offsets: tuple[int, ...],
+        counted: object,
+    ) -> bool:
+        """Route the read of ``lengths`` at ``storage_offsets`` of chunk ``info`` into
+        ``value``'s local tensor at ``dest_offsets`` when it lands in place (see the
+        class), its range counted under ``counted``; ``False``: resolve it."""
+        if lengths is None:
+            return False
         if value is self._value:
             local = self._local
         else:
@@ -269,13 +305,12 @@ class InPlaceItems:
         if local is None:
             return False
         shape, local_dtype, address = local
-        info = self._storage[item.storage_index]
         dtype = self._dtypes.get(info.dtype)
         if dtype is None:
             dtype = self._dtypes[info.dtype] = to_torch_dtype(info.dtype)
         if local_dtype is not dtype:
             return False
-        geometry = (info.shape, item.storage_offsets, item.lengths, shape, item.dest_offsets)
+        geometry = (info.shape, storage_offsets, lengths, shape, dest_offsets)
         found = self._runs.get(geometry, _UNKNOWN)
         if found is _UNKNOWN:
             found = self._runs[geometry] = _runs(*geometry)
@@ -290,7 +325,7 @@ class InPlaceItems:
             add_offset(info.offset + stored * itemsize)
             add_length(count * itemsize)
             add_address(address + placed * itemsize)
-            add_key(item)
+            add_key(counted)
         return True
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from typing import cast
 
 import pytest
 import torch
@@ -23,7 +24,8 @@ from torch.distributed.checkpoint.metadata import (
     Metadata,
     MetadataIndex,
 )
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.checkpoint.planner import ReadItem
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from hyperckpt import CheckpointError, LoadPlanner
@@ -34,7 +36,7 @@ from hyperckpt._planner.region_items import read_items
 from hyperckpt._planner.regions import local_regions
 from hyperckpt._read.requests import resolve
 from hyperckpt._read.routes import Router
-from hyperckpt._read.rows import InPlaceItems, local_destination
+from hyperckpt._read.rows import InPlaceItems, local_destination, routed
 from hyperckpt._read.storage_info import StorageInfo
 
 _SHAPES = [(8, 6), (7, 5), (3, 1), (1, 9), (5,), (2, 3, 4)]
@@ -334,3 +336,63 @@ def _check_strided_rows(rank: int, world_size: int) -> bool:
 
 def test_strided_layouts_of_one_shape_and_mesh_each_get_their_own_rows() -> None:
     assert run_ranks(_check_strided_rows, 4) == [True] * 4
+
+
+def _check_strided_rows_in_place(rank: int, world_size: int) -> bool:
+    # Layouts 0 and 1 give each local tensor 2 or 4 regions by rows, each one run of the
+    # chunk and of the local tensor (read in place); FSDP over TP gives one region; layout
+    # 3 gives regions by columns, not one run (resolved); a plain Shard(0) for company.
+    layouts: list[tuple[tuple[int, ...], list[Placement]]] = [
+        ((4,), [_StridedShard(0, split_factor=2)]),
+        ((4,), [_StridedShard(0, split_factor=4)]),
+        ((2, 2), [_StridedShard(0, split_factor=2), Shard(0)]),
+        ((4,), [_StridedShard(1, split_factor=2)]),
+        ((4,), [Shard(0)]),
+    ]
+    state: dict[str, object] = {}
+    for copy, (number, (mesh_shape, placements)), shape in itertools.product(
+        range(2), enumerate(layouts), [(16, 8), (32, 8, 2)]
+    ):
+        state[f"{copy}.{number}.{shape}"] = distribute_tensor(
+            torch.zeros(shape), device_mesh(mesh_shape), placements
+        )
+    metadata = Metadata({fqn: stored_in_rows(v.size(), 1) for fqn, v in state.items()})  # type: ignore[attr-defined]
+    mark_whole(metadata)
+    storage: dict[object, StorageInfo] = {
+        MetadataIndex(fqn, chunk.offsets): StorageInfo(
+            f"{fqn}.safetensors", 64, 4 * chunk.sizes.numel(), "F32", tuple(chunk.sizes)
+        )
+        for fqn, md in metadata.state_dict_metadata.items()
+        for chunk in md.chunks  # type: ignore[union-attr]
+    }
+    planner = LoadPlanner()
+    planner.compact_items = True
+    planner.set_up_planner(dict(state), metadata, is_coordinator=False)
+    rows = planner.create_local_plan().items
+    assert isinstance(rows, CompactItems)
+    # Every row made into its item and resolved by the planner, against the rows routed:
+    # the same ranges, address for address, a row's counted under its tensor.
+    resolved = Router(cuda=False)
+    for key, cut in zip(*rows.columns(), strict=True):
+        made = None if key is None else cut.item(key, cut.origin)  # type: ignore[union-attr]
+        item = cast(ReadItem, cut) if made is None else made
+        resolved.add(resolve(item, storage[item.storage_index], planner, key))
+    expected = resolved.routes()
+    got, committed = routed(rows, storage, planner, cuda=False)
+    assert got.direct.keys() == expected.direct.keys()
+    for name, extents in expected.direct.items():
+        for column in ("offsets", "lengths", "addresses", "keys"):
+            found, wanted = getattr(got.direct[name], column), getattr(extents, column)
+            assert found.tolist() == wanted.tolist(), (rank, name, column)
+    assert [r.item for r in got.strided] == [r.item for r in expected.strided]
+    assert [r.item for r in got.staged] == [r.item for r in expected.staged]
+    # Only the column regions were resolved; each row-split local tensor held 2+ regions.
+    assert {r.fqn.split(".")[1] for r in committed} == {"3"}, rank
+    by_tensor = [item.dest_index.fqn for item in rows]
+    counts = {fqn: by_tensor.count(fqn) for fqn in state}
+    assert min(n for fqn, n in counts.items() if fqn.split(".")[1] in "01") >= 2, counts
+    return True
+
+
+def test_strided_rows_of_several_regions_are_read_where_the_planner_resolves_them() -> None:
+    assert run_ranks(_check_strided_rows_in_place, 4) == [True] * 4
