@@ -345,6 +345,10 @@ def _layouts_of(
     seen_by: dict[tuple[object, ...], list[tuple[tuple[Placement, ...], DeferredLayout | None]]]
     seen_by = {}
     layouts: list[DeferredLayout] = []
+    # The placements of the last DTensor that defers nothing: whether a DTensor defers
+    # depends on its placements alone, and neighbours mostly share them, so one native
+    # comparison settles most DTensors of a plain FSDP model (~0.1 s of 92k otherwise).
+    plain: tuple[Placement, ...] | None = None
     for fqn, value in state_dict.items():
         if known is not None:
             md = known.get(fqn)
@@ -360,6 +364,8 @@ def _layouts_of(
             continue
         spec = value._spec
         placements = spec.placements
+        if plain is not None and placements == plain:
+            continue
         signature = (value.shape, id(spec.mesh))
         seen = seen_by.get(signature)
         if seen is None:
@@ -381,6 +387,8 @@ def _layouts_of(
         if layout is not None:
             layout.keys.append(fqn)
             layout.values.append(value)
+        else:
+            plain = placements
     return layouts
 
 
