@@ -25,6 +25,7 @@ from torch.distributed.checkpoint.metadata import (
     MetadataIndex,
 )
 from torch.distributed.checkpoint.planner import ReadItem
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.placement_types import _StridedShard
 
@@ -145,7 +146,11 @@ def test_the_compact_plan_selects_the_same_items_as_the_list_plan_on_drawn_layou
         assert run_ranks(_check_compact, 4, seed) == [True] * 4
 
 
-def _check_destinations(rank: int, world_size: int) -> bool:
+def _layouts_state(
+    shapes: tuple[tuple[int, ...], ...], *, replicated_too: bool = False
+) -> tuple[list[DeviceMesh], dict[str, object]]:
+    """A plain tensor, DTensors of each shape in strided, column and 2-D layouts over
+    meshes (4,) and (2, 2), and a DTensor parameter (its local tensor requires grad)."""
     meshes = [device_mesh((4,)), device_mesh((2, 2))]
     state: dict[str, object] = {"plain": torch.zeros(4, 3)}
     layouts = [
@@ -155,11 +160,17 @@ def _check_destinations(rank: int, world_size: int) -> bool:
         (meshes[1], [Shard(0), Shard(1)]),
         (meshes[1], [Replicate(), _StridedShard(1, split_factor=2)]),
     ]
+    if replicated_too:
+        layouts.append((meshes[1], [Shard(0), Replicate()]))
     for number, (mesh, placements) in enumerate(layouts):
-        for shape in ((8, 8), (16, 4)):
+        for shape in shapes:
             state[f"w.{number}.{shape}"] = distribute_tensor(torch.zeros(shape), mesh, placements)
-    # A DTensor parameter (its local tensor requires grad).
     state["param"] = torch.nn.Parameter(distribute_tensor(torch.zeros(8, 4), meshes[0], [Shard(0)]))
+    return meshes, state
+
+
+def _check_destinations(rank: int, world_size: int) -> bool:
+    _, state = _layouts_state(((8, 8), (16, 4)))
     metadata = Metadata({fqn: stored_in_rows(v.size(), 1) for fqn, v in state.items()})  # type: ignore[attr-defined]
     planner = LoadPlanner()
     planner.set_up_planner(dict(state), metadata, is_coordinator=False)
@@ -183,25 +194,12 @@ def test_a_dtensors_destination_found_in_place_is_the_planners() -> None:
 
 
 def _check_in_place(rank: int, world_size: int) -> bool:
-    meshes = [device_mesh((4,)), device_mesh((2, 2))]
-    state: dict[str, object] = {"plain": torch.zeros(4, 3)}
-    layouts = [
-        (meshes[0], [_StridedShard(0, split_factor=2)]),
-        (meshes[0], [Shard(1)]),
-        (meshes[1], [_StridedShard(0, split_factor=2), Shard(0)]),
-        (meshes[1], [Shard(0), Shard(1)]),
-        (meshes[1], [Replicate(), _StridedShard(1, split_factor=2)]),
-        (meshes[1], [Shard(0), Replicate()]),
-    ]
-    for number, (mesh, placements) in enumerate(layouts):
-        for shape in ((8, 8), (16, 4), (8, 4, 6)):
-            state[f"w.{number}.{shape}"] = distribute_tensor(torch.zeros(shape), mesh, placements)
+    meshes, state = _layouts_state(((8, 8), (16, 4), (8, 4, 6)), replicated_too=True)
     # Uneven and empty local shards.
     for shape in ((9, 5), (1, 4), (3, 0)):
         state[f"uneven.{shape}"] = distribute_tensor(
             torch.zeros(shape), meshes[1], [Shard(0), Shard(1)]
         )
-    state["param"] = torch.nn.Parameter(distribute_tensor(torch.zeros(8, 4), meshes[0], [Shard(0)]))
     # Stored in another dtype: staged, never in place.
     state["wider"] = distribute_tensor(
         torch.zeros(8, 4, dtype=torch.float64), meshes[0], [Shard(0)]
