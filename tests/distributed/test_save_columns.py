@@ -80,6 +80,11 @@ def _state(world: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]
 def _save_and_check(rank: int, world: int, root: str) -> list[str]:
     originals, state = _state(world)
     problems: list[str] = []
+    # The shared buffers this job's ranks name carry their pids; other tests running at
+    # the same time (pytest-xdist) may hold buffers of their own.
+    pids: list[object] = [None] * world
+    dist.all_gather_object(pids, os.getpid())
+    ours = tuple(f"hyperckpt-exchange-{pid}-" for pid in pids)
     converted = {
         key: t.to(torch.bfloat16) if t.dtype in CONVERTED else t for key, t in originals.items()
     }
@@ -100,7 +105,7 @@ def _save_and_check(rank: int, world: int, root: str) -> list[str]:
             report = hyperckpt.save(state, target, max_shard_size=2000, options=options)
         if (calls.call_count == 0) != shared:
             problems.append(f"{target.name}: {calls.call_count} all_to_all_single calls")
-        left = [n for n in os.listdir(outputs.SHARED_DIR) if n.startswith("hyperckpt-exchange-")]
+        left = [n for n in os.listdir(outputs.SHARED_DIR) if n.startswith(ours)]
         if left:
             problems.append(f"{target.name}: shared buffers left by name: {left}")
         expected = converted if dtype else originals
