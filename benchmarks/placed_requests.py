@@ -23,7 +23,8 @@ from hyperckpt import CheckpointLayout
 from hyperckpt._cli.dryrun import _placed, mesh_shape, placements_for
 from hyperckpt._exchange.rank_requests import RankRequests
 from hyperckpt._exchange.requests import KeyTable, Requests, request_cost
-from hyperckpt._exchange.stripe_plan import StripeColumns, narrowest_ints
+from hyperckpt._exchange.stripe_columns import StripeColumns
+from hyperckpt._exchange.stripe_plan import narrowest_ints
 from hyperckpt._read.storage_info import StorageInfo
 
 Ints = np.ndarray

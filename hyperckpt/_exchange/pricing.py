@@ -37,7 +37,8 @@ from hyperckpt._exchange.packed import packed_order
 from hyperckpt._exchange.requests import Requests
 from hyperckpt._exchange.schedule import rounds_of
 from hyperckpt._exchange.strategy import Strategy, shared_slices_of
-from hyperckpt._exchange.stripe_plan import BLOCK_BOXES, cut_stripes, part_rows, row_bytes_of
+from hyperckpt._exchange.stripe_columns import row_bytes_of
+from hyperckpt._exchange.stripe_plan import BLOCK_BOXES, cut_stripes, part_rows
 from hyperckpt._exchange.stripes import ROUTED_BASE, ROUTED_PER_ITEM, StripesTooLarge
 from hyperckpt._read.engine import CHUNK_BYTES
 

@@ -24,7 +24,15 @@ from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.engine import CHUNK_BYTES, MAX_GAP
 from hyperckpt._read.storage_info import StorageInfo
 
-__all__ = ["ChunkFacts", "KeyTable", "Requests", "chunk_facts", "request_cost", "requests_of"]
+__all__ = [
+    "ChunkFacts",
+    "KeyTable",
+    "Requests",
+    "chunk_facts",
+    "ints",
+    "request_cost",
+    "requests_of",
+]
 
 Ints = NDArray[np.int64]
 RawKey = tuple[int, tuple[int, ...], tuple[int, ...]]
@@ -192,13 +200,13 @@ def requests_of(plans: Sequence[LoadPlan], storage: Callable[[ReadItem], Storage
     facts = chunk_facts(infos)
     return Requests(
         world=len(plans),
-        rank=_ints(rank_col),
-        chunk=_ints(chunk_col),
-        key=_ints(key_col),
-        first=_ints(first_col),
-        stop=_ints(stop_col),
-        nbytes=_ints(bytes_col),
-        calls=_ints(calls_col),
+        rank=ints(rank_col),
+        chunk=ints(chunk_col),
+        key=ints(key_col),
+        first=ints(first_col),
+        stop=ints(stop_col),
+        nbytes=ints(bytes_col),
+        calls=ints(calls_col),
         chunks=tuple(chunk_names),
         chunk_file=facts.file,
         chunk_offset=facts.offset,
@@ -245,11 +253,11 @@ def chunk_facts(infos: Sequence[StorageInfo]) -> ChunkFacts:
             row_bytes.append(info.length)
     return ChunkFacts(
         files=tuple(files),
-        file=_ints([file_ids[info.file] for info in infos]),
-        offset=_ints([info.offset for info in infos]),
-        rows=_ints(rows),
-        row_bytes=_ints(row_bytes),
-        ndim=_ints([len(info.shape) for info in infos]),
+        file=ints([file_ids[info.file] for info in infos]),
+        offset=ints([info.offset for info in infos]),
+        rows=ints(rows),
+        row_bytes=ints(row_bytes),
+        ndim=ints([len(info.shape) for info in infos]),
     )
 
 
@@ -274,5 +282,6 @@ def request_cost(info: StorageInfo, lengths: tuple[int, ...]) -> tuple[int, int]
     return box.nbytes, runs
 
 
-def _ints(values: list[int]) -> Ints:
+def ints(values: list[int]) -> Ints:
+    """``values`` as one int64 column."""
     return np.asarray(values, dtype=np.int64).reshape(-1)

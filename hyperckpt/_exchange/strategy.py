@@ -25,7 +25,8 @@ from hyperckpt._exchange.schedule import (
     replicated_transfers,
     shared_slices,
 )
-from hyperckpt._exchange.stripe_plan import columns_of_requests, plan_stripe_arrays
+from hyperckpt._exchange.stripe_columns import columns_of_requests
+from hyperckpt._exchange.stripe_plan import plan_stripe_arrays
 from hyperckpt._exchange.stripes import ChunkKey, ChunkRows
 from hyperckpt._planner.gc_hold import without_gc
 from hyperckpt._read.dtypes import to_torch_dtype

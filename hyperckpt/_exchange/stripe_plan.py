@@ -24,8 +24,9 @@ from numpy.typing import NDArray
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
 from hyperckpt._exchange.packed import packed_keys, packed_order
-from hyperckpt._exchange.requests import KeyTable, RawKey, Requests
-from hyperckpt._exchange.schedule import ALIGN, ItemKey, item_key
+from hyperckpt._exchange.requests import ints
+from hyperckpt._exchange.schedule import ALIGN, ItemKey
+from hyperckpt._exchange.stripe_columns import StripeColumns, columns_of_plans
 from hyperckpt._exchange.stripes import (
     ROUTED_BASE,
     ROUTED_PER_ITEM,
@@ -40,12 +41,9 @@ from hyperckpt._exchange.stripes import (
 )
 
 __all__ = [
-    "StripeColumns",
     "StripePlan",
     "StripeShare",
     "chunk_table",
-    "columns_of_plans",
-    "columns_of_requests",
     "cut_stripes",
     "index_kind",
     "narrow_kind",
@@ -54,57 +52,12 @@ __all__ = [
     "plan_stripe_arrays",
     "plan_stripes",
     "ramps",
-    "row_bytes_of",
     "share_keys",
 ]
 
 Ints = NDArray[np.int64]
 #: A plan column of ranks, rows or indices: 32-bit where its bound allows (:func:`index_kind`).
 Indices = NDArray[np.signedinteger]
-
-
-@dataclass(frozen=True, slots=True)
-class StripeColumns:
-    """What the stripe planner needs of every rank's requests, as columns.
-
-    Attributes:
-        world: Ranks the requests come from.
-        items: Read items of all ranks (the routing limit grows with it).
-        rank: The asking rank of each request.
-        chunk: Index of each request's stored chunk.
-        key: Index of each request's bytes (equal for equal requests of different ranks).
-        first: First row (first dimension) of each request in its chunk; 0 when 0-d.
-        stop: One past its last row; 1 when 0-d.
-        box_row: Bytes of one row of the request's box (the whole request when 0-d).
-        chunk_file: Each chunk's file, as an index that orders as the file names do.
-        chunk_offset: Each chunk's first byte, absolute in its file.
-        chunk_rows: Each chunk's rows (1 when 0-d).
-        chunk_row_bytes: Bytes of one row of each chunk (the whole chunk when 0-d).
-        chunks: Each chunk's ``(tensor name, offsets)``, by index.
-        key_chunk: Each key's stored chunk.
-        key_offsets: Each key's sub-box offsets in its chunk, one row per key, padded with
-            zeros past the chunk's dimensions.
-        key_lengths: Each key's sub-box lengths, likewise.
-        chunk_ndim: Each chunk's dimensions.
-    """
-
-    world: int
-    items: int
-    rank: Ints
-    chunk: Ints
-    key: Ints
-    first: Ints
-    stop: Ints
-    box_row: Ints
-    chunk_file: Ints
-    chunk_offset: Ints
-    chunk_rows: Ints
-    chunk_row_bytes: Ints
-    chunks: tuple[tuple[str, tuple[int, ...]], ...]
-    key_chunk: Ints
-    key_offsets: Ints
-    key_lengths: Ints
-    chunk_ndim: Ints
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +157,7 @@ class StripePlan:
         in_table = None
         if table is not None:
             where = {chunk: number for number, chunk in enumerate(table)}
-            in_table = _ints([where[chunk] for chunk in self.columns.chunks])
+            in_table = ints([where[chunk] for chunk in self.columns.chunks])
         return cut_shares(self, in_table)
 
 
@@ -722,7 +675,7 @@ def cut_stripes(
             taken += rows * row
             if not last and taken >= share * (reader + 1):
                 reader, load = reader + 1, 0
-    return _ints(out_reader), _ints(out_ext), _ints(out_first), _ints(out_stop)
+    return ints(out_reader), ints(out_ext), ints(out_first), ints(out_stop)
 
 
 def _place(
@@ -794,7 +747,7 @@ def _place(
                     received[into] += sizes[a:b]
         order = [who for who in order if queues[who]]
         number += 1
-    return rounds, _ints(placed)
+    return rounds, ints(placed)
 
 
 def ramps(count: Ints) -> Ints:
@@ -805,10 +758,6 @@ def ramps(count: Ints) -> Ints:
     ends = np.cumsum(count)
     out: Ints = np.arange(total, dtype=np.int64) - np.repeat(ends - count, count)
     return out
-
-
-def _ints(values: list[int]) -> Ints:
-    return np.asarray(values, dtype=np.int64).reshape(-1)
 
 
 def index_kind(bound: int) -> type[np.signedinteger]:
@@ -852,117 +801,6 @@ _NARROW = tuple(
 
 def _int_tuple(values: Ints) -> tuple[int, ...]:
     return tuple(int(v) for v in values.tolist())
-
-
-def row_bytes_of(first: Ints, stop: Ints, nbytes: Ints) -> Ints:
-    """Bytes of one row of each request's box: its bytes over its rows, 0 when it has no
-    rows.  Made over one temporary (at 8,192 ranks each request-long one is ~37 MB of
-    memory the kernel faults in afresh)."""
-    rows = np.subtract(stop, first, dtype=np.int64)
-    some = rows > 0
-    np.maximum(rows, 1, out=rows)
-    np.floor_divide(nbytes, rows, out=rows)
-    np.multiply(rows, some, out=rows)
-    return rows
-
-
-def columns_of_requests(requests: Requests) -> StripeColumns:
-    """The stripe planner's columns from the requests the cost model prices."""
-    r = requests
-    return StripeColumns(
-        world=r.world,
-        items=len(r.rank),
-        rank=r.rank,
-        chunk=r.chunk,
-        key=r.key,
-        first=r.first,
-        stop=r.stop,
-        box_row=row_bytes_of(r.first, r.stop, r.nbytes),
-        chunk_file=r.chunk_file,
-        chunk_offset=r.chunk_offset,
-        chunk_rows=r.chunk_rows,
-        chunk_row_bytes=r.chunk_row_bytes,
-        chunks=r.chunks,
-        key_chunk=r.raw_keys.key_chunk,
-        key_offsets=r.raw_keys.key_offsets,
-        key_lengths=r.raw_keys.key_lengths,
-        chunk_ndim=r.raw_keys.chunk_ndim,
-    )
-
-
-def columns_of_plans(
-    plans: Sequence[LoadPlan], chunk_of: Callable[[ReadItem], ChunkRows]
-) -> StripeColumns:
-    """The stripe planner's columns from every rank's plan (one walk over the items);
-    ``chunk_of`` is asked once per stored chunk."""
-    chunk_ids: dict[ChunkKey, int] = {}
-    infos: list[ChunkRows] = []
-    key_ids: dict[ItemKey, int] = {}
-    raw_keys: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
-    rank_col: list[int] = []
-    chunk_col: list[int] = []
-    key_col: list[int] = []
-    first_col: list[int] = []
-    stop_col: list[int] = []
-    row_col: list[int] = []
-    for rank, plan in enumerate(plans):
-        for item in plan.items:
-            key = item_key(item)
-            cid = chunk_ids.get((key[0], key[1]))
-            if cid is None:
-                cid = chunk_ids[(key[0], key[1])] = len(infos)
-                infos.append(chunk_of(item))
-            info = infos[cid]
-            rank_col.append(rank)
-            chunk_col.append(cid)
-            kid = key_ids.get(key)
-            if kid is None:
-                kid = key_ids[key] = len(raw_keys)
-                raw_keys.append((cid, key[2], key[3]))
-            key_col.append(kid)
-            if item.lengths:
-                first_col.append(item.storage_offsets[0])
-                stop_col.append(item.storage_offsets[0] + item.lengths[0])
-                row_col.append(math.prod(item.lengths[1:]) * info.itemsize)
-            else:
-                first_col.append(0)
-                stop_col.append(1)
-                row_col.append(info.row_bytes)
-    files = sorted({info.file for info in infos})
-    file_ids = {name: number for number, name in enumerate(files)}
-    return StripeColumns(
-        world=len(plans),
-        items=len(rank_col),
-        rank=_ints(rank_col),
-        chunk=_ints(chunk_col),
-        key=_ints(key_col),
-        first=_ints(first_col),
-        stop=_ints(stop_col),
-        box_row=_ints(row_col),
-        chunk_file=_ints([file_ids[info.file] for info in infos]),
-        chunk_offset=_ints([info.offset for info in infos]),
-        chunk_rows=_ints([info.rows for info in infos]),
-        chunk_row_bytes=_ints([info.row_bytes for info in infos]),
-        chunks=tuple(chunk_ids),
-        **_key_table(raw_keys, len(infos)),
-    )
-
-
-def _key_table(raw_keys: Sequence[RawKey], chunks: int) -> dict[str, Ints]:
-    """Each key's chunk, offsets and lengths as arrays (rows zero-padded to the widest
-    chunk), and each chunk's dimensions: the ``key_*`` and ``chunk_ndim`` columns."""
-    count = len(raw_keys)
-    key_chunk = np.fromiter((k[0] for k in raw_keys), dtype=np.int64, count=count)
-    key_ndim = np.fromiter((len(k[2]) for k in raw_keys), dtype=np.int64, count=count)
-    chunk_ndim = np.zeros(chunks, np.int64)
-    chunk_ndim[key_chunk] = key_ndim
-    table = KeyTable.of(raw_keys, chunk_ndim)
-    return {
-        "key_chunk": table.key_chunk,
-        "key_offsets": table.key_offsets,
-        "key_lengths": table.key_lengths,
-        "chunk_ndim": table.chunk_ndim,
-    }
 
 
 def plan_stripes(

@@ -35,7 +35,8 @@ from hyperckpt._exchange.pricing import (
 )
 from hyperckpt._exchange.requests import requests_of
 from hyperckpt._exchange.strategy import Strategy
-from hyperckpt._exchange.stripe_plan import columns_of_requests, plan_stripe_arrays
+from hyperckpt._exchange.stripe_columns import columns_of_requests
+from hyperckpt._exchange.stripe_plan import plan_stripe_arrays
 from hyperckpt._exchange.stripes import StripesTooLarge
 from hyperckpt._read.storage_info import StorageInfo
 

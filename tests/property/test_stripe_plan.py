@@ -21,7 +21,7 @@ from reference_stripes import reference_plan_stripes
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
-from hyperckpt._exchange import stripe_plan, stripe_shares
+from hyperckpt._exchange import stripe_columns, stripe_plan, stripe_shares
 from hyperckpt._exchange.schedule import item_key
 from hyperckpt._exchange.stripe_plan import BLOCK_BOXES, narrowest_ints, plan_stripes
 from hyperckpt._exchange.stripe_shares import BLOCK_MESSAGES, BLOCK_RANKS
@@ -216,7 +216,7 @@ def test_shares_cut_a_block_of_ranks_at_a_time_are_those_cut_one_rank_at_a_time(
 ) -> None:
     """Every array the same, in the same (narrowest) integer type, for any block size."""
     plan = stripe_plan.plan_stripe_arrays(
-        stripe_plan.columns_of_plans(plans, _chunk_of), round_bytes=round_bytes
+        stripe_columns.columns_of_plans(plans, _chunk_of), round_bytes=round_bytes
     )
     table = stripe_plan.chunk_table(plan.columns.chunks) if by_index else None
     with mock.patch.object(stripe_shares, "BLOCK_RANKS", 1):
@@ -258,7 +258,7 @@ def test_columns_narrowed_below_their_bounds_hold_every_value_and_plan_the_same(
     whose bound were understated would hold a value past the limit (or wrap) here.  The
     limits tried are one under each column's greatest value, where an off-by-one bound
     shows."""
-    columns = stripe_plan.columns_of_plans(plans, _chunk_of)
+    columns = stripe_columns.columns_of_plans(plans, _chunk_of)
     wide = stripe_plan.plan_stripe_arrays(columns, round_bytes=round_bytes)
     table = stripe_plan.chunk_table(wide.columns.chunks)
     expected = [share.schedule(table) for share in wide.shares(table)]
