@@ -63,7 +63,6 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import hyperckpt
 from hyperckpt._cli.dryrun import placements_for
-from hyperckpt._planner.load_planner import strided_regions
 from hyperckpt._planner.local_items import mark_whole
 from hyperckpt._read.dtype_policy import plan_conversions, request_conversions
 from hyperckpt._read.dtypes import to_torch_dtype
@@ -194,8 +193,9 @@ def plan_held(
     state: dict[str, object], md: Metadata, storage: dict[object, StorageInfo]
 ) -> tuple[float, float, list[object], int]:
     """CPU seconds of ``hyperckpt.LoadPlanner``'s local plan as ``hyperckpt.load`` makes it:
-    its check of every strided DTensor first (``strided_regions``, whose agreed regions the
-    plan reuses), then compact items (rows; ``hyperckpt.load``'s plans stay on their rank),
+    checked and planned before the DCP call (``plan_ahead``: every strided DTensor checked
+    in the pass that plans), handed out by DCP's set-up and ``create_local_plan``, as
+    compact items (rows; ``hyperckpt.load``'s plans stay on their rank),
     with the cyclic collector held by the caller for the whole DCP call, so the collection
     that would walk the live plan comes after it is garbage.  That collection is counted:
     the plan is dropped and the collector restarted inside the timed span.
@@ -216,12 +216,9 @@ def plan_held(
         begin = time.process_time()
         gc.disable()
         try:
-            # hyperckpt.load's check before the DCP call: every strided DTensor's regions,
-            # the ones the mesh agreed on kept for the plan (as api.load hands them over).
-            regions = strided_regions(
-                state, strided_layout=planner.strided_layout, agreed_only=True
-            )
-            planner.checked_regions = {fqn: (state[fqn], held) for fqn, held in regions.items()}
+            # hyperckpt.load's check and plan before the DCP call (one pass), then DCP's
+            # set-up and local plan, which take that plan.
+            planner.plan_ahead(state, md)
             planner.set_up_planner(state, md, is_coordinator=False)  # type: ignore[arg-type]
             local = planner.create_local_plan()
             planned = time.process_time()

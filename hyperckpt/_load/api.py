@@ -16,7 +16,6 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import LoadPlanner as DcpLoadPlanner
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
-from torch.distributed.tensor import DTensor
 
 from hyperckpt._arguments import check_path, check_type
 from hyperckpt._dist.agreement import Failure, agree, distributed
@@ -34,7 +33,7 @@ from hyperckpt._load.options import (
 from hyperckpt._load.readers import reader_for
 from hyperckpt._load.tied import check_tied, untied_error, untied_keys
 from hyperckpt._planner.gc_hold import without_gc
-from hyperckpt._planner.load_planner import LoadPlanner, strided_regions
+from hyperckpt._planner.load_planner import LoadPlanner
 from hyperckpt._planner.tied import Difference, differences, tied_groups, with_scratch
 from hyperckpt._read.dtype_policy import Conversion, DtypePolicy, enforce
 from hyperckpt._read.tracker import ProgressCallback
@@ -212,31 +211,28 @@ def load(
     destinations = with_scratch(wanted, groups)
     if planner is None:
         planner = LoadPlanner()
-    if isinstance(planner, LoadPlanner):
-        # Checked here, so a DTensor that cannot be matched raises our typed error rather
-        # than text inside DCP's CheckpointException; the plan reuses the regions.
-        regions = {}
-        try:
-            # Every strided DTensor checked; kept for the plan: the regions the mesh agreed
-            # on (the others depend on the layout alone: the plan finds them again).
-            regions = strided_regions(
-                destinations, strided_layout=planner.strided_layout, agreed_only=True
-            )
-        except CheckpointError as err:
-            failure = err
-        agree(failure, process_group, _refused)
-        # Checked once: no second all-reduce per tensor whose layout the mesh decides.
-        planner.checked_regions = {
-            fqn: (cast(DTensor, destinations[fqn]), held) for fqn, held in regions.items()
-        }
     # Described, validated and mapped above: read_metadata reads no header and maps nothing.
     reader = reader_for(layout.kind)(path, options=options, layout=mapped)
     # A planner whose global step and finish leave the plans as they are never needs the
     # items on the coordinator: they stay on their rank (see prepare_local_plan).
     reader._items_stay = _leaves_plans_alone(planner)
-    # Plans that stay on their rank need no ReadItem objects until the reader walks them.
-    if isinstance(planner, LoadPlanner) and reader._items_stay:
-        planner.compact_items = True
+    if isinstance(planner, LoadPlanner):
+        # Plans that stay on their rank need no ReadItem objects until the reader walks them.
+        planner.compact_items = reader._items_stay
+        # Checked and planned here, so a DTensor that cannot be matched raises our typed
+        # error rather than text inside DCP's CheckpointException, in the one pass over
+        # the state dict that also plans it; DCP's set-up takes the plan as it is.
+        metadata = reader.given_metadata()
+        assert metadata is not None, "the reader was given the layout"
+        try:
+            try:
+                planner.plan_ahead(destinations, metadata)
+            except CheckpointError as err:
+                failure = err
+            agree(failure, process_group, _refused)
+        except BaseException:
+            planner.forget_load()  # a planner the caller passed plans later calls as before
+            raise
     with warnings.catch_warnings():
         # One process without a process group is a supported use here, not a mistake.
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
@@ -263,8 +259,7 @@ def load(
         finally:
             if isinstance(planner, LoadPlanner):
                 # A planner the caller passed plans later plain dcp.load calls as before.
-                planner.compact_items = False
-                planner.checked_regions = {}
+                planner.forget_load()
     untied = untied_keys(state_dict, wanted, skipped)
     if untied and allow_missing is True:
         logger.warning("hyperckpt.load: keys left as they were, tied to nothing: %s", untied)

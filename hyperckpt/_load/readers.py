@@ -186,7 +186,10 @@ class _SafetensorsReader(FileSystemReader):
         self.last_broadcast: ExchangeStats | None = None
         self._per_thread = threading.local()  # from here on, a load's state is per thread
         # Used once, by the first read_metadata of this path in any thread.
-        self._given = None if layout is None else (os.fspath(self.path), layout)
+        # With its metadata once made (see given_metadata).
+        self._given: tuple[str, MappedLayout, Metadata | None] | None = (
+            None if layout is None else (os.fspath(self.path), layout, None)
+        )
         self._given_lock = threading.Lock()
 
     # The options as they were known before ``options`` held them all (read-only).
@@ -248,7 +251,7 @@ class _SafetensorsReader(FileSystemReader):
             CheckpointError: The checkpoint breaks a rule, or does not fit the mapping; the
                 message stands on its own.
         """
-        given = self._take_given()
+        given, metadata = self._take_given()
         if given is not None:
             self.mapped = given
             layout = given.layout
@@ -263,17 +266,32 @@ class _SafetensorsReader(FileSystemReader):
                 self.mapped = self.options.mapping.apply(layout)
                 layout = self.mapped.layout
         self.layout = layout  # this thread's load
-        metadata = to_metadata(layout)
+        if metadata is None:
+            metadata = to_metadata(layout)
         metadata.storage_meta = StorageMeta(checkpoint_id=str(self.path), load_id=self.load_id)
         return metadata
 
-    def _take_given(self) -> MappedLayout | None:
-        """The layout given to the constructor, once, if the reader still points at its path."""
+    def _take_given(self) -> tuple[MappedLayout | None, Metadata | None]:
+        """The layout given to the constructor and its metadata if made, once, if the
+        reader still points at its path."""
         with self._given_lock:
             given, self._given = self._given, None
         if given is None or given[0] != os.fspath(self.path):
-            return None
-        return given[1]
+            return None, None
+        return given[1], given[2]
+
+    def given_metadata(self) -> Metadata | None:
+        """The metadata of the layout given to the constructor, made now: the very object
+        the next ``read_metadata`` of this path returns (:func:`hyperckpt.load` plans with
+        it before ``dcp.load``).  ``None`` when no layout was given, it was used, or the
+        reader points elsewhere now."""
+        with self._given_lock:
+            given = self._given
+            if given is None or given[0] != os.fspath(self.path):
+                return None
+            if given[2] is None:
+                given = self._given = (given[0], given[1], to_metadata(given[1].layout))
+            return given[2]
 
     def set_up_storage_reader(
         self, metadata: Metadata, is_coordinator: bool, *args: object, **kwargs: object

@@ -14,7 +14,7 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 import torch.distributed as dist
@@ -128,6 +128,10 @@ class LoadPlanner(DefaultLoadPlanner):
         #: for; the plan reuses them instead of a second check (and a second all-reduce
         #: per tensor whose layout the mesh decides).
         self.checked_regions: Mapping[str, tuple[DTensor, tuple[Region, ...]]] = {}
+        # The plan made by plan_ahead, until the set-up it was made for (see there).
+        self._ahead: _Ahead | None = None
+        # The plan create_local_plan hands out, taken from _ahead by set_up_planner.
+        self._planned: _Ahead | None = None
 
     def set_up_planner(
         self,
@@ -144,7 +148,20 @@ class LoadPlanner(DefaultLoadPlanner):
         torch's own walks.
         """
         with without_gc():
-            flat, meta = flat_state_dict(state_dict)
+            ahead, self._ahead = self._ahead, None
+            self._planned = None
+            if (
+                ahead is not None
+                and metadata is ahead.metadata
+                and len(state_dict) == ahead.count
+                and self.flatten_state_dict
+            ):
+                # dcp.load's copy of the state dict plan_ahead planned (keys sorted), with
+                # the metadata it planned against: flat, without meta tensors (checked there).
+                flat, meta = True, False
+                self._planned = ahead
+            else:
+                flat, meta = flat_state_dict(state_dict)
             self._flat = flat and self.flatten_state_dict
             if not self._flat:
                 super().set_up_planner(state_dict, metadata, is_coordinator)
@@ -182,7 +199,52 @@ class LoadPlanner(DefaultLoadPlanner):
                 local tensor; the message names the parameter, placements and mesh.
         """
         with without_gc():
-            return self._local_plan()
+            planned, self._planned = self._planned, None
+            if planned is None:
+                return self._local_plan()
+        if planned.missing is not None:  # torch's refusal, as _flat_plan raises it
+            raise RuntimeError(f"Missing key in checkpoint state_dict: {planned.missing}.")
+        return planned.plan
+
+    def plan_ahead(self, state_dict: Mapping[str, object], metadata: Metadata) -> None:
+        """Check ``state_dict`` against ``metadata`` and plan it now, before ``dcp.load``:
+        what :func:`hyperckpt.load` calls, once per load.
+
+        The check is :func:`strided_regions`' (every ``_StridedShard`` DTensor's regions,
+        with the all-reduces the mesh takes, refused with our error before DCP's
+        collectives), made in the pass that plans every tensor: the planner's pass and the
+        check's are one.  The plan is kept for the ``set_up_planner`` that follows with this
+        very ``metadata`` object and a state dict of as many keys (``dcp.load``'s copy of
+        this one, its keys sorted; the plan keeps this one's order); its
+        ``create_local_plan`` hands it out.  A state dict that DCP would flatten or fill
+        (not flat, or holding meta tensors) is checked only, as :func:`strided_regions`
+        checks it, and planned inside ``dcp.load`` as usual.
+
+        Raises:
+            CheckpointError: As :func:`strided_regions`; a size differs from the
+                checkpoint's.
+        """
+        self._ahead = None
+        with without_gc():
+            flat, meta = flat_state_dict(state_dict)
+            if not flat or meta or not self.flatten_state_dict:
+                regions = strided_regions(
+                    state_dict, strided_layout=self.strided_layout, agreed_only=True
+                )
+                # Checked once: no second all-reduce per tensor whose layout the mesh decides.
+                self.checked_regions = {
+                    fqn: (cast(DTensor, state_dict[fqn]), held) for fqn, held in regions.items()
+                }
+                return
+            plan, missing = self._flat_plan(state_dict, metadata)
+            self._ahead = _Ahead(metadata, len(state_dict), plan, missing)
+
+    def forget_load(self) -> None:
+        """Forget what :func:`hyperckpt.load` set for its call (the plan made ahead, the
+        regions checked, compact items): later plain ``dcp.load`` calls plan as before."""
+        self._ahead = self._planned = None
+        self.checked_regions = {}
+        self.compact_items = False
 
     def _local_plan(self) -> LoadPlan:
         assert self.metadata is not None, "set_up_planner runs before create_local_plan"
@@ -210,24 +272,53 @@ class LoadPlanner(DefaultLoadPlanner):
                 item for item in plan.items if item.dest_index.fqn not in planned
             ]
         else:
-            # The same items as torch's, in time for this rank's own tensors, and the
-            # strided DTensors found in the same pass (sizes checked there too).
-            scan = scan_local(
-                self.state_dict,
-                self.metadata,
-                strict=not self.allow_partial_load,
-                compact=self.compact_items,
-            )
-            settled = _settle(scan.deferred, self.strided_layout, checked=self.checked_regions)
-            if scan.missing is not None:  # torch's refusal, after every check of ours
-                raise RuntimeError(f"Missing key in checkpoint state_dict: {scan.missing}.")
-            items = scan.items
-            # Compact items stand in for the list (a Sequence of the same items).
-            plan = LoadPlan(items)  # type: ignore[arg-type]
+            plan, missing = self._flat_plan(self.state_dict, self.metadata)
+            if missing is not None:  # torch's refusal, after every check of ours
+                raise RuntimeError(f"Missing key in checkpoint state_dict: {missing}.")
+            return plan
         if not settled.groups and not settled.agreed:
             return plan
         _add_region_items(items, settled, self.metadata)
         return dataclasses.replace(plan, items=items)  # type: ignore[arg-type]
+
+    def _flat_plan(
+        self, state_dict: Mapping[str, object], metadata: Metadata
+    ) -> tuple[LoadPlan, str | None]:
+        """The plan of a flat state dict, and the first key the checkpoint lacks (with
+        strict loading; else ``None``): the same items as torch's, in time for this rank's
+        own tensors, and the strided DTensors found and settled in the same pass (sizes
+        checked there too), their items added.
+
+        Raises:
+            CheckpointError: A size differs, or a strided DTensor is refused (see
+                :func:`strided_regions`).
+        """
+        scan = scan_local(
+            state_dict, metadata, strict=not self.allow_partial_load, compact=self.compact_items
+        )
+        settled = _settle(scan.deferred, self.strided_layout, checked=self.checked_regions)
+        items = scan.items
+        if settled.groups or settled.agreed:
+            _add_region_items(items, settled, metadata)
+        # Compact items stand in for the list (a Sequence of the same items).
+        return LoadPlan(items), scan.missing  # type: ignore[arg-type]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Ahead:
+    """A plan :meth:`LoadPlanner.plan_ahead` made, and what it was made for.
+
+    Attributes:
+        metadata: The metadata it was planned against (the set-up's must be this object).
+        count: How many keys the planned state dict has.
+        plan: The local plan.
+        missing: The first key the checkpoint lacks, refused when the plan is handed out.
+    """
+
+    metadata: Metadata
+    count: int
+    plan: LoadPlan
+    missing: str | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

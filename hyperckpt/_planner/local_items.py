@@ -75,7 +75,7 @@ def every_tensor_whole(metadata: Metadata) -> bool:
     return getattr(metadata, _WHOLE, False) is True
 
 
-def flat_state_dict(state_dict: dict[str, Any]) -> tuple[bool, bool]:
+def flat_state_dict(state_dict: Mapping[str, object]) -> tuple[bool, bool]:
     """Whether DCP's flattening leaves ``state_dict`` as it is, and whether it holds meta
     tensors (which DCP's set-up replaces by real ones), in one pass.
 

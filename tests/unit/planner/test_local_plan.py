@@ -12,7 +12,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from hyperckpt import LoadPlanner
+from hyperckpt import CheckpointError, LoadPlanner
 from hyperckpt._planner.local_items import flat_state_dict
 
 
@@ -114,3 +114,86 @@ def test_a_flat_state_dict_that_is_part_of_the_checkpoint_is_planned_as_torch_pl
     assert [repr(item) for item in partial.create_local_plan().items] == [
         repr(item) for item in expected
     ]
+
+
+def _sorted(state: dict[str, object]) -> dict[str, object]:
+    """What dcp.load hands the planner: a copy, keys sorted."""
+    return {key: state[key] for key in sorted(state)}
+
+
+def test_a_plan_made_ahead_is_the_plan_the_next_set_up_hands_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    state: dict[str, object] = {name: torch.zeros(shape) for name, shape in SHAPES.items()}
+    md = metadata(SHAPES, split="c.weight")
+    theirs, _ = both(state, md)
+    expected = sorted(map(repr, theirs.create_local_plan().items))
+    ours = LoadPlanner()
+    ours.plan_ahead(state, md)
+
+    def scans(*args: object, **kwargs: object) -> object:
+        raise AssertionError("planned twice")
+
+    monkeypatch.setattr("hyperckpt._planner.load_planner.scan_local", scans)
+    ours.set_up_planner(_sorted(state), md, is_coordinator=False)
+    assert list(ours.state_dict) == sorted(state)
+    assert sorted(map(repr, ours.create_local_plan().items)) == expected
+    # Handed out once: a later set-up plans again (here: the scan that now refuses).
+    ours.set_up_planner(_sorted(state), md, is_coordinator=False)
+    with pytest.raises(AssertionError, match="planned twice"):
+        ours.create_local_plan()
+
+
+def test_a_plan_made_ahead_is_not_handed_to_another_set_up() -> None:
+    state: dict[str, object] = {name: torch.zeros(shape) for name, shape in SHAPES.items()}
+    md = metadata(SHAPES)
+    ours = LoadPlanner()
+    # Other metadata (here: c.weight stored as two chunks): planned afresh against it.
+    ours.plan_ahead(state, md)
+    ours.set_up_planner(_sorted(state), metadata(SHAPES, split="c.weight"), is_coordinator=False)
+    items = ours.create_local_plan().items
+    assert [item.dest_index.fqn for item in items].count("c.weight") == 2
+    fewer = {key: state[key] for key in ("a.weight", "a.bias")}
+    # The same metadata, another number of keys: planned afresh too.
+    ours.plan_ahead(state, md)
+    ours.set_up_planner(dict(fewer), md, is_coordinator=False)
+    assert {item.dest_index.fqn for item in ours.create_local_plan().items} == set(fewer)
+    # Forgotten: nothing handed out.
+    ours.plan_ahead(state, md)
+    ours.forget_load()
+    ours.set_up_planner(dict(fewer), md, is_coordinator=False)
+    assert {item.dest_index.fqn for item in ours.create_local_plan().items} == set(fewer)
+
+
+def test_a_plan_made_ahead_keeps_torchs_refusal_of_a_missing_key_for_the_plan() -> None:
+    state: dict[str, object] = {name: torch.zeros(shape) for name, shape in SHAPES.items()}
+    state["z.extra"] = torch.zeros(2)
+    md = metadata(SHAPES)
+    ours = LoadPlanner()
+    ours.plan_ahead(state, md)  # not refused here: the plan is where torch refuses it
+    ours.set_up_planner(_sorted(state), md, is_coordinator=False)
+    with pytest.raises(RuntimeError, match=r"Missing key in checkpoint state_dict: z\.extra"):
+        ours.create_local_plan()
+
+
+def test_a_state_dict_dcp_would_flatten_or_fill_is_only_checked_ahead() -> None:
+    md = metadata(SHAPES)
+    nested: dict[str, object] = {
+        "a": {"weight": torch.zeros(4, 3), "bias": torch.zeros(4)},
+        "b.scale": torch.zeros(()),
+        "c.weight": torch.zeros(6, 2),
+    }
+    with_meta: dict[str, object] = {name: torch.zeros(shape) for name, shape in SHAPES.items()}
+    with_meta["c.weight"] = torch.empty(6, 2, device="meta")
+    for state in (nested, with_meta):
+        ours = LoadPlanner()
+        ours.plan_ahead(state, md)
+        assert ours._ahead is None
+        assert ours.checked_regions == {}
+
+
+def test_a_size_that_differs_is_refused_ahead_with_our_error() -> None:
+    state: dict[str, object] = {name: torch.zeros(shape) for name, shape in SHAPES.items()}
+    state["a.bias"] = torch.zeros(5)
+    with pytest.raises(CheckpointError, match=r"a\.bias"):
+        LoadPlanner().plan_ahead(state, metadata(SHAPES))
