@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Iterator
@@ -72,15 +73,8 @@ class Box:
 
     def span(self) -> tuple[int, int]:
         """``(absolute offset, length)`` from the box's first byte to its last, inclusive."""
-        first = last = 0
-        stride = 1  # in elements, from the innermost dimension out
-        for offset, length, size in zip(
-            reversed(self.offsets), reversed(self.lengths), reversed(self.shape), strict=True
-        ):
-            first += offset * stride
-            last += (offset + length - 1) * stride
-            stride *= size
-        return self.start + first * self.itemsize, (last - first + 1) * self.itemsize
+        first, count = _span(self.shape, self.offsets, self.lengths)
+        return self.start + first * self.itemsize, count * self.itemsize
 
     def run_starts(self) -> tuple[torch.Tensor, int]:
         """The box's contiguous runs: their absolute file offsets (int64, in order) and the
@@ -136,6 +130,24 @@ class Box:
     def view(self, data: torch.Tensor) -> torch.Tensor:
         """The box as a (strided) view of ``data``, the whole chunk's bytes as a 1-D tensor."""
         return narrow(data.view(self.shape), self.offsets, self.lengths)
+
+
+@functools.lru_cache(maxsize=4096)
+def _span(
+    shape: tuple[int, ...], offsets: tuple[int, ...], lengths: tuple[int, ...]
+) -> tuple[int, int]:
+    """First element of a box and elements from it to its last, inclusive, in its chunk's
+    row-major order.  Cached: a load's boxes come in a few geometries (15k expert column
+    slices of a DeepSeek-V3 rank are a handful), each asked several times."""
+    first = last = 0
+    stride = 1  # in elements, from the innermost dimension out
+    for offset, length, size in zip(
+        reversed(offsets), reversed(lengths), reversed(shape), strict=True
+    ):
+        first += offset * stride
+        last += (offset + length - 1) * stride
+        stride *= size
+    return first, last - first + 1
 
 
 def _strides(shape: tuple[int, ...]) -> list[int]:

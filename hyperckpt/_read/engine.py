@@ -363,6 +363,7 @@ class _Load:
             for file in files.values():
                 file.close()
         for request in committed:
+            assert request.item is not None, "a request without an item is never committed"
             planner.commit_tensor(request.item, request.target)
         return LoadStats(
             tensors=len(items),

@@ -27,7 +27,9 @@ class Request:
         dtype: The stored dtype, as torch names it.
         target: The destination (detached), shaped like ``box``.
         fqn: The destination's fully qualified name, for messages.
-        item: The read item (what its commit is told).
+        item: The read item (what its commit is told); ``None`` for a compact plan's row
+            read in place, which is never committed (its planner
+            :func:`~hyperckpt._planner.load_planner.resolves_in_place`).
         key: What the progress tracker counts its bytes under: the read item, or the
             tensor's key for a row of a compact plan.
     """
@@ -38,7 +40,7 @@ class Request:
     dtype: torch.dtype
     target: torch.Tensor
     fqn: str
-    item: ReadItem
+    item: ReadItem | None
     key: Hashable
 
 

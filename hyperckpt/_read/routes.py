@@ -178,6 +178,18 @@ class Router:
         else:
             self._strided.append(request)
 
+    def add_strided(self, request: Request) -> None:
+        """Route ``request`` as one read by its runs: the caller found its target a
+        contiguous CPU tensor of the stored dtype and its box not one run (what
+        :meth:`add` would find, without looking again); an empty one is dropped."""
+        box = request.box
+        if box.nbytes == 0:
+            return
+        span = box.span()[1]
+        if span > self._widest:
+            self._widest = span
+        self._strided.append(request)
+
     def direct(self, name: str, offset: int, length: int, address: int, key: Hashable) -> None:
         """Route one byte range of file ``name`` read in place at ``address`` (``length``
         bytes, more than none), counted under ``key``."""

@@ -124,7 +124,7 @@ def routed(
     add_file, add_offset, add_length, add_address, add_key = router.appenders()
     # Per cut: the byte run its rows read in place, for the chunk shape and dtype it was
     # last worked out for (see _Run).
-    runs: dict[_Cut, _Run] = {}
+    runs: dict[RowCut, _Run] = {}
     keys, cuts = items.columns()
     for key, cut in zip(keys, cuts, strict=True):
         if key is None:
@@ -164,6 +164,23 @@ def routed(
         strided = run[4] is not None and kind is DTensor
         if strided and in_place.add_row(key, value, info, cut):  # type: ignore[arg-type]
             continue
+        # A column slice that is the whole local tensor (an expert's row-parallel weight
+        # under tensor parallelism: 15k of a DeepSeek-V3 rank's rows), bound for a
+        # contiguous CPU tensor of the stored dtype: read by its runs, its request made
+        # directly (what resolve makes of its item, without the item).
+        offsets = run[6]
+        if (
+            offsets is not None
+            and type(local) in _PLAIN
+            and local.size() == run[2]  # type: ignore[union-attr]
+            and local.dtype is run[3]  # type: ignore[union-attr]
+            and local.is_cpu  # type: ignore[union-attr]
+            and local.is_contiguous()  # type: ignore[union-attr]
+        ):
+            box = Box(info.offset, info.shape, offsets, run[2], run[3].itemsize)
+            target = local.detach()  # type: ignore[union-attr]
+            router.add_strided(Request(info.file, info, box, run[3], target, key, None, key))
+            continue
         # A region not one run (a column slice), or a destination not read in place.
         item = cut.item(key, cut.origin)  # type: ignore[union-attr]
         request = resolve(item, info, planner, key, found=local_destination(item, state))
@@ -173,25 +190,26 @@ def routed(
 
 
 #: What the rows of one cut read in place from a chunk of one shape and dtype: the chunk's
-#: shape, its dtype code and torch dtype, the local tensor's shape (the cut's lengths), and
-#: the first byte (relative to the chunk's data) and byte count of the cut's one run, or
-#: ``None`` and 0 when the cut is not one run (its rows are resolved as items).
-_Run = tuple[tuple[int, ...], str, torch.Size, torch.dtype, int | None, int]
+#: shape, its dtype code and torch dtype, the local tensor's shape (the cut's lengths), the
+#: first byte (relative to the chunk's data) and byte count of the cut's one run, or
+#: ``None`` and 0 when the cut is not one run, and then, where the chunk is the tensor
+#: whole, the cut's storage offsets (its rows are read by their runs), else ``None``
+#: (resolved as items).
+_Run = tuple[tuple[int, ...], str, torch.Size, torch.dtype, int | None, int, tuple[int, ...] | None]
 
 
-def _run(cut: _Cut, info: StorageInfo) -> _Run:
+def _run(cut: RowCut, info: StorageInfo) -> _Run:
     """The byte run of the rows of ``cut`` in a chunk like ``info`` (see :data:`_Run`)."""
     dtype = to_torch_dtype(info.dtype)
     lengths = cut.lengths
     assert lengths is not None, "a row's cut overlaps its tensor"
     # A chunk whose shape is not the tensor's is not read in place: its rows become items.
-    extent = (
-        Box(0, info.shape, cut.box.offsets, lengths, 1).one_run()
-        if info.shape == cut.shape
-        else None
-    )
+    if info.shape != cut.shape:
+        return info.shape, info.dtype, lengths, dtype, None, 0, None
+    offsets = tuple(cut.box.offsets)
+    extent = Box(0, info.shape, offsets, tuple(lengths), 1).one_run()
     if extent is None:
-        return info.shape, info.dtype, lengths, dtype, None, 0
+        return info.shape, info.dtype, lengths, dtype, None, 0, offsets
     return (
         info.shape,
         info.dtype,
@@ -199,6 +217,7 @@ def _run(cut: _Cut, info: StorageInfo) -> _Run:
         dtype,
         extent[0] * dtype.itemsize,
         extent[1] * dtype.itemsize,
+        None,
     )
 
 
