@@ -38,6 +38,7 @@ import json
 import logging
 import math
 import re
+import statistics
 import sys
 import time
 import tracemalloc
@@ -190,7 +191,10 @@ def torch_reader_steps(
 
 
 def plan_held(
-    state: dict[str, object], md: Metadata, storage: dict[object, StorageInfo]
+    state: dict[str, object],
+    md: Metadata,
+    storage: dict[object, StorageInfo],
+    repeat: int = 1,
 ) -> tuple[float, float, list[object], int]:
     """CPU seconds of ``hyperckpt.LoadPlanner``'s local plan as ``hyperckpt.load`` makes it:
     checked and planned before the DCP call (``plan_ahead``: every strided DTensor checked
@@ -204,12 +208,13 @@ def plan_held(
         The plan's CPU seconds; the CPU seconds of the reader's set-up from that plan
         before its first read (:func:`reader_setup`: timed apart, in a second run,
         collector held as ``hyperckpt.load`` holds it); the items the rows stand for (made
-        after the timed spans, to compare with torch's); and the number of jobs.
+        after the timed spans, to compare with torch's); and the number of jobs.  Each
+        time is the median of ``repeat`` runs.
     """
-    timings = []
+    timings: list[list[float]] = [[], []]
     items: list[object] = []
     jobs = 0
-    for walk in (False, True):
+    for walk in (False, True) * repeat:
         planner = hyperckpt.LoadPlanner()
         planner.compact_items = True
         gc.collect()
@@ -224,15 +229,16 @@ def plan_held(
             planned = time.process_time()
             if walk:
                 jobs = reader_setup(planner, local.items, storage)
-                timings.append(time.process_time() - planned)
-                items = list(local.items)  # untimed: to compare with torch's
+                timings[1].append(time.process_time() - planned)
+                if not items:
+                    items = list(local.items)  # untimed: to compare with torch's
             del local, planner
         finally:
             gc.enable()
         gc.collect(0)
         if not walk:
-            timings.append(time.process_time() - begin)
-    return timings[0], timings[1], items, jobs
+            timings[0].append(time.process_time() - begin)
+    return statistics.median(timings[0]), statistics.median(timings[1]), items, jobs
 
 
 def plan(
@@ -240,14 +246,17 @@ def plan(
     state: dict[str, object],
     md: Metadata,
     storage: dict[object, StorageInfo] | None = None,
+    repeat: int = 1,
 ) -> tuple[object, float, int, float | None]:
-    """A fresh planner's local plan, its CPU seconds, its peak traced bytes (a second,
-    traced run: tracing slows Python allocation, so the timed run is untraced), and with
-    ``storage`` the CPU seconds of :func:`torch_reader_steps` on the untraced plan."""
-    results = []
+    """A fresh planner's local plan, its CPU seconds (the median of ``repeat`` runs), its
+    peak traced bytes (a last, traced run: tracing slows Python allocation, so the timed
+    runs are untraced), and with ``storage`` the CPU seconds of :func:`torch_reader_steps`
+    on the untraced plans (their median)."""
+    first: object = None
+    seconds: list[float] = []
+    steps: list[float] = []
     peak = 0
-    steps = None
-    for traced in (False, True):
+    for traced in (False,) * repeat + (True,):
         planner = make()
         gc.collect()
         if traced:
@@ -255,13 +264,16 @@ def plan(
         begin = time.process_time()
         planner.set_up_planner(state, md, is_coordinator=False)  # type: ignore[arg-type]
         local = planner.create_local_plan()
-        results.append((local, time.process_time() - begin))
-        if storage is not None and not traced:
-            steps = torch_reader_steps(planner, local.items, storage)
+        spent = time.process_time() - begin
         if traced:
             peak = tracemalloc.get_traced_memory()[1]
             tracemalloc.stop()
-    return results[0][0], results[0][1], peak, steps
+            continue
+        seconds.append(spent)
+        first = local if first is None else first
+        if storage is not None:
+            steps.append(torch_reader_steps(planner, local.items, storage))
+    return first, statistics.median(seconds), peak, statistics.median(steps) if steps else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -272,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rank", type=int, default=1, help="the rank to pose as")
     parser.add_argument(
         "--files", type=int, default=163, help="checkpoint files (DeepSeek-V3 has 163)"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="timed runs per planner (each time a median)"
     )
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/plan_rank.json"))
     args = parser.parse_args(argv)
@@ -290,10 +305,12 @@ def main(argv: list[str] | None = None) -> int:
                     # not.  A real load has real tensors, so make them real once, untimed.
                     _init_state_dict(state)
                     theirs, torch_s, torch_peak, torch_steps = plan(
-                        DefaultLoadPlanner, state, md, storage
+                        DefaultLoadPlanner, state, md, storage, args.repeat
                     )
-                    ours, ours_s, ours_peak, _ = plan(hyperckpt.LoadPlanner, state, md)
-                    held_s, setup_s, made, jobs = plan_held(state, md, storage)
+                    ours, ours_s, ours_peak, _ = plan(
+                        hyperckpt.LoadPlanner, state, md, repeat=args.repeat
+                    )
+                    held_s, setup_s, made, jobs = plan_held(state, md, storage, args.repeat)
                 finally:
                     dist.destroy_process_group()
                 items = len(theirs.items)  # type: ignore[attr-defined]
@@ -305,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
                     "layout": layout,
                     "world": world,
                     "rank": args.rank,
+                    "repeat": args.repeat,
                     "tensors": len(state),
                     "items": items,
                     "torch_seconds": torch_s,

@@ -75,12 +75,13 @@ def test_plan_rank_makes_torchs_items(tmp_path: Path) -> None:
     text = _script(
         "plan_rank.py",
         *("--models", "llama-3-70b", "--layouts", "fsdp", "fsdp-tp", "--worlds", "8"),
-        *("--out", str(out)),
+        *("--repeat", "2", "--out", str(out)),
         cwd=tmp_path,
     )
     rows = json.loads(out.read_text())["rows"]
     # FSDP x TP takes hyperckpt.load's strided check and the plan's strided rows.
     assert [row["layout"] for row in rows] == ["fsdp", "fsdp-tp"], text
+    assert all(row["repeat"] == 2 for row in rows), text
     assert all(row["same_items"] and row["same_compact_items"] for row in rows), text
 
 
