@@ -226,7 +226,8 @@ def load(
         assert metadata is not None, "the reader was given the layout"
         try:
             try:
-                planner.plan_ahead(destinations, metadata)
+                # Sizes were compared key by key above (validate).
+                planner.plan_ahead(destinations, metadata, sizes_checked=True)
             except CheckpointError as err:
                 failure = err
             agree(failure, process_group, _refused)

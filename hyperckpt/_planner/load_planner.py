@@ -40,6 +40,7 @@ from hyperckpt._planner.local_items import (
     every_tensor_whole,
     flat_state_dict,
     scan_local,
+    stored_whole,
 )
 from hyperckpt._planner.placements import same_placements
 from hyperckpt._planner.region_items import RegionItems
@@ -206,7 +207,9 @@ class LoadPlanner(DefaultLoadPlanner):
             raise RuntimeError(f"Missing key in checkpoint state_dict: {planned.missing}.")
         return planned.plan
 
-    def plan_ahead(self, state_dict: Mapping[str, object], metadata: Metadata) -> None:
+    def plan_ahead(
+        self, state_dict: Mapping[str, object], metadata: Metadata, *, sizes_checked: bool = False
+    ) -> None:
         """Check ``state_dict`` against ``metadata`` and plan it now, before ``dcp.load``:
         what :func:`hyperckpt.load` calls, once per load.
 
@@ -218,7 +221,8 @@ class LoadPlanner(DefaultLoadPlanner):
         this one, its keys sorted; the plan keeps this one's order); its
         ``create_local_plan`` hands it out.  A state dict that DCP would flatten or fill
         (not flat, or holding meta tensors) is checked only, as :func:`strided_regions`
-        checks it, and planned inside ``dcp.load`` as usual.
+        checks it, and planned inside ``dcp.load`` as usual.  ``sizes_checked``: the caller
+        already refused every tensor whose size differs from the checkpoint's.
 
         Raises:
             CheckpointError: As :func:`strided_regions`; a size differs from the
@@ -236,7 +240,7 @@ class LoadPlanner(DefaultLoadPlanner):
                     fqn: (cast(DTensor, state_dict[fqn]), held) for fqn, held in regions.items()
                 }
                 return
-            plan, missing = self._flat_plan(state_dict, metadata)
+            plan, missing = self._flat_plan(state_dict, metadata, sizes_checked)
             self._ahead = _Ahead(metadata, len(state_dict), plan, missing)
 
     def forget_load(self) -> None:
@@ -282,7 +286,7 @@ class LoadPlanner(DefaultLoadPlanner):
         return dataclasses.replace(plan, items=items)  # type: ignore[arg-type]
 
     def _flat_plan(
-        self, state_dict: Mapping[str, object], metadata: Metadata
+        self, state_dict: Mapping[str, object], metadata: Metadata, sizes_checked: bool = False
     ) -> tuple[LoadPlan, str | None]:
         """The plan of a flat state dict, and the first key the checkpoint lacks (with
         strict loading; else ``None``): the same items as torch's, in time for this rank's
@@ -294,7 +298,11 @@ class LoadPlanner(DefaultLoadPlanner):
                 :func:`strided_regions`).
         """
         scan = scan_local(
-            state_dict, metadata, strict=not self.allow_partial_load, compact=self.compact_items
+            state_dict,
+            metadata,
+            strict=not self.allow_partial_load,
+            compact=self.compact_items,
+            sizes_checked=sizes_checked,
         )
         settled = _settle(scan.deferred, self.strided_layout, checked=self.checked_regions)
         items = scan.items
@@ -327,17 +335,17 @@ class _Settled:
 
     Attributes:
         groups: Members of one layout with one local shape, and the regions each holds:
-            (layout, their keys, regions).
+            (layout, their keys, their local tensors, regions).
         agreed: The regions of the DTensors whose layout the mesh agreed on, by key.
     """
 
-    groups: list[tuple[DeferredLayout, list[str], tuple[Region, ...]]]
+    groups: list[tuple[DeferredLayout, list[str], list[torch.Tensor], tuple[Region, ...]]]
     agreed: dict[str, tuple[Region, ...]]
 
     def regions(self) -> dict[str, tuple[Region, ...]]:
         """Every DTensor's regions by key (made without a call per key)."""
         found: dict[str, tuple[Region, ...]] = {}
-        for _, keys, held in self.groups:
+        for _, keys, _, held in self.groups:
             found.update(dict.fromkeys(keys, held))
         found.update(self.agreed)
         return found
@@ -362,11 +370,12 @@ def _add_region_items(
     rows = items if isinstance(items, CompactItems) else None
     marked_whole = every_tensor_whole(metadata)
     one_by_one: list[tuple[str, tuple[Region, ...]]] = []
-    for layout, keys, held in settled.groups:
+    for layout, keys, local_tensors, held in settled.groups:
         if rows is not None and layout.whole:
             # Every member stored as one whole chunk of the layout's shape (the scan
             # checked each size): the first member's items stand for all of them.
-            rows.add_rows(keys, make_items.templates(keys[0], known[keys[0]], held))  # type: ignore[arg-type]
+            templates = make_items.templates(keys[0], known[keys[0]], held)  # type: ignore[arg-type]
+            rows.add_rows(keys, templates, local_tensors)
         else:
             one_by_one.extend(zip(keys, itertools.repeat(held)))
     one_by_one.extend(settled.agreed.items())
@@ -380,16 +389,10 @@ def _add_region_items(
     for fqn, held in one_by_one:
         md = known[fqn]
         assert isinstance(md, TensorStorageMetadata)
-        if rows is not None and (marked_whole or _stored_whole(md)):
+        if rows is not None and (marked_whole or stored_whole(md)):
             rows.add_rows((fqn,), make_items.templates(fqn, md, held))
         else:
             items.extend(make_items(fqn, md, held))
-
-
-def _stored_whole(md: TensorStorageMetadata) -> bool:
-    """Whether the tensor is stored as one chunk at the origin that covers it."""
-    chunks = md.chunks
-    return len(chunks) == 1 and chunks[0].sizes == md.size and not any(chunks[0].offsets)
 
 
 def strided_regions(
@@ -504,7 +507,7 @@ def _settle(
     key order.
     """
     problems: list[tuple[str, CheckpointError]] = []
-    groups: list[tuple[DeferredLayout, list[str], tuple[Region, ...]]] = []
+    groups: list[tuple[DeferredLayout, list[str], list[torch.Tensor], tuple[Region, ...]]] = []
     agreeing: list[tuple[str, DTensor, DeferredLayout]] = []
     for layout in layouts:
         keys, values = layout.keys, layout.values
@@ -522,19 +525,22 @@ def _settle(
         if _takes_agreement(first, strided_layout):
             agreeing.extend(zip(keys, values, itertools.repeat(layout)))
             continue
-        # The local tensors' shapes, as to_local() gives them (without its autograd call).
-        shapes = [value._local_tensor.shape for value in values]
-        parts: list[tuple[list[str], list[DTensor], torch.Size]]
+        # The local tensors and their shapes, as to_local() gives them (without its
+        # autograd call); the plan's rows keep the tensors for the reader.
+        local_tensors = [value._local_tensor for value in values]
+        shapes = [local.shape for local in local_tensors]
+        parts: list[tuple[list[str], list[DTensor], list[torch.Tensor], torch.Size]]
         if shapes.count(shapes[0]) == len(shapes):
-            parts = [(keys, values, shapes[0])]
+            parts = [(keys, values, local_tensors, shapes[0])]
         else:  # uneven: members of several local shapes
-            by_shape: dict[torch.Size, tuple[list[str], list[DTensor]]] = {}
-            for key, value, shape in zip(keys, values, shapes, strict=True):
-                part = by_shape.setdefault(shape, ([], []))
+            by_shape: dict[torch.Size, tuple[list[str], list[DTensor], list[torch.Tensor]]] = {}
+            for key, value, local, shape in zip(keys, values, local_tensors, shapes, strict=True):
+                part = by_shape.setdefault(shape, ([], [], []))
                 part[0].append(key)
                 part[1].append(value)
-            parts = [(k, v, shape) for shape, (k, v) in by_shape.items()]
-        for part_keys, part_values, shape in parts:
+                part[2].append(local)
+            parts = [(k, v, t, shape) for shape, (k, v, t) in by_shape.items()]
+        for part_keys, part_values, part_locals, shape in parts:
             held = layout.regions.get(shape)
             if held is None:
                 at = _first_key(part_keys)
@@ -543,7 +549,7 @@ def _settle(
                 except CheckpointError as err:
                     problems.append((part_keys[at], err))
                     continue
-            groups.append((layout, part_keys, held))
+            groups.append((layout, part_keys, part_locals, held))
     agreed = {}
     # In key order on every rank: each takes an all-reduce over its mesh.  Go on after a
     # problem: later tensors take all-reduces the other ranks of their mesh wait for.

@@ -48,6 +48,7 @@ __all__ = [
     "local_read_items",
     "mark_whole",
     "scan_local",
+    "stored_whole",
 ]
 
 #: Values a state dict can hold that DCP's flattening keeps as they are (leaves).
@@ -208,7 +209,12 @@ class LocalScan:
 
 
 def scan_local(
-    state_dict: Mapping[str, object], metadata: Metadata, *, strict: bool, compact: bool = False
+    state_dict: Mapping[str, object],
+    metadata: Metadata,
+    *,
+    strict: bool,
+    compact: bool = False,
+    sizes_checked: bool = False,
 ) -> LocalScan:
     """:func:`local_read_items` and the scan for ``_StridedShard`` and ``Partial`` DTensors
     in one pass (two passes over a 92k-tensor state dict cost ~0.2 s more).
@@ -219,12 +225,15 @@ def scan_local(
 
     With ``compact`` the items come as :class:`~hyperckpt._planner.compact.CompactItems`:
     the item of a tensor stored whole is a row, made into a ``ReadItem`` when first used.
+    With ``sizes_checked`` the caller already refused every tensor whose size differs
+    from the checkpoint's (:func:`hyperckpt.load` does, key by key): they are not compared
+    again.
 
     Raises:
         CheckpointError: A tensor's size differs from the checkpoint's (the first, in key
             order).
     """
-    return _scan(state_dict, metadata, strict, set(), False, [], compact)
+    return _scan(state_dict, metadata, strict, set(), sizes_checked, [], compact)
 
 
 def _scan(
@@ -249,8 +258,8 @@ def _scan(
     # The cut of a plain tensor of each shape (its box is the whole tensor).
     plain_cuts: dict[torch.Size, _Cut] = {}
     rows = CompactItems() if compact else None
-    # A row is two appends (a method call per tensor costs more than both).
-    add_key, add_cut = rows.appenders() if rows is not None else (None, None)
+    # A row is three appends (a method call per tensor costs more than all three).
+    add_key, add_cut, add_local = rows.appenders() if rows is not None else (None, None, None)
     items: list[ReadItem] | CompactItems = [] if rows is None else rows
     missing: str | None = None
     scanning = deferred is not None
@@ -284,27 +293,23 @@ def _scan(
                         break
                 if hit is None:  # this rank is not in the mesh: nothing to read
                     continue
-                chunks = md.chunks
+                # The metadata's fields are looked at only where needed: a row of a
+                # checkpoint marked whole, sizes checked, needs none (each a cold read).
+                local = obj._local_tensor  # type: ignore[attr-defined]
                 if (
                     hit is not _UNSEEN
                     and (not skipped or fqn not in skipped)
-                    and type(obj._local_tensor) in _PLAIN  # type: ignore[attr-defined]
-                    and (
-                        whole
-                        or (
-                            len(chunks) == 1
-                            and chunks[0].sizes == md.size
-                            and not any(chunks[0].offsets)
-                        )
-                    )
+                    and type(local) in _PLAIN
+                    and (whole or stored_whole(md))
                 ):
                     if hit.lengths is None:  # the box misses the tensor: nothing to read
                         continue
                     if rows is not None:
                         add_key(fqn)  # type: ignore[misc]
                         add_cut(hit)  # type: ignore[misc]
+                        add_local(local)  # type: ignore[misc]
                     else:
-                        items.append(hit.item(fqn, chunks[0].offsets))  # type: ignore[union-attr]
+                        items.append(hit.item(fqn, md.chunks[0].offsets))  # type: ignore[union-attr]
                     continue
         stored = isinstance(md, TensorStorageMetadata)
         if isinstance(obj, DTensor):
@@ -385,6 +390,7 @@ def _scan(
             elif rows is not None:
                 add_key(fqn)  # type: ignore[misc]
                 add_cut(cut)  # type: ignore[misc]
+                add_local(None)  # type: ignore[misc]  # the reader looks it up (once a signature)
             else:
                 items.append(cut.item(fqn, chunks[0].offsets))  # type: ignore[union-attr]
             continue
@@ -418,6 +424,7 @@ def _scan(
             if rows is not None:
                 add_key(fqn)  # type: ignore[misc]
                 add_cut(cut)  # type: ignore[misc]
+                add_local(obj)  # type: ignore[misc, arg-type]
             else:
                 items.append(cut.item(fqn, chunks[0].offsets))  # type: ignore[union-attr]
         else:
@@ -446,6 +453,12 @@ def _remember(
         known is not mesh or known_placements != placements for known, known_placements, _ in seen
     ):
         seen.append((mesh, placements, cut))
+
+
+def stored_whole(md: TensorStorageMetadata) -> bool:
+    """Whether the tensor is stored as one chunk at the origin that covers it."""
+    chunks = md.chunks
+    return len(chunks) == 1 and chunks[0].sizes == md.size and not any(chunks[0].offsets)
 
 
 def _size_error(ours: bool, fqn: str, saved: torch.Size, current: object) -> Exception:
