@@ -223,6 +223,8 @@ def plan_held(
         try:
             # hyperckpt.load's check and plan before the DCP call (one pass), then DCP's
             # set-up and local plan, which take that plan.
+            # Sizes compared in the pass: hyperckpt.load compares them before, key by key
+            # (validate, not timed here), and tells the pass so (sizes_checked).
             planner.plan_ahead(state, md)
             planner.set_up_planner(state, md, is_coordinator=False)  # type: ignore[arg-type]
             local = planner.create_local_plan()

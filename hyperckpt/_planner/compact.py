@@ -11,9 +11,11 @@ plain list of the same items.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
+import torch
 from torch.distributed.checkpoint.planner import ReadItem
 
 if TYPE_CHECKING:
@@ -43,37 +45,64 @@ class CompactItems(Sequence[ReadItem]):
     ``_StridedShard`` DTensor's items, one per region, landing at ``cut.dest_offsets``).
     Any other item is kept as it is.  The items are made on the first walk,
     index or length-independent query and kept; the rows are dropped then.
+
+    Each row may also name its destination's local tensor, as the planner found it in the
+    state dict (a DTensor's local tensor, or the tensor itself): the reader then need not
+    look the key up again (see :meth:`columns`).
     """
 
-    __slots__ = ("_cuts", "_items", "_keys", "_whole")
+    __slots__ = ("_cuts", "_items", "_keys", "_locals", "_whole")
 
     def __init__(self) -> None:
-        # Parallel lists: a key and its cut, or None and a whole ReadItem.
+        # Parallel lists: a key, its cut and its local tensor (None: not known), or None,
+        # a whole ReadItem and None.
         self._keys: list[str | None] = []
         self._cuts: list[_Cut | ItemTemplate | ReadItem] = []
+        self._locals: list[torch.Tensor | None] = []
         self._items: list[ReadItem] | None = None
         self._whole = 0  # how many of the entries are whole items
 
-    def add(self, key: str, cut: _Cut) -> None:
-        """Append the read item of tensor ``key``, stored whole, cut by ``cut``."""
+    def add(self, key: str, cut: _Cut, local: torch.Tensor | None = None) -> None:
+        """Append the read item of tensor ``key``, stored whole, cut by ``cut``, whose
+        destination's local tensor is ``local`` (``None``: not known)."""
         self._keys.append(key)
         self._cuts.append(cut)
+        self._locals.append(local)
 
-    def appenders(self) -> tuple[Callable[[str], None], Callable[[_Cut], None]]:
-        """The two appends that together are :meth:`add` (for a caller's tight loop)."""
-        return self._keys.append, self._cuts.append
+    def appenders(
+        self,
+    ) -> tuple[
+        Callable[[str], None], Callable[[_Cut], None], Callable[[torch.Tensor | None], None]
+    ]:
+        """The three appends that together are :meth:`add` (for a caller's tight loop)."""
+        return self._keys.append, self._cuts.append, self._locals.append
 
-    def add_rows(self, keys: Sequence[str], cuts: Sequence[_Cut | ItemTemplate]) -> None:
+    def add_rows(
+        self,
+        keys: Sequence[str],
+        cuts: Sequence[_Cut | ItemTemplate],
+        local_tensors: Sequence[torch.Tensor] | None = None,
+    ) -> None:
         """Append a row for each key and each of ``cuts``: each key's rows together,
-        ``cuts`` in order (C loops, no call per key)."""
-        self._keys.extend(keys if len(cuts) == 1 else [key for key in keys for _ in cuts])
+        ``cuts`` in order (C loops, no call per key); ``local_tensors``: each key's
+        destination's local tensor (``None``: not known)."""
+        each = len(cuts)
+        self._keys.extend(keys if each == 1 else [key for key in keys for _ in cuts])
         self._cuts.extend(list(cuts) * len(keys))
+        if local_tensors is None:
+            self._locals.extend(itertools.repeat(None, len(keys) * each))
+        else:
+            assert len(local_tensors) == len(keys), "a local tensor for each key"
+            self._locals.extend(
+                local_tensors if each == 1 else [t for t in local_tensors for _ in cuts]
+            )
 
     def extend(self, items: Iterable[ReadItem]) -> None:
         """Append whole read items."""
         for item in items:
             self._keys.append(None)
             self._cuts.append(item)
+            self._locals.append(None)
             self._whole += 1
 
     def rows(self) -> int:
@@ -90,6 +119,7 @@ class CompactItems(Sequence[ReadItem]):
             ]
             self._keys = []
             self._cuts = []
+            self._locals = []
         return items
 
     def entries(self) -> Iterator[tuple[str, _Cut | ItemTemplate] | tuple[None, ReadItem]]:
@@ -101,11 +131,14 @@ class CompactItems(Sequence[ReadItem]):
             return
         yield from zip(self._keys, self._cuts, strict=True)
 
-    def columns(self) -> tuple[list[str | None], list[_Cut | ItemTemplate | ReadItem]]:
-        """:meth:`entries` as two parallel lists, keys and cuts (for a caller's tight loop);
-        only while some rows are not made yet (the lists are dropped then)."""
+    def columns(
+        self,
+    ) -> tuple[list[str | None], list[_Cut | ItemTemplate | ReadItem], list[torch.Tensor | None]]:
+        """:meth:`entries` as three parallel lists, keys, cuts and the local tensors where
+        known (for a caller's tight loop); only while some rows are not made yet (the
+        lists are dropped then)."""
         assert self._items is None, "the rows were made into items"
-        return self._keys, self._cuts
+        return self._keys, self._cuts, self._locals
 
     def requests(self) -> Iterator[Request]:
         """Each item's tensor key, stored chunk's offsets, sub-box offsets in the chunk and

@@ -125,8 +125,9 @@ def routed(
     # Per cut: the byte run its rows read in place, for the chunk shape and dtype it was
     # last worked out for (see _Run).
     runs: dict[RowCut, _Run] = {}
-    keys, cuts = items.columns()
-    for key, cut in zip(keys, cuts, strict=True):
+    value: object
+    kind: object
+    for key, cut, known_local in zip(*items.columns(), strict=True):
         if key is None:
             item = cast(ReadItem, cut)
             if in_place.add(item):
@@ -140,9 +141,13 @@ def routed(
         run = runs.get(cut)  # type: ignore[arg-type]  # a cut hashes by identity
         if run is None or run[1] != info.dtype or run[0] != info.shape:
             run = runs[cut] = _run(cut, info)  # type: ignore[index, arg-type]
-        value = state.get(key)
-        kind = type(value)
-        local = value._local_tensor if kind is DTensor else value if kind in _PLAIN else None
+        if known_local is None:
+            value = state.get(key)
+            kind = type(value)
+            local = value._local_tensor if kind is DTensor else value if kind in _PLAIN else None  # type: ignore[attr-defined]
+        else:  # the planner found it: the state dict's value's local tensor (see columns)
+            value = kind = _UNKNOWN
+            local = known_local
         if (
             run[4] is not None
             and type(local) in _PLAIN
@@ -161,9 +166,12 @@ def routed(
         # A region of a strided DTensor's local tensor: in place where it is one run there
         # too.  Not tried where the chunk's side is not one run (run[4] is None): a column
         # slice's row would only pay for the look.
-        strided = run[4] is not None and kind is DTensor
-        if strided and in_place.add_row(key, value, info, cut):  # type: ignore[arg-type]
-            continue
+        if run[4] is not None:
+            if kind is _UNKNOWN:
+                value = state.get(key)
+                kind = type(value)
+            if kind is DTensor and in_place.add_row(key, value, info, cut):  # type: ignore[arg-type]
+                continue
         # A column slice that is the whole local tensor (an expert's row-parallel weight
         # under tensor parallelism: 15k of a DeepSeek-V3 rank's rows), bound for a
         # contiguous CPU tensor of the stored dtype: read by its runs, its request made

@@ -373,7 +373,7 @@ def _check_strided_rows_in_place(rank: int, world_size: int) -> bool:
     # Every row made into its item and resolved by the planner, against the rows routed:
     # the same ranges, address for address, a row's counted under its tensor.
     resolved = Router(cuda=False)
-    for key, cut in zip(*rows.columns(), strict=True):
+    for key, cut, _ in zip(*rows.columns(), strict=True):
         made = None if key is None else cut.item(key, cut.origin)  # type: ignore[union-attr]
         item = cast(ReadItem, cut) if made is None else made
         resolved.add(resolve(item, storage[item.storage_index], planner, key))

@@ -133,3 +133,35 @@ def test_request_columns_of_compact_items_equal_those_of_the_items(tmp_path: Pat
     for field in ("chunk", "offsets", "lengths", "nbytes", "calls"):
         assert getattr(got, field).tolist() == getattr(want, field).tolist(), field
     assert rank_requests(compact.made(), order).chunk.tolist() == want.chunk.tolist()
+
+
+def test_each_row_keeps_its_destinations_local_tensor_beside_its_key() -> None:
+    shapes = {"a": (4, 3), "b": (), "d": (6, 2)}
+    state: dict[str, object] = {name: torch.zeros(shape) for name, shape in shapes.items()}
+    known: dict[str, TensorStorageMetadata | BytesStorageMetadata] = {
+        name: stored_in_rows(shape, 2 if name == "d" else 1) for name, shape in shapes.items()
+    }
+    planner = LoadPlanner()
+    planner.compact_items = True
+    items = _plan(planner, state, Metadata(known))
+    assert isinstance(items, CompactItems)
+    keys, cuts, local_tensors = items.columns()
+    # The rows name the state dict's own tensors; the items of "d" (two chunks) none.
+    assert [
+        (key, local is None or local is state[key]) for key, local in zip(keys, local_tensors)
+    ] == [
+        ("a", True),
+        ("b", True),
+        (None, True),
+        (None, True),
+    ]
+    assert [local is None for local in local_tensors] == [False, False, True, True]
+    # Rows added by key and cut repeat each key's local tensor once per cut, in order.
+    first, second = cuts[0], cuts[1]
+    rows = CompactItems()
+    tensors = [torch.zeros(1), torch.zeros(2)]
+    rows.add_rows(["x", "y"], [first, second], tensors)  # type: ignore[list-item]
+    rows.add_rows(["z"], [first])  # type: ignore[list-item]
+    keys, _, local_tensors = rows.columns()
+    assert keys == ["x", "x", "y", "y", "z"]
+    assert [t is None or t.numel() for t in local_tensors] == [1, 1, 2, 2, True]
