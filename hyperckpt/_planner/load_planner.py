@@ -221,17 +221,24 @@ class LoadPlanner(DefaultLoadPlanner):
         this one, its keys sorted; the plan keeps this one's order); its
         ``create_local_plan`` hands it out.  A state dict that DCP would flatten or fill
         (not flat, or holding meta tensors) is checked only, as :func:`strided_regions`
-        checks it, and planned inside ``dcp.load`` as usual.  ``sizes_checked``: the caller
-        already refused every tensor whose size differs from the checkpoint's.
+        checks it, and planned inside ``dcp.load`` as usual; so is the state dict of a
+        subclass that sets up or plans in its own way (it may change the state dict).
+        ``sizes_checked``: the caller already refused every tensor whose size differs from
+        the checkpoint's.
 
         Raises:
             CheckpointError: As :func:`strided_regions`; a size differs from the
                 checkpoint's.
         """
         self._ahead = None
+        cls = type(self)
+        own_steps = (
+            cls.set_up_planner is LoadPlanner.set_up_planner
+            and cls.create_local_plan is LoadPlanner.create_local_plan
+        )
         with without_gc():
             flat, meta = flat_state_dict(state_dict)
-            if not flat or meta or not self.flatten_state_dict:
+            if not own_steps or not flat or meta or not self.flatten_state_dict:
                 regions = strided_regions(
                     state_dict, strided_layout=self.strided_layout, agreed_only=True
                 )

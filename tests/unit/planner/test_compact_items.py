@@ -148,7 +148,8 @@ def test_each_row_keeps_its_destinations_local_tensor_beside_its_key() -> None:
     keys, cuts, local_tensors = items.columns()
     # The rows name the state dict's own tensors; the items of "d" (two chunks) none.
     assert [
-        (key, local is None or local is state[key]) for key, local in zip(keys, local_tensors)
+        (key, local is None or local is state[key])
+        for key, local in zip(keys, local_tensors, strict=True)
     ] == [
         ("a", True),
         ("b", True),

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import (
     ChunkStorageMetadata,
     Metadata,
+    MetadataIndex,
     TensorProperties,
     TensorStorageMetadata,
 )
 
 from hyperckpt import CheckpointError, LoadPlanner
+from hyperckpt._planner.compact import CompactItems
 from hyperckpt._planner.local_items import flat_state_dict
 
 
@@ -197,3 +201,36 @@ def test_a_size_that_differs_is_refused_ahead_with_our_error() -> None:
     state["a.bias"] = torch.zeros(5)
     with pytest.raises(CheckpointError, match=r"a\.bias"):
         LoadPlanner().plan_ahead(state, metadata(SHAPES))
+
+
+class _Swapping(LoadPlanner):
+    """Sets up with one tensor of the state dict replaced by its own."""
+
+    def __init__(self, key: str, tensor: torch.Tensor) -> None:
+        super().__init__()
+        self.key, self.tensor = key, tensor
+
+    def set_up_planner(
+        self,
+        state_dict: dict[str, Any],
+        metadata: Metadata | None = None,
+        is_coordinator: bool = False,
+    ) -> None:
+        super().set_up_planner({**state_dict, self.key: self.tensor}, metadata, is_coordinator)
+
+
+def test_a_subclass_that_sets_up_its_own_way_is_not_planned_ahead() -> None:
+    # Its set-up may change the state dict: the plan must be of what it set up, never of
+    # the state dict handed to plan_ahead.
+    state: dict[str, object] = {name: torch.zeros(shape) for name, shape in SHAPES.items()}
+    md = metadata(SHAPES)
+    swapped = torch.zeros(4, 3)
+    ours = _Swapping("a.weight", swapped)
+    ours.compact_items = True  # the rows keep each destination: the swapped one
+    ours.plan_ahead(state, md)
+    ours.set_up_planner(_sorted(state), md, is_coordinator=False)
+    items = ours.create_local_plan().items
+    assert isinstance(items, CompactItems)
+    keys, _, local_tensors = items.columns()
+    assert local_tensors[keys.index("a.weight")] is swapped
+    assert ours.lookup_tensor(MetadataIndex("a.weight", torch.Size([0, 0]))) is swapped
