@@ -6,11 +6,12 @@ planner finds destinations as :class:`hyperckpt.LoadPlanner` does and commits no
 (:func:`~hyperckpt._planner.load_planner.resolves_in_place`), a row whose destination is a
 contiguous CPU tensor of the stored dtype, shaped as the cut, goes straight to the byte
 range it reads in place: its destination is the state dict's tensor (a DTensor's local
-tensor, which ``resolve_tensor`` returns too), its byte range the cut's first element and
-count, worked out once per cut.  A row that is one region of a strided DTensor's local
-tensor goes there too when it is one run of both (see :meth:`InPlaceItems.add_row`).  Every
-other row is made into its item and resolved like any item; so is every item of a plain
-``dcp.load``.
+tensor, which ``resolve_tensor`` returns too, kept in the row by the planner), its byte
+range the cut's first element and count, worked out once per cut.  A row that is one
+region of a strided DTensor's local tensor goes there too when it is one run of both (see
+:meth:`InPlaceItems.add_row`); a column slice that is a whole local tensor is read by its
+runs, its request made without an item.  Every other row is made into its item and
+resolved like any item; so is every item of a plain ``dcp.load``.
 """
 
 from __future__ import annotations
