@@ -210,13 +210,8 @@ class _Swapping(LoadPlanner):
         super().__init__()
         self.key, self.tensor = key, tensor
 
-    def set_up_planner(
-        self,
-        state_dict: dict[str, Any],
-        metadata: Metadata | None = None,
-        is_coordinator: bool = False,
-    ) -> None:
-        super().set_up_planner({**state_dict, self.key: self.tensor}, metadata, is_coordinator)
+    def set_up_planner(self, state_dict: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+        super().set_up_planner({**state_dict, self.key: self.tensor}, *args, **kwargs)
 
 
 def test_a_subclass_that_sets_up_its_own_way_is_not_planned_ahead() -> None:
