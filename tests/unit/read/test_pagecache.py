@@ -85,36 +85,34 @@ def test_a_file_just_written_is_warm_and_an_evicted_one_cold(data_file: Path) ->
     assert _settled(partial(_evict, path), partial(_fraction, path), 1.0) == 1.0
 
 
-def test_mincore_sees_exactly_the_pages_that_were_read_back(data_file: Path) -> None:
-    def measure() -> tuple[float | None, float | None]:
-        _evict(data_file)
-        fd = os.open(data_file, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no read-ahead around the read
-            os.pread(fd, 16 * pagecache.PAGE, 0)
-            head = pagecache._mincore(fd, 0, 16 * pagecache.PAGE)
-            tail = pagecache._mincore(fd, 2 * 2**20, 2**20)
-        finally:
-            os.close(fd)
-        return head, tail
+def _read_back(
+    path: Path, probe: Callable[[int, int, int], float | None], ranges: list[tuple[int, int]]
+) -> tuple[float | None, ...]:
+    """``probe``'s answer for each ``(offset, length)`` of ``ranges`` once ``path`` is
+    evicted and its first 16 pages read back (no read-ahead around the read)."""
+    _evict(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        os.pread(fd, 16 * pagecache.PAGE, 0)
+        return tuple(probe(fd, offset, length) for offset, length in ranges)
+    finally:
+        os.close(fd)
 
+
+def test_mincore_sees_exactly_the_pages_that_were_read_back(data_file: Path) -> None:
+    ranges = [(0, 16 * pagecache.PAGE), (2 * 2**20, 2**20)]
+    measure = partial(_read_back, data_file, pagecache._mincore, ranges)
     assert _until(measure, lambda found: found == (0.0, 1.0)) == (0.0, 1.0)
 
 
 def test_cachestat_counts_exactly_the_pages_that_were_read_back(data_file: Path) -> None:
-    def measure() -> tuple[float | None, float | None, float | None]:
-        _evict(data_file)
-        fd = os.open(data_file, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no read-ahead around the read
-            os.pread(fd, 16 * pagecache.PAGE, 0)
-            head = pagecache._cachestat(fd, 0, 16 * pagecache.PAGE)
-            half = pagecache._cachestat(fd, 8 * pagecache.PAGE, 16 * pagecache.PAGE)
-            tail = pagecache._cachestat(fd, 2 * 2**20, 2**20)
-        finally:
-            os.close(fd)
-        return head, half, tail
-
+    ranges = [
+        (0, 16 * pagecache.PAGE),
+        (8 * pagecache.PAGE, 16 * pagecache.PAGE),
+        (2 * 2**20, 2**20),
+    ]
+    measure = partial(_read_back, data_file, pagecache._cachestat, ranges)
     expected = (0.0, 0.5, 1.0)
     found = _until(measure, lambda found: found[0] is None or found == expected)
     if found[0] is None:
