@@ -149,14 +149,15 @@ def routed(
         else:  # the planner found it: the state dict's value's local tensor (see columns)
             value = kind = _UNKNOWN
             local = known_local
-        if (
-            run[4] is not None
-            and type(local) in _PLAIN
+        # The cut lands on the whole local tensor, a contiguous CPU tensor of the stored dtype.
+        fits = (
+            type(local) in _PLAIN
             and local.size() == run[2]  # type: ignore[union-attr]
             and local.dtype is run[3]  # type: ignore[union-attr]
             and local.is_cpu  # type: ignore[union-attr]
             and local.is_contiguous()  # type: ignore[union-attr]
-        ):
+        )
+        if run[4] is not None and fits:
             if run[5]:
                 add_file(info.file)
                 add_offset(info.offset + run[4])
@@ -178,14 +179,7 @@ def routed(
         # contiguous CPU tensor of the stored dtype: read by its runs, its request made
         # directly (what resolve makes of its item, without the item).
         offsets = run[6]
-        if (
-            offsets is not None
-            and type(local) in _PLAIN
-            and local.size() == run[2]  # type: ignore[union-attr]
-            and local.dtype is run[3]  # type: ignore[union-attr]
-            and local.is_cpu  # type: ignore[union-attr]
-            and local.is_contiguous()  # type: ignore[union-attr]
-        ):
+        if offsets is not None and fits:
             box = Box(info.offset, info.shape, offsets, run[2], run[3].itemsize)
             target = local.detach()  # type: ignore[union-attr]
             router.add_strided(Request(info.file, info, box, run[3], target, key, None, key))
