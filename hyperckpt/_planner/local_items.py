@@ -35,7 +35,7 @@ from torch.distributed.tensor.placement_types import Placement
 
 from hyperckpt._planner.compact import CompactItems
 from hyperckpt._planner.placements import is_strided, same_placements
-from hyperckpt._planner.regions import Region
+from hyperckpt._planner.regions import Region, local_box
 from hyperckpt._planner.shapes import shape_mismatch
 
 __all__ = [
@@ -311,6 +311,33 @@ def _scan(
                     else:
                         items.append(hit.item(fqn, md.chunks[0].offsets))  # type: ignore[union-attr]
                     continue
+        if kind in _PLAIN and isinstance(md, TensorStorageMetadata):
+            # A plain tensor (11k of an EP rank's 13k): its size read once, compared
+            # unless the caller did, before anything else is asked of it.
+            shape = obj.size()  # type: ignore[attr-defined]
+            if not sizes_checked and shape != md.size:
+                raise _size_error(scanning, fqn, md.size, shape)
+            chunks = md.chunks
+            if not whole and (
+                len(chunks) != 1 or chunks[0].sizes != shape or any(chunks[0].offsets)
+            ):
+                box = ChunkStorageMetadata(offsets=torch.Size([0] * len(shape)), sizes=shape)
+                items.extend(_items_for(fqn, md, box))
+                continue
+            # The whole tensor from its one whole chunk: one cut per shape.
+            whole_cut = plain_cuts.get(shape)
+            if whole_cut is None:
+                box = ChunkStorageMetadata(offsets=torch.Size([0] * len(shape)), sizes=shape)
+                whole_cut = plain_cuts[shape] = _Cut(box, shape)
+            if whole_cut.lengths is None:  # an empty tensor: torch reads nothing either
+                continue
+            if rows is not None:
+                add_key(fqn)  # type: ignore[misc]
+                add_cut(whole_cut)  # type: ignore[misc]
+                add_local(obj)  # type: ignore[misc, arg-type]
+            else:
+                items.append(whole_cut.item(fqn, chunks[0].offsets))  # type: ignore[union-attr]
+            continue
         stored = isinstance(md, TensorStorageMetadata)
         if isinstance(obj, DTensor):
             spec = obj._spec
@@ -373,8 +400,16 @@ def _scan(
                 continue
             if cut is _UNSEEN:
                 obj._raise_if_contains_partial_placements()
-                sizes, offsets = compute_local_shape_and_global_offset(
-                    obj.shape, mesh, spec.placements
+                coordinate = mesh.get_coordinate()
+                box_of = (
+                    None
+                    if coordinate is None
+                    else local_box(shape, mesh.shape, coordinate, placements)
+                )
+                sizes, offsets = (
+                    compute_local_shape_and_global_offset(shape, mesh, placements)
+                    if box_of is None
+                    else box_of
                 )
                 box = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))
                 cut = _Cut(box, shape)
@@ -405,30 +440,7 @@ def _scan(
             )
             if size is not None and size != md.size:  # type: ignore[union-attr]
                 raise _size_error(scanning, fqn, md.size, size)  # type: ignore[union-attr]
-        if kind in _PLAIN and isinstance(md, TensorStorageMetadata):
-            shape = obj.size()  # type: ignore[attr-defined]
-            chunks = md.chunks
-            if not whole and (
-                len(chunks) != 1 or chunks[0].sizes != shape or any(chunks[0].offsets)
-            ):
-                box = ChunkStorageMetadata(offsets=torch.Size([0] * len(shape)), sizes=shape)
-                items.extend(_items_for(fqn, md, box))
-                continue
-            # The whole tensor from its one whole chunk: one cut per shape.
-            cut = plain_cuts.get(shape)
-            if cut is None:
-                box = ChunkStorageMetadata(offsets=torch.Size([0] * len(shape)), sizes=shape)
-                cut = plain_cuts[shape] = _Cut(box, shape)
-            if cut.lengths is None:  # an empty tensor: torch reads nothing either
-                continue
-            if rows is not None:
-                add_key(fqn)  # type: ignore[misc]
-                add_cut(cut)  # type: ignore[misc]
-                add_local(obj)  # type: ignore[misc, arg-type]
-            else:
-                items.append(cut.item(fqn, chunks[0].offsets))  # type: ignore[union-attr]
-        else:
-            items.extend(_create_read_items(fqn, md, obj))
+        items.extend(_create_read_items(fqn, md, obj))
     return LocalScan(items, [] if deferred is None else deferred, missing)
 
 

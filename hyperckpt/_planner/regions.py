@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from torch.distributed.tensor import Placement
+from torch.distributed.tensor import Placement, Replicate, Shard
 
 from hyperckpt._planner.placements import PlacementSpec, placement_specs
 
@@ -40,6 +40,7 @@ __all__ = [
     "RegionMaker",
     "chunk_range",
     "fsdp_order_applies",
+    "local_box",
     "local_regions",
     "orders_differ",
 ]
@@ -232,6 +233,38 @@ def _regions(
             if not ranges[spec.dim]:
                 return ()  # this coordinate holds nothing (most ranks of a large mesh)
     return _boxes(ranges)
+
+
+def local_box(
+    global_shape: Sequence[int],
+    mesh_shape: Sequence[int],
+    coordinate: Sequence[int],
+    placements: Sequence[Placement],
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The local shape and global offset of the box that ``coordinate`` holds, exactly as
+    torch's ``compute_local_shape_and_global_offset`` gives them, where every placement is
+    exactly ``Shard`` (of a dimension the tensor has) or ``Replicate``; else ``None``.
+
+    Torch's works through index tensors (~40 us a layout: a sixth of the plan of an EP
+    rank of DeepSeek-V3 at 64 ranks); this is its arithmetic: each ``Shard`` takes its
+    ``torch.chunk`` of what the placements before it left of the dimension.  A dimension
+    left empty is offset at its global length, as torch's is.
+    """
+    sizes = list(global_shape)
+    offsets = [0] * len(sizes)
+    for size, index, placement in zip(mesh_shape, coordinate, placements, strict=True):
+        kind = type(placement)
+        if kind is Replicate:
+            continue
+        if kind is not Shard:
+            return None
+        dim = placement.dim  # type: ignore[attr-defined]
+        if not 0 <= dim < len(sizes):
+            return None
+        start, length = chunk_range(sizes[dim], size, index)
+        offsets[dim] = offsets[dim] + start if length else global_shape[dim]
+        sizes[dim] = length
+    return tuple(sizes), tuple(offsets)
 
 
 def chunk_range(length: int, chunks: int, index: int) -> tuple[int, int]:

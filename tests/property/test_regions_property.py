@@ -14,12 +14,13 @@ import math
 
 import torch
 from helpers import draw_placement
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from torch.distributed.tensor import Placement, Replicate, Shard
+from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 from torch.distributed.tensor.placement_types import _StridedShard
 
-from hyperckpt._planner.regions import Region, local_regions
+from hyperckpt._planner.regions import Region, local_box, local_regions
 
 
 @st.composite
@@ -77,6 +78,31 @@ def test_regions_hold_exactly_the_elements_dtensor_puts_on_each_coordinate(
     for coordinate in itertools.product(*(range(n) for n in mesh)):
         expected = _split(whole, placements, mesh, coordinate)
         _check(expected, whole, local_regions(shape, mesh, placements, coordinate))
+
+
+@example(((3, 2), (2, 4), [Shard(0), Shard(0)]))
+@given(layouts())
+def test_local_box_is_torchs_local_shape_and_offset_wherever_it_answers(
+    layout: tuple[tuple[int, ...], tuple[int, ...], list[Placement]],
+) -> None:
+    # The oracle: torch's own arithmetic (what compute_local_shape_and_global_offset runs
+    # for a rank in the mesh), empty shards and their offsets included.
+    shape, mesh, placements = layout
+    plain = all(type(p) in (Shard, Replicate) for p in placements)
+    for coordinate in itertools.product(*(range(n) for n in mesh)):
+        ours = local_box(shape, mesh, coordinate, placements)
+        if not plain:
+            assert ours is None  # a _StridedShard is left to torch
+            continue
+        expected = _compute_local_shape_and_global_offset(shape, mesh, list(coordinate), placements)
+        assert ours == (tuple(expected[0]), tuple(expected[1]))
+
+
+def test_local_box_leaves_a_dimension_the_tensor_lacks_to_torch() -> None:
+    assert local_box((4, 4), (2,), (0,), [Shard(2)]) is None
+    assert local_box((4, 4), (2,), (0,), [Shard(-1)]) is None
+    # An empty shard sits at its dimension's global length, as torch puts it.
+    assert local_box((3, 2), (2, 4), (0, 3), [Shard(0), Shard(0)]) == ((0, 2), (3, 0))
 
 
 @given(layouts(), st.integers(1, 4))
