@@ -152,7 +152,7 @@ def routed(
         # The cut lands on the whole local tensor, a contiguous CPU tensor of the stored dtype.
         fits = (
             type(local) in _PLAIN
-            and local.size() == run[2]  # type: ignore[union-attr]
+            and local.shape == run[2]  # type: ignore[union-attr]
             and local.dtype is run[3]  # type: ignore[union-attr]
             and local.is_cpu  # type: ignore[union-attr]
             and local.is_contiguous()  # type: ignore[union-attr]
