@@ -21,6 +21,9 @@ file, each resolved to its destination, its size checked and committed — witho
 reads, ``torch.load`` and the copy) and reported in a column of their own: the ratio
 columns still divide torch's planner alone.
 
+Each row (model, layout, ranks) is measured in a fresh process, as a rank plans once in
+its own: a row measured after others in one process came out slower (the heap they left).
+
 Layouts: ``fsdp`` (``Shard(0)`` over all ranks), ``fsdp-tp`` (the TP plan of ``hyperckpt
 plan`` over 8 ranks times FSDP; packed weights as ``_StridedShard``), ``ep`` (DeepSeek's
 routed experts whole on one rank each, ``expert % W``; everything else ``Shard(0)``).
@@ -37,11 +40,13 @@ import gc
 import json
 import logging
 import math
+import multiprocessing
 import re
 import statistics
 import sys
 import time
 import tracemalloc
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
@@ -278,6 +283,50 @@ def plan(
     return first, statistics.median(seconds), peak, statistics.median(steps) if steps else None
 
 
+def measure(model: str, layout: str, world: int, rank: int, files: int, repeat: int) -> dict:
+    """One row: rank ``rank`` of ``world`` planned by each planner, in this process."""
+    shapes = MODELS[model][0]()
+    storage = storage_of(shapes, files)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    try:
+        state, md = state_and_metadata(shapes, layout, world, rank)
+        # DCP's set-up replaces meta tensors by real ones, in place: whichever planner
+        # ran first paid for it (~9 s for DeepSeek-V3), the other did not.  A real load
+        # has real tensors, so make them real once, untimed.
+        _init_state_dict(state)
+        theirs, torch_s, torch_peak, torch_steps = plan(
+            DefaultLoadPlanner, state, md, storage, repeat
+        )
+        ours, ours_s, ours_peak, _ = plan(hyperckpt.LoadPlanner, state, md, repeat=repeat)
+        held_s, setup_s, made, jobs = plan_held(state, md, storage, repeat)
+    finally:
+        dist.destroy_process_group()
+    expected = sorted(map(repr, theirs.items))  # type: ignore[attr-defined]
+    return {
+        "model": model,
+        "layout": layout,
+        "world": world,
+        "rank": rank,
+        "repeat": repeat,
+        "tensors": len(state),
+        "items": len(theirs.items),  # type: ignore[attr-defined]
+        "torch_seconds": torch_s,
+        "torch_reader_steps_seconds": torch_steps,
+        "hyperckpt_seconds": ours_s,
+        "speedup": torch_s / ours_s if ours_s else None,
+        "hyperckpt_load_seconds": held_s,
+        "load_speedup": torch_s / held_s if held_s else None,
+        "reader_setup_seconds": setup_s,
+        "reader_jobs": jobs,
+        "plan_and_setup_seconds": held_s + setup_s,
+        "plan_and_setup_speedup": torch_s / (held_s + setup_s),
+        "torch_peak_bytes": torch_peak,
+        "hyperckpt_peak_bytes": ours_peak,
+        "same_items": expected == sorted(map(repr, ours.items)),  # type: ignore[attr-defined]
+        "same_compact_items": expected == sorted(map(repr, made)),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["deepseek-v3"], choices=list(MODELS))
@@ -294,54 +343,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     rows = []
+    # Each row in a fresh process, as each rank plans once in its own: measured in one
+    # process, a row came out slower after the rows before it (an EP rank's 6 ms plan
+    # took 9 ms after six other rows; the heap they left behind).
+    spawn = multiprocessing.get_context("spawn")
     for model in args.models:
-        shapes = MODELS[model][0]()
-        storage = storage_of(shapes, args.files)
         for layout in args.layouts:
             for world in args.worlds:
-                dist.init_process_group("fake", store=FakeStore(), rank=args.rank, world_size=world)
-                try:
-                    state, md = state_and_metadata(shapes, layout, world, args.rank)
-                    # DCP's set-up replaces meta tensors by real ones, in place: whichever
-                    # planner ran first paid for it (~9 s for DeepSeek-V3), the other did
-                    # not.  A real load has real tensors, so make them real once, untimed.
-                    _init_state_dict(state)
-                    theirs, torch_s, torch_peak, torch_steps = plan(
-                        DefaultLoadPlanner, state, md, storage, args.repeat
-                    )
-                    ours, ours_s, ours_peak, _ = plan(
-                        hyperckpt.LoadPlanner, state, md, repeat=args.repeat
-                    )
-                    held_s, setup_s, made, jobs = plan_held(state, md, storage, args.repeat)
-                finally:
-                    dist.destroy_process_group()
-                items = len(theirs.items)  # type: ignore[attr-defined]
-                expected = sorted(map(repr, theirs.items))  # type: ignore[attr-defined]
-                same = expected == sorted(map(repr, ours.items))  # type: ignore[attr-defined]
-                same_compact = expected == sorted(map(repr, made))
-                row = {
-                    "model": model,
-                    "layout": layout,
-                    "world": world,
-                    "rank": args.rank,
-                    "repeat": args.repeat,
-                    "tensors": len(state),
-                    "items": items,
-                    "torch_seconds": torch_s,
-                    "torch_reader_steps_seconds": torch_steps,
-                    "hyperckpt_seconds": ours_s,
-                    "speedup": torch_s / ours_s if ours_s else None,
-                    "hyperckpt_load_seconds": held_s,
-                    "load_speedup": torch_s / held_s if held_s else None,
-                    "reader_setup_seconds": setup_s,
-                    "reader_jobs": jobs,
-                    "plan_and_setup_seconds": held_s + setup_s,
-                    "plan_and_setup_speedup": torch_s / (held_s + setup_s),
-                    "torch_peak_bytes": torch_peak,
-                    "hyperckpt_peak_bytes": ours_peak,
-                    "same_items": same,
-                    "same_compact_items": same_compact,
-                }
+                with ProcessPoolExecutor(1, mp_context=spawn) as pool:
+                    row = pool.submit(
+                        measure, model, layout, world, args.rank, args.files, args.repeat
+                    ).result()
                 logger.info(
                     "%s %s %d ranks, rank %d: %d items; torch %.2f s, hyperckpt %.2f s (%.0fx), "
                     "as hyperckpt.load plans %.2f s (%.0fx); the reader's set-up from the plan "
@@ -351,22 +363,21 @@ def main(argv: list[str] | None = None) -> int:
                     layout,
                     world,
                     args.rank,
-                    items,
-                    torch_s,
-                    ours_s,
+                    row["items"],
+                    row["torch_seconds"],
+                    row["hyperckpt_seconds"],
                     row["speedup"] or 0,
-                    held_s,
+                    row["hyperckpt_load_seconds"],
                     row["load_speedup"] or 0,
-                    setup_s,
-                    jobs,
-                    held_s + setup_s,
+                    row["reader_setup_seconds"],
+                    row["reader_jobs"],
+                    row["plan_and_setup_seconds"],
                     row["plan_and_setup_speedup"],
-                    same,
-                    same_compact,
-                    torch_steps,
+                    row["same_items"],
+                    row["same_compact_items"],
+                    row["torch_reader_steps_seconds"],
                 )
                 rows.append(row)
-                del state, md, theirs, ours, made
                 _write(args.out, rows)  # partial results survive a kill
     _write(args.out, rows)
     return 0
