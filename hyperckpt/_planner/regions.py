@@ -245,11 +245,14 @@ def local_box(
     torch's ``compute_local_shape_and_global_offset`` gives them, where every placement is
     exactly ``Shard`` (of a dimension the tensor has) or ``Replicate``; else ``None``.
 
-    Torch's works through index tensors (~40 us a layout: a sixth of the plan of an EP
-    rank of DeepSeek-V3 at 64 ranks); this is its arithmetic: each ``Shard`` takes its
+    Torch's works through index tensors (~25 us a layout: ~0.6 ms of the 6 ms plan of an
+    EP rank of DeepSeek-V3 at 64 ranks); this is its arithmetic: each ``Shard`` takes its
     ``torch.chunk`` of what the placements before it left of the dimension.  A dimension
-    left empty is offset at its global length, as torch's is.
+    left empty is offset at its global length, as torch's is.  Placements that do not
+    match the mesh one for one are left to torch too.
     """
+    if not len(mesh_shape) == len(coordinate) == len(placements):
+        return None
     sizes = list(global_shape)
     offsets = [0] * len(sizes)
     for size, index, placement in zip(mesh_shape, coordinate, placements, strict=True):

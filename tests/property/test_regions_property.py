@@ -101,6 +101,7 @@ def test_local_box_is_torchs_local_shape_and_offset_wherever_it_answers(
 def test_local_box_leaves_a_dimension_the_tensor_lacks_to_torch() -> None:
     assert local_box((4, 4), (2,), (0,), [Shard(2)]) is None
     assert local_box((4, 4), (2,), (0,), [Shard(-1)]) is None
+    assert local_box((4, 4), (2, 2), (0, 1), [Shard(0)]) is None  # not one per mesh dimension
     # An empty shard sits at its dimension's global length, as torch puts it.
     assert local_box((3, 2), (2, 4), (0, 3), [Shard(0), Shard(0)]) == ((0, 2), (3, 0))
 
