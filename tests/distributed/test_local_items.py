@@ -153,7 +153,7 @@ def _layouts_state(
     meshes (4,) and (2, 2), and a DTensor parameter (its local tensor requires grad)."""
     meshes = [device_mesh((4,)), device_mesh((2, 2))]
     state: dict[str, object] = {"plain": torch.zeros(4, 3)}
-    layouts = [
+    layouts: list[tuple[DeviceMesh, list[Placement]]] = [
         (meshes[0], [_StridedShard(0, split_factor=2)]),
         (meshes[0], [Shard(1)]),
         (meshes[1], [_StridedShard(0, split_factor=2), Shard(0)]),
@@ -205,7 +205,7 @@ def _check_in_place(rank: int, world_size: int) -> bool:
         torch.zeros(8, 4, dtype=torch.float64), meshes[0], [Shard(0)]
     )
     metadata = Metadata({fqn: stored_in_rows(v.size(), 2) for fqn, v in state.items()})  # type: ignore[attr-defined]
-    storage = {
+    storage: dict[object, StorageInfo] = {
         MetadataIndex(fqn, chunk.offsets): StorageInfo(
             f"{fqn}.safetensors", 100, 4 * chunk.sizes.numel(), "F32", tuple(chunk.sizes)
         )
@@ -236,7 +236,7 @@ def _check_in_place(rank: int, world_size: int) -> bool:
             assert getattr(got.direct[name], column).tolist() == getattr(extents, column).tolist()
     assert [r.item for r in got.strided] == [r.item for r in expected.strided]
     assert [r.item for r in got.staged] == [r.item for r in expected.staged]
-    assert any(r.item.dest_index.fqn == "wider" for r in got.staged)
+    assert any(r.item is not None and r.item.dest_index.fqn == "wider" for r in got.staged)
     return True
 
 
@@ -246,7 +246,7 @@ def test_dtensor_items_routed_in_place_land_where_the_planner_resolves_them() ->
 
 #: Layouts of one shape and mesh that differ only in a split factor, the dimension split or
 #: the order of the placements: each must get its own regions (none is taken for another).
-_STRIDED_LAYOUTS = {
+_STRIDED_LAYOUTS: dict[tuple[int, ...], list[list[Placement]]] = {
     (4,): [
         [_StridedShard(0, split_factor=2)],
         [_StridedShard(0, split_factor=4)],
