@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hyperckpt._read.boxes import Box
 from hyperckpt._read.requests import Request
 
 __all__ = [
@@ -160,11 +161,8 @@ class Router:
     def add(self, request: Request) -> None:
         """Route ``request``; an empty one is dropped."""
         target, box = request.target, request.box
-        if box.nbytes == 0:
+        if not self._kept(box):
             return
-        span = box.span()[1]
-        if span > self._widest:
-            self._widest = span
         # ``is_cpu`` first: a tensor's ``device`` is an object made per call.
         if not target.is_cpu:
             if self._cuda and target.device.type == "cuda":
@@ -182,13 +180,18 @@ class Router:
         """Route ``request`` as one read by its runs: the caller found its target a
         contiguous CPU tensor of the stored dtype and its box not one run (what
         :meth:`add` would find, without looking again); an empty one is dropped."""
-        box = request.box
+        if self._kept(request.box):
+            self._strided.append(request)
+
+    def _kept(self, box: Box) -> bool:
+        """Whether ``box`` holds bytes (an empty request is dropped); its span then counts
+        toward the widest."""
         if box.nbytes == 0:
-            return
+            return False
         span = box.span()[1]
         if span > self._widest:
             self._widest = span
-        self._strided.append(request)
+        return True
 
     def direct(self, name: str, offset: int, length: int, address: int, key: Hashable) -> None:
         """Route one byte range of file ``name`` read in place at ``address`` (``length``
