@@ -20,6 +20,7 @@ from typing import Final
 import torch
 
 from hyperckpt._storage.files import LocalStorage
+from hyperckpt._storage.places import local_path
 
 __all__ = [
     "SIZES",
@@ -119,7 +120,7 @@ def write_sample(path: str | os.PathLike[str], size: str = "tiny") -> Path:
     if size not in SIZES:
         raise ValueError(f"unknown sample size {size!r}; choose one of {', '.join(SIZES)}")
     dims = SIZES[size]
-    root = Path(path)
+    root = local_path("path", path, writes=True)
     storage = LocalStorage(root)
     storage.make_root()
     tensors = list(sample_tensors(dims))

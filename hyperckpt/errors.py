@@ -91,6 +91,7 @@ RuleId = Literal[
     "output.holds_input",
     "output.index_too_big",
     "output.not_regular",
+    "path.unsupported_url",
     "reader.f4_mid_byte",
     "save.audit_mismatch",
     "save.bad_name",

@@ -40,6 +40,7 @@ from hyperckpt._dist.spawn import spawn_ranks
 from hyperckpt._layout.model import Piece
 from hyperckpt._load.readers import reader_for
 from hyperckpt._planner.regions import local_regions
+from hyperckpt._storage.places import local_path
 
 __all__ = ["LAYOUTS", "DemoReport", "DemoRow", "format_report", "run_demo", "write_sample"]
 
@@ -174,6 +175,8 @@ def run_demo(
         raise ValueError(f"unknown size {size!r}; choose one of {', '.join(_sample.SIZES)}")
     step = on_step or (lambda _text: None)
     begin = time.perf_counter()
+    if directory:
+        local_path("directory", directory, writes=True)
     root = Path(directory or tempfile.mkdtemp(prefix="hyperckpt-demo-"))
     try:
         step(f"writing the {size} sample checkpoint")

@@ -45,7 +45,7 @@ from hyperckpt._layout.directory import torch_sharded_layout
 from hyperckpt._layout.model import INDEX_NAME, CheckpointLayout
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
 from hyperckpt._storage.files import LocalStorage
-from hyperckpt._storage.places import is_remote, storage_at
+from hyperckpt._storage.places import is_remote, local_path, storage_at
 from hyperckpt._storage.protocol import Entry, Storage
 from hyperckpt.errors import CheckpointError
 
@@ -277,6 +277,10 @@ def _check_options(
     check_path("source", source)
     check_path("output", output)
     check_path("like", like, optional=True)
+    is_remote(source)  # a URL that is not read is refused before anything else
+    local_path("output", output, writes=True)  # type: ignore[arg-type]
+    if like is not None:
+        local_path("like", like, writes=False)  # type: ignore[arg-type]
     check_type(
         "dtype",
         dtype,

@@ -9,16 +9,17 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from hyperckpt._arguments import check_path
 from hyperckpt._layout.mapping import MappingLike
 from hyperckpt._read.tracker import ProgressCallback
 from hyperckpt._save.options import DEFAULT_MAX_SHARD_SIZE, SaveOptions, one_save_options
 from hyperckpt._save.ranks import rank_lost
 from hyperckpt._save.stage import SaveReport, Staged, check_shared, commit, publish, stage
+from hyperckpt._storage.places import local_path
 
 # Re-exported from their own modules, where callers imported them before the split.
 __all__ = [
@@ -113,7 +114,8 @@ def save(
         ValueError: An option is malformed, or given both as a keyword and in ``options``.
         OSError: The files cannot be written.
     """
-    target = Path(path)
+    check_path("path", path)
+    target = local_path("path", path, writes=True)
     built: list[SaveOptions] = []
 
     def build() -> SaveOptions:

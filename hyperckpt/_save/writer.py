@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -42,10 +41,12 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
+from hyperckpt._arguments import check_path
 from hyperckpt._layout.mapping import MappingLike
 from hyperckpt._read.tracker import ProgressCallback
 from hyperckpt._save.options import SaveOptions, one_save_options
 from hyperckpt._save.stage import Staged, commit, publish, stage
+from hyperckpt._storage.places import local_path, url_scheme
 from hyperckpt.errors import CheckpointError
 
 __all__ = ["HuggingFaceStorageWriter"]
@@ -105,7 +106,8 @@ class HuggingFaceStorageWriter(StorageWriter):
         mapping: MappingLike | None = None,
     ) -> None:
         super().__init__()
-        self.path = Path(path)
+        check_path("path", path)
+        self.path = local_path("path", path, writes=True)
         self._options = one_save_options(
             options,
             max_shard_size=max_shard_size,
@@ -128,7 +130,8 @@ class HuggingFaceStorageWriter(StorageWriter):
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         """Forget a previous save; ``checkpoint_id`` is the new path when given."""
         if checkpoint_id is not None:
-            self.path = Path(checkpoint_id)
+            check_path("checkpoint_id", checkpoint_id)
+            self.path = local_path("checkpoint_id", checkpoint_id, writes=True)
         self._staged = None
         self._alone = False
 
@@ -207,8 +210,8 @@ class HuggingFaceStorageWriter(StorageWriter):
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
-        """Any local path names a checkpoint to write."""
-        return isinstance(checkpoint_id, str | os.PathLike)
+        """Any local path names a checkpoint to write; a URL does not (no bucket is written)."""
+        return isinstance(checkpoint_id, str | os.PathLike) and url_scheme(checkpoint_id) is None
 
     @property
     def report(self) -> object:

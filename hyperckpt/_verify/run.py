@@ -23,7 +23,7 @@ from hyperckpt._layout.directory import describe_directory as describe
 from hyperckpt._layout.model import CheckpointLayout
 from hyperckpt._read.engine import default_threads
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
-from hyperckpt._storage.places import storage_at
+from hyperckpt._storage.places import local_path, storage_at
 from hyperckpt._verify.checksums import Expected, read_checksums
 from hyperckpt._verify.filepass import FileResult, read_file
 from hyperckpt._verify.jobs import expect, expectations, plan_jobs
@@ -89,6 +89,8 @@ def verify(
     """
     check_path("path", path)
     check_path("checksums", checksums, optional=True)
+    if checksums is not None:
+        local_path("checksums", checksums, writes=False)
     if threads is not None:
         threads = int(check_number("threads", threads, THREADS))
     chunk_bytes = int(check_number("chunk_bytes", chunk_bytes, CHUNK_BYTES))

@@ -255,6 +255,14 @@ def _checksums_big(root: Path) -> object:
     return verify(root, checksums=sums)
 
 
+def _url_save(root: Path) -> object:
+    import torch
+
+    from hyperckpt._save.api import save
+
+    return save({"w": torch.ones(2)}, "gs://bucket/run/step-100")
+
+
 def _planted_link(root: Path) -> object:
     from hyperckpt._storage.files import LocalStorage
 
@@ -645,6 +653,12 @@ _READ_RULES: tuple[Rule, ...] = (
          "opened without blocking).", _E, r"not a regular file", _checksums_fifo),
     Rule("checksums.too_big", "A checksum file is at most 100,000,000 bytes (refused from its "
          "size).", _E, r"more than any checksum file", _checksums_big),
+    Rule("path.unsupported_url", "A path that looks like a URL (`s3://`, `S3://`, the `s3:/` a "
+         "`pathlib.Path` makes of one, `gs://`, `az://`, `file://`, `hf://`, ...) names a store "
+         "served for what is asked: reading takes local directories and `s3://bucket/prefix`, "
+         "writing (save, the writer, consolidate's output, the sample) local directories only. "
+         "Anything else is refused before a byte is read or written, never taken as a local "
+         "folder named `s3:`.", _E, r"looks like a URL of scheme", _url_save),
     Rule("output.exists", "A file hyperckpt writes is created where nothing is, never through "
          "a link.", _E, r"files are only created where nothing is", _planted_link),
     Rule("output.not_regular", "What consolidate resumes or replaces in its output is a "
