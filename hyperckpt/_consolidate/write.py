@@ -48,11 +48,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Largest staging buffer (block, scratch, converted data), whatever the budget.  A block
-#: this small stays in the core's caches between being filled and being written, and few
-#: pages are zeroed and faulted in; a block as large as a whole 125 MiB tensor made column
-#: pieces 2-4x slower (fill from memory instead of cache, the whole budget faulted in, which
-#: on a loaded machine waits on reclaim).  Blocks of 4-8 MiB measured fastest.
+#: Largest staging buffer (block, scratch, converted data), whatever the budget: small
+#: enough to stay in the core's caches between being filled and written, and to fault in
+#: few pages (measured: docs/benchmarks/bench_consolidate.md, "The staging block size").
 BLOCK_BYTES: Final = 8 * 2**20
 _COPY_CHUNK: Final = 1 << 30
 #: What a changed input means for a consolidation, and what to do.

@@ -37,8 +37,8 @@ __all__ = [
 #: A striped plan may route at most ROUTED_BASE + ROUTED_PER_ITEM x (read items of all
 #: ranks) boxes (a request's rows within one part), so that planning it stays linear in
 #: the plans it starts from.  Where every rank needs every stripe (a replicated layout) it
-#: would route ranks x stripes boxes, and the stripes grow with the ranks too: 1M boxes at
-#: 1,024 replicating ranks took 30 s; 65,536 ranks would make billions.
+#: would route ranks x stripes boxes, and the stripes grow with the ranks too: 65,536 ranks
+#: would make billions (measured at 1,024: docs/benchmarks/simulate_columns.md).
 ROUTED_BASE: Final = 4096
 ROUTED_PER_ITEM: Final = 4
 

@@ -21,11 +21,11 @@ or less in short rows favour ``STAGE`` (one copy beats two ``iovec`` entries a r
 runs far apart ``RUNS`` (no over-read, few calls), the rest ``SCATTER``.  Where a map is
 possible it won every shape measured on the development VM when the constants were fitted
 (the kernel's copy into user memory was dearer per byte than a user copy from mapped pages,
-and a map needs no call per run), by 1.3x for whole tensors and 3x to 40x for column slices.
+and a map needs no call per run; docs/benchmarks/columns.md).
 
 What a map costs is not a constant of the machine: on the same VM, an hour apart, copies
-from fresh maps went from 1.2x to 1.7-2x the CPU time of ``preadv`` per byte (page faults
-on a virtual machine whose memory the host balloons).  So the map's estimate is scaled by
+from fresh maps grew dearer against ``preadv`` (page faults on a virtual machine whose
+memory the host balloons; docs/benchmarks/map_cost.md).  So the map's estimate is scaled by
 a factor measured at run time (:mod:`hyperckpt._read.calibrate`: one mapped and one
 ``preadv`` copy of a part of the load's own first mapped request, once per process and
 kind of request, renewed after a few minutes): :attr:`Costs.map_scale` for column slices,
@@ -92,7 +92,8 @@ class Costs:
     """The constants of the cost rule, in nanoseconds of one core.
 
     Fitted to the CPU time of ``benchmarks/bench_columns.py`` on the 2-core development VM
-    (warm page cache, bf16 matrices 64 to 32768 columns wide, runs of 4 B to 64 KiB).
+    (warm page cache, bf16 matrices 64 to 32768 columns wide, runs of 4 B to 64 KiB; the
+    figures: docs/benchmarks/columns.md).
 
     Attributes:
         call: One ``preadv`` call through ctypes (entry, page-cache lookup, return).
@@ -113,12 +114,10 @@ class Costs:
             thread copying on the host at the same time (this rank's read threads and the
             other ranks'): maps, populates and unmaps serialise on a process's address space,
             each unmap interrupts the other threads' cores to flush their TLBs, and the page
-            tables compete with the copy for memory bandwidth.  Measured on the development
-            VM, 8 MiB parts of a warm file: one thread alone copies from maps at 1.05x to
-            1.45x the speed of ``preadv``; two threads of one process at 0.84x; two ranks of
-            one thread each, FSDP rows, at 0.76x to 0.87x.  Column slices gain 1.3x to 1.8x
-            from maps in all three settings (the calls and ``iovec`` entries a run saves
-            outweigh it), so only :func:`choose_run` applies it.
+            tables compete with the copy for memory bandwidth.  Column slices gain from maps
+            in every setting (the calls and ``iovec`` entries a run saves outweigh it), so
+            only :func:`choose_run` applies it (measured: docs/benchmarks/bench_load.md,
+            "Why the cost rule copies what it copies from maps").
         rank_share: How much dearer every byte gets per further rank of the host reading
             at the same time (they share its memory bandwidth; calls cost each rank its own
             core).  An assumption, not fitted: the benchmark runs one process.

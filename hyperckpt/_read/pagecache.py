@@ -16,14 +16,13 @@ a hole as long as the groups' spacing from one without.
 Before either, ``cachestat`` (Linux 6.5 and later) counts cached pages, exactly, in one
 call per range; it answers under the same condition as ``mincore`` (a file this process
 owns or may write), and where it cannot (an older kernel, another user's file) the
-``mincore`` samples answer as before.  Its cost grows with the cached folios it walks: a
-64 MiB window held in large folios costs 5-10 us, the same window in 4 KiB pages (a file
-written in small pieces, or a page cache under memory pressure) 250-400 us, measured on the
-development VM (up to 9 ms of a one-rank 1.2 GB load).  So a long range is counted in
-:data:`CACHESTAT_SAMPLES` evenly spaced groups of :data:`CACHESTAT_SAMPLE_PAGES` pages, each
-counted exactly: ~30 us a window whatever the folios (the call itself costs ~1.5 us through
-ctypes), and any hole at least as long as the groups' spacing (4 MiB in a 64 MiB window)
-reaches into a group.
+``mincore`` samples answer as before.  Its cost grows with the cached folios it walks (a
+window held in 4 KiB pages, as in a page cache under memory pressure, costs tens of times
+one held in large folios), so a long range is counted in :data:`CACHESTAT_SAMPLES` evenly
+spaced groups of :data:`CACHESTAT_SAMPLE_PAGES` pages, each counted exactly: a cost per
+window whatever the folios, and any hole at least as long as the groups' spacing (4 MiB in a
+64 MiB window) reaches into a group (measured: docs/benchmarks/bench_load.md, "What the
+page-cache residency check costs").
 """
 
 from __future__ import annotations
@@ -51,7 +50,7 @@ PROBES = 64
 #: ``mincore`` looks at every page of a range up to this many pages, and beyond it at
 #: :data:`SAMPLES` evenly spaced groups of :data:`SAMPLE_PAGES` pages: any hole in the page
 #: cache at least as long as the groups' spacing (2 MiB in a 64 MiB window) reaches into a
-#: group.  Each group costs a call (~2.5 us through ctypes), each page ~70 ns in the kernel.
+#: group.  Each group costs a call, each page its kernel time (docs/benchmarks/bench_load.md).
 FULL_SCAN_PAGES = 1024
 SAMPLES = 32
 SAMPLE_PAGES = 8

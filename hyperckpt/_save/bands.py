@@ -37,31 +37,23 @@ __all__ = ["ROUND_BYTES", "Band", "ColumnCosts", "Piece", "plan_bands", "runs_of
 
 #: Alignment of each piece inside a message, in bytes (any dtype may be viewed in place).
 PIECE_ALIGN: Final = 16
-#: Most bytes of bands a rank assembles in one round, and of the message it sends.  Small
-#: rounds keep the exchange's buffers few pages, touched again round after round: fresh
-#: memory costs a host page fault per page on the dev VM, and assembling bands into 85 MB
-#: buffers (a third of the default budget) took 0.3 s a save there (``cols``, 2 ranks).
+#: Most bytes of bands a rank assembles in one round, and of the message it sends: small
+#: rounds keep the exchange's buffers few pages, touched again round after round (fresh
+#: memory costs a page fault per page; docs/benchmarks/bench_save.md, "The figures behind
+#: the writer's rules").
 ROUND_BYTES: Final = 16 * 2**20
-#: Seconds per run beyond its bytes, written row by row (and again re-read by the audit):
-#: 2-6 us per call on the 2-core dev VM (a TP ``Shard(1)`` save row by row took 0.3-0.5 s
-#: more than the same bytes in row shards, for 85k runs of 2 KiB per rank); measured again
-#: once bands went straight to storage: 6-7 us of CPU and 26-41 us of wall time per run of
-#: 2-6 KiB on the busy box (``benchmarks/profile_save.py --layout cols``, with and without
-#: ``--exchange``), so 10 us, in the same busy units as the exchange's rate below.
+#: Seconds per run beyond its bytes, written row by row (and again re-read by the audit),
+#: in the same units as the exchange's rate below (``benchmarks/profile_save.py --layout
+#: cols``; figures in docs/benchmarks/bench_save.md, "The figures behind the writer's rules").
 CPU_RUN_SECONDS: Final = 1e-5
 #: Seconds per byte a run written row by row costs beyond the same byte in a row band:
-#: short runs go through the page cache, bands of 1 MiB and more straight to storage
-#: (:mod:`hyperckpt._save.write`), and fresh page-cache pages cost a host page fault each
-#: on the dev VM (0.2-0.9 GB/s buffered against 1.2-2.8 GB/s direct into fresh files:
-#: about 1.5 ns per byte).
+#: short runs go through the page cache, bands straight to storage
+#: (:mod:`hyperckpt._save.write`), and fresh page-cache pages cost a page fault each
+#: (buffered against direct writes: docs/benchmarks/bench_save.md).
 BUFFERED_BYTE_SECONDS: Final = 1.5e-9
 #: Bytes per second the exchange moves end to end over gloo between local CPU ranks
-#: (packing, ``all_to_all_single``, assembling): about 0.1 GB/s per rank on the busy 2-core
-#: dev VM before the exchange reused its buffers, where the bare collective reaches 0.6.
-#: With reused buffers and bands written straight to storage, a 2-rank ``Shard(1)`` save
-#: (0.35 GB, 2-6 KiB runs, 0.09 GB moved per rank) took 0.97-1.16 s exchanged against
-#: 1.34-1.40 s with the 6 KiB runs left row by row and 2.3-3.5 s all row by row (busy box,
-#: ``benchmarks/profile_save.py --layout cols``): 0.2 GB/s.
+#: (packing, ``all_to_all_single``, assembling), from a 2-rank ``Shard(1)`` save exchanged
+#: and row by row (``benchmarks/profile_save.py --layout cols``; docs/benchmarks/bench_save.md).
 GLOO_EXCHANGE_BYTES_PER_SECOND: Final = 0.2e9
 #: Bytes per second assumed for NCCL between GPUs of one host (not measured here).
 NCCL_EXCHANGE_BYTES_PER_SECOND: Final = 20e9

@@ -67,7 +67,7 @@ def exchange_bands(
     plans = [_sizes(bands, rank, world) for bands in rounds]
     shared = _share(rounds, rank, world, group) if device.type == "cpu" else None
     # Two buffers of each kind for all rounds, reused: a fresh allocation of tens of MB per
-    # round costs its page faults again (measured 0.3-0.5 s per 65 MB on the busy dev VM).
+    # round costs its page faults again (docs/benchmarks/bench_save.md).
     sets = min(2, len(rounds))
     send_sets: list[torch.Tensor] = []
     recv_sets: list[torch.Tensor] = []

@@ -13,9 +13,9 @@ A run of at least :data:`DIRECT_MIN_BYTES` is written with direct I/O where the 
 takes it: its page-aligned middle goes through a page-aligned buffer per thread (one copy)
 straight to storage, its unaligned ends (which may share a page with another rank's box)
 through the page cache.  Fresh page-cache pages cost a host page fault each on a virtual
-machine: buffered writes of new files ran at 0.2-0.9 GB/s there against 1.2-2.8 GB/s
-direct.  The audit re-reads such runs the same way, from storage, without filling the page
-cache (what that costs: ``docs/benchmarks/bench_save.md``).
+machine, so direct writes of new files are the faster way there (measured:
+``docs/benchmarks/bench_save.md``).  The audit re-reads such runs the same way, from
+storage, without filling the page cache (what that costs: the same report).
 """
 
 from __future__ import annotations
