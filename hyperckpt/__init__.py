@@ -14,7 +14,6 @@ that ``except Exception`` misses; :func:`hyperckpt.load` raises :class:`Checkpoi
 from __future__ import annotations
 
 from hyperckpt._consolidate import ConsolidateReport, consolidate
-from hyperckpt._deprecate import HyperckptDeprecationWarning
 from hyperckpt._exchange.costs import CostModel
 from hyperckpt._format.header import FileHeader, TensorEntry
 from hyperckpt._layout.mapping import (
@@ -58,7 +57,6 @@ __all__ = [
     "Fuse",
     "HuggingFaceStorageReader",
     "HuggingFaceStorageWriter",
-    "HyperckptDeprecationWarning",
     "LoadPlanner",
     "LoadReport",
     "LoadStats",

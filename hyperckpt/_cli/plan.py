@@ -5,14 +5,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from hyperckpt._arguments import Limits
 from hyperckpt._cli.common import OK, UsageError, described, mapping_option
 from hyperckpt._cli.flags import number
-from hyperckpt._deprecate import deprecation_message
 from hyperckpt._exchange.costs import BANDWIDTH, LATENCY
 from hyperckpt._layout.gcpause import collector_paused
 from hyperckpt._read.progress import format_bytes
@@ -68,21 +66,6 @@ def add_parser(commands: Any, common: argparse.ArgumentParser) -> None:
         help="the exchange the per-rank table shows (default auto: what the cost model picks; "
         "off on one host)",
     )
-    forced = parser.add_mutually_exclusive_group()
-    forced.add_argument(
-        "--broadcast",
-        dest="broadcast",
-        action="store_const",
-        const=True,
-        help="deprecated (removed in 0.3.0): --exchange replicated",
-    )
-    forced.add_argument(
-        "--no-broadcast",
-        dest="broadcast",
-        action="store_const",
-        const=False,
-        help="deprecated (removed in 0.3.0): --exchange off",
-    )
     parser.add_argument(
         "--storage-gbps",
         type=number(BANDWIDTH),
@@ -118,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     from hyperckpt._exchange.costs import CostModel, pick
     from hyperckpt._read import dtype_policy
 
-    exchange_flag = _exchange_flag(args)
+    exchange_flag = str(args.exchange or "auto")
     try:
         mesh = dryrun.mesh_shape(args.layout, args.world, tp=args.tp, replicas=args.replicas)
     except ValueError as err:
@@ -246,22 +229,6 @@ def run(args: argparse.Namespace) -> int:
         for line in dtype_policy.conversion_lines(made, dtype_policy.torch_name(target)):
             print(line)
     return OK
-
-
-def _exchange_flag(args: argparse.Namespace) -> str:
-    """``--exchange``, or what the deprecated ``--broadcast``/``--no-broadcast`` stand for
-    (with a warning); both given is a usage error, whatever they say."""
-    if args.broadcast is None:
-        return str(args.exchange or "auto")
-    old = "--broadcast" if args.broadcast else "--no-broadcast"
-    new = "--exchange replicated" if args.broadcast else "--exchange off"
-    if args.exchange is not None:
-        raise UsageError(
-            f"--exchange {args.exchange} and {old} both choose the exchange; give --exchange "
-            f"only ({old} is its deprecated spelling, {new})"
-        )
-    print(f"hyperckpt plan: warning: {deprecation_message(old, instead=new)}", file=sys.stderr)
-    return new.split()[1]
 
 
 def _seconds(value: float) -> str:

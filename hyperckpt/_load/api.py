@@ -24,12 +24,7 @@ from hyperckpt._layout.mapping import MappingLike
 from hyperckpt._layout.model import Kind
 from hyperckpt._load.keys import check_allow_missing, validate
 from hyperckpt._load.one_rank import load_one_rank
-from hyperckpt._load.options import (
-    ReadOptions,
-    keyword_options,
-    one_options,
-    reader_options_given,
-)
+from hyperckpt._load.options import ReadOptions, keyword_options, one_options
 from hyperckpt._load.readers import reader_for
 from hyperckpt._load.tied import check_tied, untied_error, untied_keys
 from hyperckpt._planner.gc_hold import without_gc
@@ -101,7 +96,6 @@ def load(
     dtype_policy: DtypePolicy | None = None,
     progress: ProgressCallback | None = None,
     mapping: MappingLike | None = None,
-    reader_options: Mapping[str, object] | None = None,
     tied_winners: Collection[str] = (),
 ) -> LoadReport:
     """Load a safetensors checkpoint of either kind into ``state_dict``, in place.
@@ -137,10 +131,6 @@ def load(
         thread_count: Reads in flight per rank (see the readers).
         exchange: How ranks share the reading: ``"off"``, ``"replicated"``, ``"striped"``
             or ``"auto"`` (the cost model's pick; ``"off"`` on one host).  See the readers.
-        reader_options: Deprecated (removed in 0.3.0): the reader's keyword options as a
-            dict; use ``options=hyperckpt.ReadOptions(...)``.  Warns with
-            :class:`hyperckpt.HyperckptDeprecationWarning`; an option given here and
-            another way is refused like any other.
         dtype_policy: Which dtype conversions are allowed, checked for every key before
             anything is read: ``"convert"`` (any, the default), ``"exact"`` (none) or
             ``"no-narrowing"`` (only widening ones; the table is in ``docs/data-checks.md``).
@@ -183,7 +173,6 @@ def load(
         dtype_policy=dtype_policy,
         progress=progress,
         mapping=mapping,
-        reader_options=reader_options,
     )
     _check_arguments(path, planner, allow_missing)
     process_group = options.process_group
@@ -319,18 +308,10 @@ def load(
     )
 
 
-def _options(
-    options: ReadOptions | None,
-    *,
-    reader_options: Mapping[str, object] | None,
-    **keywords: object,
-) -> ReadOptions:
-    """The load's one :class:`ReadOptions`: ``options`` with the keyword options (and the
-    deprecated ``reader_options``) set in it, each option given once."""
-    given = keyword_options(**keywords)
-    if reader_options is not None:
-        given += reader_options_given(reader_options)
-    return one_options(options, given)
+def _options(options: ReadOptions | None, **keywords: object) -> ReadOptions:
+    """The load's one :class:`ReadOptions`: ``options`` with the keyword options set in it,
+    each option given once."""
+    return one_options(options, keyword_options(**keywords))
 
 
 def _check_arguments(path: object, planner: object, allow_missing: object) -> None:

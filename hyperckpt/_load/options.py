@@ -2,14 +2,12 @@
 
 The readers and :func:`hyperckpt.load` take one ``options=`` object; their keyword options
 are a convenience that sets fields of it, and an option given two ways is refused, naming
-both (:func:`one_options`).  The deprecated spellings (``reader_options``,
-``broadcast_replicated``) warn and then count as one more way of giving an option.
+both (:func:`one_options`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections import abc
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -21,11 +19,9 @@ from hyperckpt._arguments import (
     THREADS,
     Limits,
     check_callable,
-    check_flag,
     check_number,
     check_type,
 )
-from hyperckpt._deprecate import warn_deprecated
 from hyperckpt._dist.headers import HeaderReads, check_header_reads
 from hyperckpt._exchange.costs import CostModel
 from hyperckpt._exchange.strategy import Exchange, exchange_option
@@ -38,18 +34,16 @@ __all__ = [
     "STAGING_BYTES",
     "Given",
     "ReadOptions",
-    "broadcast_alias",
     "keyword_options",
     "one_options",
     "options_given",
-    "reader_options_given",
 ]
 
 #: Staging bytes a load may use: at least room for a few elements of the widest dtype in a
 #: host buffer and a pinned slot (a small budget reads with fewer threads, never fails).
 STAGING_BYTES: Final = Limits(64, MAX_BYTES, unit="bytes")
 #: An option given other than in ``options=``: how the caller spelled it
-#: (``"thread_count="``, ``"reader_options['thread_count']"``), the field it sets, the value.
+#: (``"thread_count="``, ``"options.thread_count"``), the field it sets, the value.
 Given = tuple[str, str, object]
 
 
@@ -189,50 +183,6 @@ def one_options(options: object, given: Iterable[Given]) -> ReadOptions:
 def keyword_options(**keywords: object) -> list[Given]:
     """The keyword options a call was given: those not ``None`` (``None`` is "not given")."""
     return [(f"{name}=", name, value) for name, value in keywords.items() if value is not None]
-
-
-def broadcast_alias(value: object, spelling: str = "broadcast_replicated=") -> Given:
-    """The deprecated ``broadcast_replicated`` as the ``exchange`` it stands for; warns.
-
-    Raises:
-        TypeError: ``value`` is not ``True`` or ``False``.
-    """
-    check_flag("broadcast_replicated", value)
-    warn_deprecated(
-        spelling, instead="exchange='replicated' (for True) or exchange='off' (for False)"
-    )
-    return spelling, "exchange", "replicated" if value else "off"
-
-
-def reader_options_given(reader_options: object) -> list[Given]:
-    """The options of the deprecated ``reader_options`` dict of :func:`hyperckpt.load`; warns.
-
-    Raises:
-        TypeError: ``reader_options`` is not a mapping, or names no option of
-            :class:`ReadOptions`.
-    """
-    warn_deprecated(
-        "hyperckpt.load(reader_options=...)",
-        instead="options=hyperckpt.ReadOptions(...) or load's own keyword options",
-    )
-    if not isinstance(reader_options, abc.Mapping):
-        raise TypeError(
-            f"reader_options must be a dict of option names to values, got "
-            f"{type(reader_options).__name__}"
-        )
-    given: list[Given] = []
-    for key, value in reader_options.items():
-        spelling = f"reader_options[{key!r}]"
-        if key == "broadcast_replicated":
-            given.append(broadcast_alias(value, spelling))
-        elif isinstance(key, str) and key in _FIELDS:
-            given.append((spelling, key, value))
-        else:
-            raise TypeError(
-                f"reader_options has no option {key!r}; the options are the fields of "
-                f"hyperckpt.ReadOptions: {', '.join(_FIELDS)}"
-            )
-    return given
 
 
 def options_given(options: ReadOptions) -> list[str]:

@@ -38,7 +38,7 @@ from hyperckpt._layout.mapping import MappedLayout, Mapping, MappingLike
 from hyperckpt._layout.model import TORCH_SHARDED, CheckpointLayout, Kind
 from hyperckpt._load.exchange_plan import BATCH_BYTES, mark_plan, share_plans
 from hyperckpt._load.metadata import to_metadata
-from hyperckpt._load.options import ReadOptions, broadcast_alias, keyword_options, one_options
+from hyperckpt._load.options import ReadOptions, keyword_options, one_options
 from hyperckpt._load.per_thread import PerThread
 from hyperckpt._planner.compact import CompactItems
 from hyperckpt._planner.plain_call import plan_to_read
@@ -109,7 +109,6 @@ class _SafetensorsReader(FileSystemReader):
         mapping: MappingLike | None = None,
         header_reads: HeaderReads | None = None,
         cost_model: CostModel | None = None,
-        broadcast_replicated: bool | None = None,
         layout: MappedLayout | None = None,
     ) -> None:
         """Point the reader at a checkpoint; nothing is read until DCP asks.
@@ -139,9 +138,6 @@ class _SafetensorsReader(FileSystemReader):
             header_reads: Who reads the headers: ``"auto"`` (the default), ``"once"``,
                 ``"per-host"`` or ``"every-rank"``.
             cost_model: What ``exchange="auto"`` assumes (a :class:`hyperckpt.CostModel`).
-            broadcast_replicated: Deprecated (removed in 0.3.0) alias of ``exchange``:
-                ``True`` is ``"replicated"``, ``False`` is ``"off"``; warns with
-                :class:`hyperckpt.HyperckptDeprecationWarning`.
             layout: The checkpoint already described and mapped (with this reader's
                 ``mapping``) for the next load, as :func:`hyperckpt.load` hands it over:
                 the next ``read_metadata`` of ``path`` uses it instead of reading the
@@ -168,8 +164,6 @@ class _SafetensorsReader(FileSystemReader):
             header_reads=header_reads,
             cost_model=cost_model,
         )
-        if broadcast_replicated is not None:
-            given.append(broadcast_alias(broadcast_replicated))
         #: Every option of this reader's loads, validated (the engine reads it too).
         self.options: ReadOptions = one_options(options, given)
         check_type("layout", layout, (MappedLayout, type(None)), "a hyperckpt.MappedLayout or None")

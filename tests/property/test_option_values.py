@@ -13,7 +13,6 @@ import dataclasses
 import json
 import math
 import tempfile
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
 import hyperckpt
-from hyperckpt import CostModel, HyperckptDeprecationWarning, ReadOptions, consolidate, verify
+from hyperckpt import CostModel, ReadOptions, consolidate, verify
 from hyperckpt._exchange.costs import compare
 from hyperckpt._read.storage_info import StorageInfo
 
@@ -88,7 +87,6 @@ LOAD_KEYWORDS = [
     "dtype_policy",
     "progress",
     "mapping",
-    "reader_options",
 ]
 CONSOLIDATE_KEYWORDS = [
     "max_shard_size",
@@ -142,9 +140,7 @@ def _refused_by_name(name: str, call: Callable[[], object]) -> bool:
     refusal that does not name the option, fails the test."""
     refusal: Exception | None = None
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", HyperckptDeprecationWarning)
-            call()
+        call()
     except hyperckpt.CheckpointError:
         raise
     except (ValueError, TypeError) as err:
@@ -189,7 +185,6 @@ def test_every_accepted_staging_and_thread_count_together_load(
 
 @given(keyword=st.sampled_from(LOAD_KEYWORDS), value=HOSTILE)
 @example(keyword="allow_missing", value="lm_head.weight")
-@example(keyword="reader_options", value=[1])
 @example(keyword="options", value={})
 def test_load_refuses_a_hostile_keyword_by_name_or_loads(
     checkpoint: Path, keyword: str, value: object

@@ -207,10 +207,10 @@ def test_plan_replicate_reads_everything_on_every_rank_unless_exchanged(
 ) -> None:
     total = describe(sample).nbytes
     argv = ("plan", sample, "--world", "3", "--layout", "replicate", "--json")
-    for options in ((), ("--no-broadcast",), ("--hosts", "2", "--exchange", "off")):
+    for options in ((), ("--exchange", "off"), ("--hosts", "2", "--exchange", "off")):
         _, out, _ = run(capsys, *argv, *options)
         assert [r["bytes_read"] for r in json.loads(out)["ranks"]] == [total] * 3
-    for options in (("--broadcast",), ("--hosts", "3", "--exchange", "replicated")):
+    for options in (("--exchange", "replicated"), ("--hosts", "3", "--exchange", "replicated")):
         _, out, _ = run(capsys, *argv, *options)
         ranks = json.loads(out)["ranks"]
         assert sum(r["bytes_read"] for r in ranks) == total
@@ -287,7 +287,16 @@ def test_plan_hsdp_and_fsdp_tp_cover_each_replica_once(
     assert sum(r["bytes_needed"] for r in ranks) == 2 * total
     assert sum(r["bytes_read"] for r in ranks) == total
     _, out, _ = run(
-        capsys, "plan", sample, "--world", "4", "--layout", "fsdp-tp", "--json", "--broadcast"
+        capsys,
+        "plan",
+        sample,
+        "--world",
+        "4",
+        "--layout",
+        "fsdp-tp",
+        "--json",
+        "--exchange",
+        "replicated",
     )
     ranks = json.loads(out)["ranks"]
     # Only the replicated norms are needed twice (once per TP rank of a DP group).

@@ -82,23 +82,3 @@ def test_plan_json_holds_no_nan_or_infinity_at_the_model_s_extremes(
         assert status == 0
         report = json.loads(out, parse_constant=_no_constants)
         assert report["model"]["storage_gbps"] == float(model[1])
-
-
-def test_plan_refuses_an_exchange_given_twice_and_warns_on_the_old_flags(
-    capsys: pytest.CaptureFixture[str], sample: Path
-) -> None:
-    # Was: --no-broadcast silently overrode --exchange striped.
-    argv = ["plan", str(sample), "--world", "4", "--layout", "replicate", "--hosts", "2"]
-    for old, exchange in (("--no-broadcast", "striped"), ("--broadcast", "replicated")):
-        assert main([*argv, "--exchange", exchange, old]) == 2
-        err = capsys.readouterr().err
-        assert (
-            f"--exchange {exchange} and {old} both choose the exchange; give --exchange only" in err
-        )
-    assert main([*argv, "--no-broadcast", "--json"]) == 0
-    captured = capsys.readouterr()
-    assert json.loads(captured.out)["exchange"] == "off"
-    assert (
-        "warning: --no-broadcast is deprecated since hyperckpt 0.1.0 and will be removed in "
-        "0.3.0; use --exchange off instead" in captured.err
-    )

@@ -13,7 +13,7 @@ from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
 import hyperckpt
-from hyperckpt import CostModel, HuggingFaceStorageReader, TorchShardedSafetensorsReader
+from hyperckpt import CostModel, HuggingFaceStorageReader
 from hyperckpt._dist.headers import dcp_group, decode_layout, encode_layout
 from hyperckpt._exchange.costs import choose_exchange, compare, pick
 from hyperckpt._exchange.pricing import price
@@ -28,22 +28,6 @@ def test_exchange_accepts_its_four_values_and_refuses_others(tmp_path: Path) -> 
     assert HuggingFaceStorageReader(tmp_path).exchange == "auto"
     with pytest.raises(ValueError, match="exchange must be one of auto, off, replicated, striped"):
         HuggingFaceStorageReader(tmp_path, exchange="sideways")  # type: ignore[arg-type]
-
-
-def test_broadcast_replicated_is_a_deprecated_alias_of_exchange(tmp_path: Path) -> None:
-    for value, expected in ((True, "replicated"), (False, "off")):
-        with pytest.warns(hyperckpt.HyperckptDeprecationWarning, match="exchange='replicated'"):
-            reader = TorchShardedSafetensorsReader(tmp_path, broadcast_replicated=value)
-        assert reader.exchange == expected
-    with (
-        pytest.warns(hyperckpt.HyperckptDeprecationWarning),
-        pytest.raises(
-            ValueError, match="exchange as exchange= and as broadcast_replicated=; give each"
-        ),
-    ):
-        HuggingFaceStorageReader(tmp_path, exchange="off", broadcast_replicated=True)
-    with pytest.raises(TypeError, match="broadcast_replicated must be True or False, got 'yes'"):
-        HuggingFaceStorageReader(tmp_path, broadcast_replicated="yes")  # type: ignore[arg-type]
 
 
 def test_header_reads_refuses_unknown_values(tmp_path: Path) -> None:

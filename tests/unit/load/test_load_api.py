@@ -247,12 +247,6 @@ def test_load_hands_its_planner_and_options_to_dcp_load_and_the_reader(
     assert planners == [planner]
     assert reader.last_stats is not None
     assert reader.last_stats.threads == 3
-    # The deprecated dict still arrives, with a warning of our own.
-    readers.clear()
-    with pytest.warns(hyperckpt.HyperckptDeprecationWarning, match="removed in 0.3.0"):
-        hyperckpt.load(_destinations(model), tmp_path, reader_options={"staging_bytes": 64})
-    [reader] = readers
-    assert reader.options.staging_bytes == 64
 
 
 def test_load_holds_the_collector_while_dcp_runs_and_restores_it_after_success_and_failure(

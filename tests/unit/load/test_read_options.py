@@ -112,46 +112,11 @@ def test_keywords_set_fields_of_options_and_an_option_given_twice_is_refused(
 
 
 def test_load_refuses_an_option_given_twice_before_reading(tmp_path: Path) -> None:
-    # Was: reader_options silently won over load's own keyword.
     options = ReadOptions(thread_count=4)
     with pytest.raises(
         ValueError, match=r"thread_count as options.thread_count and as thread_count="
     ):
         hyperckpt.load({}, tmp_path / "nowhere", options=options, thread_count=2)
-    with (
-        pytest.warns(hyperckpt.HyperckptDeprecationWarning, match="reader_options"),
-        pytest.raises(
-            ValueError,
-            match=r"thread_count as thread_count= and as reader_options\['thread_count'\]",
-        ),
-    ):
-        hyperckpt.load({}, tmp_path, thread_count=2, reader_options={"thread_count": 4})
-    with (
-        pytest.warns(hyperckpt.HyperckptDeprecationWarning),
-        pytest.raises(TypeError, match="reader_options has no option 'threads'"),
-    ):
-        hyperckpt.load({}, tmp_path, reader_options={"threads": 4})
-
-
-def test_the_deprecated_spellings_warn_naming_the_replacement_and_the_removal(
-    tmp_path: Path,
-) -> None:
-    with pytest.warns(hyperckpt.HyperckptDeprecationWarning) as caught:
-        HuggingFaceStorageReader(tmp_path, broadcast_replicated=True)
-    [warning] = caught
-    assert str(warning.message) == (
-        "broadcast_replicated= is deprecated since hyperckpt 0.1.0 and will be removed in "
-        "0.3.0; use exchange='replicated' (for True) or exchange='off' (for False) instead"
-    )
-    assert warning.filename == __file__  # the caller's line, not ours
-    write_hf_checkpoint(tmp_path, {"w": torch.ones(2)})
-    with pytest.warns(hyperckpt.HyperckptDeprecationWarning) as caught:
-        hyperckpt.load({}, tmp_path, reader_options={})
-    [warning] = caught
-    assert "use options=hyperckpt.ReadOptions(...)" in str(warning.message)
-    assert "removed in 0.3.0" in str(warning.message)
-    assert warning.filename == __file__
-    assert issubclass(hyperckpt.HyperckptDeprecationWarning, FutureWarning)
 
 
 @pytest.fixture

@@ -29,7 +29,6 @@ PUBLIC = [
     "FileStamp",
     "HuggingFaceStorageReader",
     "HuggingFaceStorageWriter",
-    "HyperckptDeprecationWarning",
     "SaveOptions",
     "SaveReport",
     "LoadPlanner",

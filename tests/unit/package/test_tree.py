@@ -14,7 +14,6 @@ STAGES = [
     "hyperckpt.errors",
     "hyperckpt._storage",  # the seam: the only code that opens, creates or stats a file
     "hyperckpt._arguments",  # checks of the options callers pass
-    "hyperckpt._deprecate",  # the one deprecation warning and its helper
     "hyperckpt._format",
     "hyperckpt._layout",
     "hyperckpt._dist",  # across ranks (agreement, headers once, spawning), below the planner
@@ -34,7 +33,6 @@ TORCH_FREE = {
     "hyperckpt.errors",
     "hyperckpt._storage",
     "hyperckpt._arguments",
-    "hyperckpt._deprecate",
     "hyperckpt._format",
     "hyperckpt._layout",
 }
