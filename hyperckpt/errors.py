@@ -26,6 +26,7 @@ RuleId = Literal[
     "dir.not_found",
     "dir.pickled",
     "dir.torch_dcp",
+    "dir.unfinished",
     "dir.unknown_kind",
     "dtype.no_torch",
     "dtype.unknown",

@@ -45,6 +45,7 @@ from hyperckpt._layout.directory import torch_sharded_layout
 from hyperckpt._layout.model import INDEX_NAME, CheckpointLayout
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
 from hyperckpt._storage.files import LocalStorage
+from hyperckpt._storage.outputs import CONSOLIDATE_MARKER as MARKER_NAME
 from hyperckpt._storage.places import is_remote, local_path, storage_at
 from hyperckpt._storage.protocol import Entry, Storage
 from hyperckpt.errors import CheckpointError
@@ -53,8 +54,6 @@ __all__ = ["MARKER_NAME", "STAGING_BYTES", "ConsolidateReport", "consolidate"]
 
 logger = logging.getLogger("hyperckpt")
 
-#: Left in the output while a consolidation runs; a directory holding it may be reused.
-MARKER_NAME: Final = ".hyperckpt-consolidate-incomplete"
 DEFAULT_STAGING_BYTES: Final = 256 * 2**20
 #: Staging bytes of a consolidation, per rank.
 STAGING_BYTES: Final = Limits(MIN_STAGING_BYTES, MAX_BYTES, unit="bytes")

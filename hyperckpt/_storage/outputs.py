@@ -32,7 +32,9 @@ from hyperckpt._storage import libc
 from hyperckpt._storage.files import create_new, open_output, open_shared, sync_directory
 
 __all__ = [
+    "CONSOLIDATE_MARKER",
     "DIRECT_ALIGN",
+    "MARKER",
     "SHARED_DIR",
     "TEMP_MARK",
     "AlignedBuffer",
@@ -57,6 +59,7 @@ __all__ = [
     "sync_and_close",
     "sync_directory",
     "temp_path",
+    "unfinished_target",
     "unmark",
     "write_small",
 ]
@@ -64,8 +67,14 @@ __all__ = [
 #: Part of every temporary directory's name: ``.<name>.hyperckpt-save-<hex>`` beside the target.
 TEMP_MARK: Final = ".hyperckpt-save-"
 #: The file inside a temporary directory that proves this package made it for its target.
+#: Every reader refuses a folder holding it (``dir.unfinished``): its files may be torn.
 MARKER: Final = ".hyperckpt-save-in-progress"
+#: Left in consolidate's output while it runs (a directory holding it may be resumed, and
+#: every reader refuses it, ``dir.unfinished``).
+CONSOLIDATE_MARKER: Final = ".hyperckpt-consolidate-incomplete"
 _MARKER_TEXT: Final = "hyperckpt save in progress for {name}\n"
+#: A temporary directory's name: the target's name, then 12 hex digits.
+_TEMP_NAME: Final = re.compile(r"\.(.+)" + re.escape(TEMP_MARK) + r"[0-9a-f]{12}")
 _RANK_MARK: Final = ".hyperckpt-rank-"
 #: Alignment of direct I/O, in bytes: of the file offset, the length and the memory (a page,
 #: a multiple of every file system block and device sector in use).
@@ -91,6 +100,13 @@ def make_temp_dir(target: Path) -> Path:
 def temp_path(target: Path, suffix: str) -> Path:
     """The temporary directory beside ``target`` whose name ends in ``suffix`` (12 hex digits)."""
     return target.parent / f".{target.name}{TEMP_MARK}{suffix}"
+
+
+def unfinished_target(temp_name: str) -> str | None:
+    """The name of the target a temporary directory named ``temp_name`` was made for (as
+    :func:`temp_path` names it), or ``None`` for another name (a renamed copy)."""
+    found = _TEMP_NAME.fullmatch(temp_name)
+    return None if found is None else found.group(1)
 
 
 def join_temp_dir(target: Path, suffix: str) -> Path:
@@ -143,14 +159,13 @@ def remove_leftovers(target: Path) -> list[Path]:
     Returns:
         The directories removed.
     """
-    pattern = re.compile(re.escape(f".{target.name}{TEMP_MARK}") + r"[0-9a-f]{12}")
     removed: list[Path] = []
     try:
         entries = os.listdir(target.parent)
     except FileNotFoundError:
         return removed
     for entry in sorted(entries):
-        if not pattern.fullmatch(entry):
+        if unfinished_target(entry) != target.name:
             continue
         leftover = target.parent / entry
         try:

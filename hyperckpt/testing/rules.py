@@ -255,6 +255,16 @@ def _checksums_big(root: Path) -> object:
     return verify(root, checksums=sums)
 
 
+def _torn_save(root: Path) -> object:
+    """A save's temporary folder, as a killed coordinator leaves it, read by its path."""
+    from hyperckpt._storage.outputs import join_temp_dir
+
+    root.mkdir(parents=True)
+    temp = join_temp_dir(root / "ckpt", "0123456789ab")
+    write_files(temp, {"model.safetensors": encode_file({"w": _ENTRY}, b"\0\0")})
+    return describe(temp)
+
+
 def _url_save(root: Path) -> object:
     import torch
 
@@ -485,6 +495,11 @@ _READ_RULES: tuple[Rule, ...] = (
          r"no such file or directory", describe),
     Rule("dir.not_directory", "The checkpoint is a directory or a `.safetensors` file.", _E,
          r"not a directory or a regular file", _fifo),
+    Rule("dir.unfinished", "A folder a save or a consolidation has not finished (a save's "
+         "hidden temporary folder `.<name>.hyperckpt-save-<hex>/`, or consolidate's output, "
+         "while their marker is in it: still running, or killed) is refused by every reader "
+         "and by verify, also when one of its files is named by its path: its files may be "
+         "partly written.", _E, r"has not finished", _torn_save),
     Rule("dir.empty", "A directory holds a checkpoint (hints at a `sharded/` folder).", _NF,
          r"this is not a checkpoint directory", lambda root: describe(write_files(root, {}))),
     Rule("dir.torch_dcp", "A directory torch's `dcp.save` wrote (`.metadata`, `*.distcp`) is "
