@@ -11,11 +11,10 @@ it, and asks here.  No torch import here.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Collection
 from pathlib import Path
 
-from hyperckpt._storage.outputs import CONSOLIDATE_MARKER, MARKER, unfinished_target
+from hyperckpt._storage.outputs import CONSOLIDATE_MARKER, MARKER, markers_in, unfinished_target
 from hyperckpt.errors import CheckpointError
 
 __all__ = ["check_finished", "check_finished_beside"]
@@ -49,11 +48,7 @@ def check_finished_beside(file: Path) -> None:
     Raises:
         CheckpointError: As :func:`check_finished`.
     """
-    folder = file.parent
-    check_finished(
-        str(folder),
-        [m for m in (MARKER, CONSOLIDATE_MARKER) if os.path.lexists(folder / m)],
-    )
+    check_finished(str(file.parent), markers_in(file.parent))
 
 
 def _unfinished_save(root: str) -> CheckpointError:

@@ -46,6 +46,7 @@ __all__ = [
     "make_temp_dir",
     "mark_rank",
     "marked_ranks",
+    "markers_in",
     "open_direct",
     "open_for_reading",
     "open_for_writing",
@@ -107,6 +108,12 @@ def unfinished_target(temp_name: str) -> str | None:
     :func:`temp_path` names it), or ``None`` for another name (a renamed copy)."""
     found = _TEMP_NAME.fullmatch(temp_name)
     return None if found is None else found.group(1)
+
+
+def markers_in(folder: Path) -> list[str]:
+    """The markers of an unfinished save or consolidation (:data:`MARKER`,
+    :data:`CONSOLIDATE_MARKER`) that are in ``folder``, its listing not read."""
+    return [m for m in (MARKER, CONSOLIDATE_MARKER) if os.path.lexists(folder / m)]
 
 
 def join_temp_dir(target: Path, suffix: str) -> Path:
