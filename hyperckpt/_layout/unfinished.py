@@ -1,8 +1,8 @@
 """Refusing a folder a save or a consolidation has not finished: it holds their marker.
 
 A save writes into a hidden temporary folder beside its path (``.<name>.hyperckpt-save-<hex>``)
-holding :data:`~hyperckpt._storage.outputs.MARKER` until the one rename that publishes it; a
-consolidation keeps :data:`~hyperckpt._storage.outputs.CONSOLIDATE_MARKER` in its output
+holding :data:`~hyperckpt._storage.destination.MARKER` until the one rename that publishes it; a
+consolidation keeps :data:`~hyperckpt._storage.destination.CONSOLIDATE_MARKER` in its output
 until its index is written.  Until then their files may be partly written (a killed rank
 leaves zeros where its boxes would be) while every header is already whole, so nothing
 else tells such a folder from a checkpoint.  Every reader lists a folder before it reads
@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from pathlib import Path
 
-from hyperckpt._storage.outputs import CONSOLIDATE_MARKER, MARKER, markers_in, unfinished_target
+from hyperckpt._storage.destination import CONSOLIDATE_MARKER, MARKER
+from hyperckpt._storage.outputs import markers_in, unfinished_target
 from hyperckpt.errors import CheckpointError
 
 __all__ = ["check_finished", "check_finished_beside"]

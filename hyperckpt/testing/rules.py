@@ -265,6 +265,25 @@ def _torn_save(root: Path) -> object:
     return describe(temp)
 
 
+def _existing_save(root: Path) -> object:
+    import torch
+
+    from hyperckpt._save.api import save
+
+    save({"w": torch.ones(2)}, root)
+    return save({"w": torch.ones(2)}, root)
+
+
+def _file_as_output(root: Path) -> object:
+    import torch
+
+    from hyperckpt._save.api import save
+
+    root.parent.mkdir(parents=True, exist_ok=True)
+    root.write_bytes(b"notes")
+    return save({"w": torch.ones(2)}, root, overwrite=True)
+
+
 def _url_save(root: Path) -> object:
     import torch
 
@@ -676,9 +695,21 @@ _READ_RULES: tuple[Rule, ...] = (
          "folder named `s3:`.", _E, r"looks like a URL of scheme", _url_save),
     Rule("output.exists", "A file hyperckpt writes is created where nothing is, never through "
          "a link.", _E, r"files are only created where nothing is", _planted_link),
-    Rule("output.not_regular", "What consolidate resumes or replaces in its output is a "
-         "regular file: a link as its marker, or a directory or FIFO under a safetensors or "
-         "index name, is refused.", _E, r"it was not left by a consolidation", _marker_link),
+    Rule("output.not_empty", "A writer's destination (save's path, the writer's, "
+         "consolidate's output; a symlink is followed and judged where it leads) is new or "
+         "empty, unless `overwrite=True` (which replaces the checkpoint's `*.safetensors` "
+         "and index there and keeps every other file) or it holds the same writer's marker "
+         "(an interrupted write, finished now).", _E, r"not empty \(holds .*overwrite=True",
+         _existing_save),
+    Rule("output.not_directory", "A writer's destination is a directory or nothing: a "
+         "regular file, a FIFO, a symlink to nothing or a symlink loop is refused, even with "
+         "`overwrite=True` (it is not a checkpoint's files to replace).", _E,
+         r"a checkpoint is written as a directory|files are never written through a link",
+         _file_as_output),
+    Rule("output.not_regular", "What a writer replaces in its output is a regular file or "
+         "a link (replaced as a link): a directory or FIFO under a safetensors or index name, "
+         "or a link as a marker, is refused.", _E,
+         r"it was not left by a save or a consolidation", _marker_link),
     Rule("output.holds_input", "Consolidate never removes an input: an output file that is "
          "an input (a link's target, a hard link) is refused.", _E,
          r"replacing it would lose input", _input_in_output),

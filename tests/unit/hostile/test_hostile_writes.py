@@ -140,3 +140,91 @@ def test_an_interrupted_consolidations_output_is_refused_until_it_is_resumed(
     assert "Run the same `hyperckpt consolidate` again" in str(err.value)
     hyperckpt.consolidate(source, out, max_shard_size=10)  # resumes
     assert set(hyperckpt.describe(out).tensors) == {"w", "v"}
+
+
+# -- one rule for every writer's destination (``_storage/destination.py``) ------------------
+
+
+def _state() -> dict[str, torch.Tensor]:
+    return {"w": torch.arange(6.0), "v": torch.ones(2, 3, dtype=torch.bfloat16)}
+
+
+def _write_with(writer: str, state: dict[str, torch.Tensor], out: Path, **options: object) -> None:
+    """Write ``state`` to ``out`` with ``writer``: ``save`` itself, or ``consolidate`` of a
+    per-rank save of it."""
+    if writer == "save":
+        hyperckpt.save(state, out, no_dist=True, **options)  # type: ignore[arg-type]
+        return
+    source = out.parent / f"per-rank-{out.name}"
+    hyperckpt.save(state, source, no_dist=True, per_rank=True, overwrite=True)
+    hyperckpt.consolidate(source, out, **options)  # type: ignore[arg-type]
+
+
+def _loaded(path: Path) -> dict[str, torch.Tensor]:
+    state = {n: torch.full_like(t, 7) for n, t in _state().items()}  # poisoned
+    hyperckpt.load(state, path)
+    return state
+
+
+@pytest.mark.parametrize("writer", ["save", "consolidate"])
+def test_a_link_to_a_non_empty_directory_is_judged_as_that_directory(
+    tmp_path: Path, writer: str
+) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "notes.txt").write_text("mine")
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    with pytest.raises(CheckpointError) as err:
+        _write_with(writer, _state(), link)
+    assert err.value.rule == "output.not_empty"
+    assert str(link) in str(err.value)
+    assert sorted(p.name for p in real.iterdir()) == ["notes.txt"]  # nothing written through
+    _write_with(writer, _state(), link, overwrite=True)
+    assert link.is_symlink()  # the link is kept, its directory written
+    assert (real / "notes.txt").read_text() == "mine"
+    loaded, state = _loaded(link), _state()
+    assert all(torch.equal(loaded[n], state[n]) for n in state)
+
+
+@pytest.mark.parametrize("writer", ["save", "consolidate"])
+def test_overwrite_replaces_the_checkpoints_own_files_and_keeps_every_other(
+    tmp_path: Path, writer: str
+) -> None:
+    out = tmp_path / "model"
+    old = {f"t{i}": torch.full((64,), float(i)) for i in range(6)}
+    _write_with(writer, old, out, max_shard_size=300)  # several files and an index
+    assert len(list(out.glob("*.safetensors"))) > 1
+    (out / "config.json").write_text('{"model_type": "x"}')
+    (out / "tokenizer.json").write_text("{}")
+    (out / "sharded").mkdir()
+    (out / "sharded" / "keep.bin").write_bytes(b"k")
+    with pytest.raises(CheckpointError) as err:  # without overwrite: refused, nothing changed
+        _write_with(writer, _state(), out)
+    assert err.value.rule == "output.not_empty"
+    assert "other files are kept" in str(err.value)
+    _write_with(writer, _state(), out, overwrite=True)
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["config.json", "model.safetensors", "sharded", "tokenizer.json"], names
+    assert (out / "config.json").read_text() == '{"model_type": "x"}'
+    assert (out / "sharded" / "keep.bin").read_bytes() == b"k"
+    assert hyperckpt.describe(out).kind == "huggingface"
+    loaded, state = _loaded(out), _state()
+    assert all(torch.equal(loaded[n], state[n]) for n in state)
+
+
+@pytest.mark.parametrize("writer", ["save", "consolidate"])
+def test_a_file_or_a_dangling_link_at_the_destination_is_refused_even_with_overwrite(
+    tmp_path: Path, writer: str
+) -> None:
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"not a directory")
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
+    for out in (plain, dangling):
+        with pytest.raises(CheckpointError) as err:
+            _write_with(writer, _state(), out, overwrite=True)
+        assert err.value.rule in ("output.not_directory", "output.not_regular"), err.value.rule
+        assert str(out) in str(err.value)
+    assert plain.read_bytes() == b"not a directory"
+    assert not (tmp_path / "nowhere").exists()
