@@ -9,7 +9,16 @@ from hyperckpt._layout.directory import describe_directory as describe
 from hyperckpt._layout.mapping import MappedLayout
 from hyperckpt._layout.model import CheckpointLayout
 
-__all__ = ["INVALID", "OK", "USAGE", "UsageError", "described", "files", "mapping_option"]
+__all__ = [
+    "INVALID",
+    "OK",
+    "USAGE",
+    "USAGE_RULES",
+    "UsageError",
+    "described",
+    "files",
+    "mapping_option",
+]
 
 #: All is well.
 OK: Final = 0
@@ -17,6 +26,11 @@ OK: Final = 0
 INVALID: Final = 1
 #: A usage error, or a path that does not exist or cannot be read.
 USAGE: Final = 2
+#: The rules that refuse the command line rather than a checkpoint: a destination that
+#: cannot take the output as asked, or a path no command here can use.  Exit status 2.
+USAGE_RULES: Final = frozenset(
+    {"output.exists", "output.not_directory", "output.not_empty", "path.unsupported_url"}
+)
 
 
 class _UsageError(Exception):

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hyperckpt._cli import consolidate, demo_command, inspect, plan, validate
-from hyperckpt._cli.common import INVALID, USAGE, UsageError
+from hyperckpt._cli.common import INVALID, USAGE, USAGE_RULES, UsageError
 from hyperckpt._storage.places import is_remote
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError, printable
 
@@ -45,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _error(args, err, USAGE if _is_root(args, err) else INVALID)
     except CheckpointError as err:
         _fail(args, err)
-        return _error(args, err, INVALID)
+        return _error(args, err, USAGE if err.rule in USAGE_RULES else INVALID)
     except (OSError, ValueError) as err:
         _fail(args, err)
         return _error(args, err, USAGE)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -44,6 +43,8 @@ from hyperckpt._dist.agreement import Failure, agree, distributed
 from hyperckpt._layout.directory import torch_sharded_layout
 from hyperckpt._layout.model import INDEX_NAME, CheckpointLayout
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
+from hyperckpt._storage.destination import CONSOLIDATE_MARKER as MARKER_NAME
+from hyperckpt._storage.destination import judge
 from hyperckpt._storage.files import LocalStorage
 from hyperckpt._storage.places import is_remote, local_path, storage_at
 from hyperckpt._storage.protocol import Entry, Storage
@@ -53,13 +54,10 @@ __all__ = ["MARKER_NAME", "STAGING_BYTES", "ConsolidateReport", "consolidate"]
 
 logger = logging.getLogger("hyperckpt")
 
-#: Left in the output while a consolidation runs; a directory holding it may be reused.
-MARKER_NAME: Final = ".hyperckpt-consolidate-incomplete"
 DEFAULT_STAGING_BYTES: Final = 256 * 2**20
 #: Staging bytes of a consolidation, per rank.
 STAGING_BYTES: Final = Limits(MIN_STAGING_BYTES, MAX_BYTES, unit="bytes")
 _GROUP: Final = "a torch.distributed.ProcessGroup or None"
-_LEFTOVER: Final = re.compile(r".*\.tmp-[0-9]+")
 _FAILURES: Final = (CheckpointError, OSError, ValueError, TypeError, RuntimeError)
 
 
@@ -122,8 +120,9 @@ def consolidate(
 
     Args:
         source: The torch sharded directory (e.g. ``checkpoint/step-1000/sharded``).
-        output: The directory to write; created if missing.  It must be empty, hold only
-            ``source`` itself, or be what an interrupted consolidation left.
+        output: The directory to write; created if missing (a symlink is followed to
+            the directory it names, judged as every writer's destination is).  It must be
+            empty, hold only ``source`` itself, or be what an interrupted consolidation left.
         max_shard_size: Most bytes of tensor data per file, as an int or with Hugging
             Face's units (``"5GB"`` is 5 * 10**9, ``"5GiB"`` 5 * 2**30); a larger tensor
             gets a file of its own.  Default 50GB, as transformers 5's ``save_pretrained``.
@@ -147,8 +146,10 @@ def consolidate(
     Raises:
         CheckpointNotFoundError: ``source`` or ``like`` does not exist.
         CheckpointError: The input breaks a rule, ``like`` does not match it, an output
-            would break one (a header or index over the format's limits), or ``output``
-            holds something not to be trusted: a marker that is not a regular file, a
+            would break one (a header or index over the format's limits), ``output`` is
+            not empty without ``overwrite`` (``output.not_empty``) or not a directory
+            (``output.not_directory``: a file, a link to nothing), or it holds something
+            not to be trusted: a marker that is not a regular file, a
             directory where a file goes, a file that is one of the inputs (under another
             name, or a link's target); nothing was written.  :class:`CheckpointChangedError` when an
             input file changed while it was read.  Raised on every rank when any rank fails
@@ -337,61 +338,32 @@ def _prepare(
     *,
     overwrite: bool,
 ) -> None:
-    """Create ``output`` or check it may be used; mark it as being written.
+    """Create ``output`` or check it may be used (the rule every writer shares,
+    :func:`~hyperckpt._storage.destination.judge`); mark it as being written.
 
-    ``output`` may be empty, hold only ``source`` (a ``sharded/`` folder consolidated into
-    its parent, as torchtitan lays checkpoints out), or hold the marker of an interrupted
-    consolidation (a regular file: a link there is refused, never followed).  With
-    ``overwrite``, or after an interruption, the safetensors files, the index and temporary
-    files in it are removed first (links themselves, never their targets); other files are
-    kept.  Nothing that is an input, or that an input's name passes through, is removed, and
-    a directory or a FIFO under a safetensors or index name is refused, never kept beside
-    the files written.
+    ``output`` may also hold only ``source`` (a ``sharded/`` folder consolidated into its
+    parent, as torchtitan lays checkpoints out), or the marker of an interrupted
+    consolidation, which is resumed.  The checkpoint's own files in it (removed first) are
+    never an input, nor a link an input's name passes through.
     """
-    output.make_root()
-    entries = output.names()
-    if source is not None and _resolved(source, "source").parent == _resolved(
+    inside = source is not None and _resolved(source, "source").parent == _resolved(
         Path(output.root), "output"
-    ):
-        entries = [e for e in entries if e != source.name]
-    marker = output.entry(MARKER_NAME) if MARKER_NAME in entries else None
-    if marker is not None and marker.kind != "file":
-        _refuse_entry(output, MARKER_NAME, marker.kind, "consolidate keeps its own marker")
-    if entries and not (overwrite or marker is not None):
-        shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
-        raise FileExistsError(
-            f"{output.root}: not empty (holds {shown}); pass --overwrite (overwrite=True) to "
-            f"replace the safetensors files and index in it (other files are kept), or choose "
-            f"an empty directory"
-        )
-    doomed = []
-    for name in entries:
-        if not (name.endswith(".safetensors") or name == INDEX_NAME or _LEFTOVER.fullmatch(name)):
-            continue
-        entry = output.entry(name)
-        if entry is not None and entry.kind in ("file", "link"):
-            doomed.append(entry)
-        elif entry is not None:  # beside the files written it would pass for one of them
-            _refuse_entry(output, name, entry.kind, "consolidate replaces safetensors files")
+    )
+    destination = judge(
+        Path(output.root),
+        overwrite=overwrite,
+        marker=MARKER_NAME,
+        ignore=(source.name,) if inside and source is not None else (),
+    )
+    output.make_root()
+    doomed = [e for e in map(output.entry, destination.replaced) if e is not None]
     _check_no_input(output, doomed, storage_at(layout.root), layout.files)
     for entry in doomed:
         output.remove(entry.name)
         logger.debug("hyperckpt consolidate: removed %s", entry.name)
-    output.remove(MARKER_NAME)
     marker_file = output.create_exclusive(MARKER_NAME)
     marker_file.write_at(0, json.dumps({"source": str(source), "pid": os.getpid()}).encode())
     marker_file.commit()
-
-
-def _refuse_entry(output: Storage, name: str, kind: str, why: str) -> None:
-    shown = {"link": "a symlink", "directory": "a directory"}.get(kind, "not a regular file")
-    raise CheckpointError(
-        f"{name}: {shown} in the output {output.root}, where {why}; it was not left by a "
-        f"consolidation and is not followed or replaced: remove it, or choose an empty "
-        f"directory",
-        path=name,
-        rule="output.not_regular",
-    )
 
 
 def _check_no_input(

@@ -61,6 +61,7 @@ from hyperckpt._layout.model import (
     raise_problem,
 )
 from hyperckpt._layout.sharding import sharding_info, tile
+from hyperckpt._layout.unfinished import check_finished, check_finished_beside
 from hyperckpt._layout.whole import WholeTensors
 from hyperckpt._storage.files import LocalStorage
 from hyperckpt._storage.places import is_remote, storage_at
@@ -265,6 +266,10 @@ def _huggingface_files(
     ``None`` after a problem that leaves nothing to read."""
     if path.is_file():
         foreign = dcp_file(path)
+        try:
+            check_finished_beside(path)
+        except CheckpointError as err:
+            foreign = err
         if foreign is not None:
             problems(foreign)
             return None
@@ -435,13 +440,20 @@ def _require_directory(root: Path, report: Report = raise_problem) -> bool:
 
 
 def _entries(root: Path) -> list[str]:
-    """The names in the directory ``root``, sorted."""
+    """The names in the directory ``root``, sorted.
+
+    Raises:
+        CheckpointError: ``root`` cannot be listed, or a save or consolidation has not
+            finished it (``dir.unfinished``).
+    """
     try:
-        return sorted(os.listdir(root))
+        entries = sorted(os.listdir(root))
     except OSError as err:
         raise CheckpointError(
             f"{root}: cannot list: {err.strerror or err}", path=str(root)
         ) from err
+    check_finished(str(root), entries)
+    return entries
 
 
 def _safetensors_names(entries: Iterable[str]) -> list[str]:
@@ -557,6 +569,7 @@ def _remote_names(url: str, *, folder: bool = False) -> tuple[Storage, str | Non
     entries = listing if listing is not None else storage.names()
     if memo is not None:
         memo[root] = storage, entries
+    check_finished(storage.root, entries)
     if named and last not in entries:
         raise CheckpointNotFoundError(
             f"{url}: no such object; check the bucket, the prefix and the file name",

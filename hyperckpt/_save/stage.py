@@ -5,15 +5,18 @@ every rank raises together, naming the rank that failed:
 
 1. every rank checks and describes its state dict; the summaries are shared;
 2. every rank computes the same plan (files, offsets, who writes what);
-3. the coordinator refuses an existing path (unless ``overwrite``) and creates a temporary
-   directory beside it; every rank checks it sees that directory (shared storage);
+3. the coordinator judges the path (:mod:`hyperckpt._storage.destination`: a symlink is
+   followed, a non-empty directory needs ``overwrite``) and creates a temporary directory
+   beside it; every rank checks it sees that directory (shared storage);
 4. each file is created by one rank, its header written;
 5. every rank writes its boxes at their final offsets and syncs the files;
 6. every rank re-reads its boxes and compares their digests (the audit);
-7. the coordinator writes the index, syncs, and renames the directory to ``path``.
+7. the coordinator writes the index, syncs, and renames the directory to ``path`` (over an
+   existing directory: renames its files into it under a marker, replacing the checkpoint's
+   own files and keeping every other).
 
-Until step 7 nothing is at ``path``; after a failure the coordinator removes the temporary
-directory.  A killed coordinator leaves it, under a name no reader takes for a checkpoint and
+Until step 7 nothing is at ``path`` (nothing changes in a directory there); after a failure
+the coordinator removes the temporary directory.  A killed coordinator leaves it, under a name no reader takes for a checkpoint and
 with a marker inside; the next save to the same path removes it (step 3).  Each agreement
 waits ``timeout`` seconds at most; a rank that died or hung is named by the others
 (``save.rank_lost``).  A save of one process alone (``no_dist``) enters no collective.
@@ -150,7 +153,7 @@ def stage(
         flat: Whether ``state_dict`` is already flat (DCP's planner flattened it).
     """
     begin = time.perf_counter()
-    where = str(target)
+    given, where = target, str(target)
     failure: BaseException | None = None
     summaries: list[TensorSummary] = []
     held: dict[str, LocalTensor] = {}
@@ -208,16 +211,16 @@ def stage(
         failure = err
     agree_within(failure, ranks, target, "planning")
     assert plan is not None
-    suffix = ""
+    made = ("", str(target))
     if rank == 0:
         try:
-            _check_target(target, overwrite=built.overwrite)
-            _remove_leftovers(target)
-            suffix = files.make_temp_dir(target).name.rsplit("-", 1)[-1]
+            made = _prepare_target(target, overwrite=built.overwrite)
         except FAILURES as err:
             failure = err
-    suffixes = agree_within(failure, ranks, target, "preparing the directory", value=suffix)
-    temp = files.temp_path(target, cast(str, suffixes[0]))
+    agreed = agree_within(failure, ranks, target, "preparing the directory", value=made)
+    suffix, published_at = cast(tuple[str, str], agreed[0])
+    target = Path(published_at)  # where a symlink given as the path leads
+    temp = files.temp_path(target, suffix)
     staged = Staged(
         target, temp, plan, tuple(dropped), begin, ranks, built.per_rank, publishes=rank == 0
     )
@@ -231,9 +234,9 @@ def stage(
         try:
             if not built.per_rank:
                 check_shared(staged.temp, rank, where)
-            elif rank != 0 and not files.exists(staged.temp):  # storage rank 0 does not share
-                _check_target(target, overwrite=built.overwrite)
-                files.join_temp_dir(target, cast(str, suffixes[0]))
+            elif rank != 0:  # the path as this rank sees it: its storage may not be rank 0's
+                staged.target = files.judge_target(given, overwrite=built.overwrite)
+                staged.temp = files.join_temp_dir(staged.target, suffix)
             if built.per_rank:
                 files.mark_rank(staged.temp, rank)
             for file in my_files:
@@ -298,8 +301,6 @@ def commit(staged: Staged, *, overwrite: bool) -> None:
         output = staged.plan.output
         if output.indexed and not staged.per_rank:
             files.write_small(staged.temp / "model.safetensors.index.json", output.index_bytes())
-        files.unmark(staged.temp)
-        files.sync_directory(staged.temp)
         files.publish(staged.temp, staged.target, overwrite=overwrite)
         staged.published = True
     except BaseException:
@@ -351,14 +352,12 @@ def check_shared(temp: Path, rank: int, where: str) -> None:
         )
 
 
-def _check_target(target: Path, *, overwrite: bool) -> None:
-    if files.exists(target) and not overwrite:
-        raise CheckpointError(
-            f"{target}: already exists; pass overwrite=True to replace it (the old one is "
-            f"removed only once the new checkpoint is complete), or choose another path",
-            path=str(target),
-            rule="save.path_exists",
-        )
+def _prepare_target(target: Path, *, overwrite: bool) -> tuple[str, str]:
+    """On the coordinator: judge the destination (a symlink followed), remove what killed
+    saves to it left, make the temporary directory; its suffix and where it publishes."""
+    published_at = files.judge_target(target, overwrite=overwrite)
+    _remove_leftovers(published_at)
+    return files.make_temp_dir(published_at).name.rsplit("-", 1)[-1], str(published_at)
 
 
 def _remove_leftovers(target: Path) -> None:

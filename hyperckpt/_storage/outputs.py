@@ -1,9 +1,11 @@
 """The seam's output side for whole checkpoints: the directories a save writes into, their
-markers, positional writes into output files, and the one rename that publishes them.
+markers, positional writes into output files, and the renames that publish them.
 
 ``hyperckpt._save`` asks this module, never ``os`` directly.  Outputs are created exclusively
-and never through a symlink; a temporary directory is removed only when its marker proves
-this package made it for that target; nothing of an input is ever removed.
+and never through a symlink; the destination is judged by the rule every writer shares
+(:mod:`hyperckpt._storage.destination`); a temporary directory is removed only when its
+marker proves this package made it for that target; nothing of an input is ever removed,
+and over an existing directory only the checkpoint's own files are replaced.
 
 Output files are created at their final size with their blocks reserved (``fallocate``)
 where the file system can, so that writers never extend a file nor allocate its blocks
@@ -29,10 +31,13 @@ from pathlib import Path
 from typing import Final
 
 from hyperckpt._storage import libc
+from hyperckpt._storage.destination import CONSOLIDATE_MARKER, MARKER, Destination, judge
 from hyperckpt._storage.files import create_new, open_output, open_shared, sync_directory
 
 __all__ = [
+    "CONSOLIDATE_MARKER",
     "DIRECT_ALIGN",
+    "MARKER",
     "SHARED_DIR",
     "TEMP_MARK",
     "AlignedBuffer",
@@ -41,9 +46,11 @@ __all__ = [
     "create_sized",
     "exists",
     "join_temp_dir",
+    "judge_target",
     "make_temp_dir",
     "mark_rank",
     "marked_ranks",
+    "markers_in",
     "open_direct",
     "open_for_reading",
     "open_for_writing",
@@ -57,15 +64,16 @@ __all__ = [
     "sync_and_close",
     "sync_directory",
     "temp_path",
+    "unfinished_target",
     "unmark",
     "write_small",
 ]
 
 #: Part of every temporary directory's name: ``.<name>.hyperckpt-save-<hex>`` beside the target.
 TEMP_MARK: Final = ".hyperckpt-save-"
-#: The file inside a temporary directory that proves this package made it for its target.
-MARKER: Final = ".hyperckpt-save-in-progress"
 _MARKER_TEXT: Final = "hyperckpt save in progress for {name}\n"
+#: A temporary directory's name: the target's name, then 12 hex digits.
+_TEMP_NAME: Final = re.compile(r"\.(.+)" + re.escape(TEMP_MARK) + r"[0-9a-f]{12}")
 _RANK_MARK: Final = ".hyperckpt-rank-"
 #: Alignment of direct I/O, in bytes: of the file offset, the length and the memory (a page,
 #: a multiple of every file system block and device sector in use).
@@ -91,6 +99,19 @@ def make_temp_dir(target: Path) -> Path:
 def temp_path(target: Path, suffix: str) -> Path:
     """The temporary directory beside ``target`` whose name ends in ``suffix`` (12 hex digits)."""
     return target.parent / f".{target.name}{TEMP_MARK}{suffix}"
+
+
+def unfinished_target(temp_name: str) -> str | None:
+    """The name of the target a temporary directory named ``temp_name`` was made for (as
+    :func:`temp_path` names it), or ``None`` for another name (a renamed copy)."""
+    found = _TEMP_NAME.fullmatch(temp_name)
+    return None if found is None else found.group(1)
+
+
+def markers_in(folder: Path) -> list[str]:
+    """The markers of an unfinished save or consolidation (:data:`MARKER`,
+    :data:`CONSOLIDATE_MARKER`) that are in ``folder``, its listing not read."""
+    return [m for m in (MARKER, CONSOLIDATE_MARKER) if os.path.lexists(folder / m)]
 
 
 def join_temp_dir(target: Path, suffix: str) -> Path:
@@ -135,22 +156,20 @@ def unmark(temp: Path) -> None:
 def remove_leftovers(target: Path) -> list[Path]:
     """Remove the temporary directories that killed saves to ``target`` left beside it.
 
-    Only entries named as :func:`make_temp_dir` names them for ``target`` (never the
-    ``old-`` directories :func:`publish` sets aside: they hold a published checkpoint), that
-    are directories and not symlinks, holding a regular-file :data:`MARKER` naming
+    Only entries named as :func:`make_temp_dir` names them for ``target``, that are
+    directories and not symlinks, holding a regular-file :data:`MARKER` naming
     ``target``.  Nothing inside is followed (``shutil.rmtree`` unlinks links).
 
     Returns:
         The directories removed.
     """
-    pattern = re.compile(re.escape(f".{target.name}{TEMP_MARK}") + r"[0-9a-f]{12}")
     removed: list[Path] = []
     try:
         entries = os.listdir(target.parent)
     except FileNotFoundError:
         return removed
     for entry in sorted(entries):
-        if not pattern.fullmatch(entry):
+        if unfinished_target(entry) != target.name:
             continue
         leftover = target.parent / entry
         try:
@@ -433,26 +452,66 @@ def write_small(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
-def publish(temp: Path, target: Path, *, overwrite: bool) -> None:
-    """Rename the finished ``temp`` directory to ``target``, durably.
+def judge_target(target: Path, *, overwrite: bool) -> Path:
+    """Where a save to ``target`` publishes: ``target``, or the directory the symlink
+    ``target`` points to (judged by :func:`~hyperckpt._storage.destination.judge`).
 
-    With ``overwrite``, an existing ``target`` is first renamed aside and removed after the
-    new one is in place; without it an existing ``target`` fails the rename.
+    Raises:
+        CheckpointError: The destination is refused (``output.*``).
     """
-    aside: Path | None = None
-    if overwrite and os.path.lexists(target):
-        aside = target.parent / f".{target.name}{TEMP_MARK}old-{uuid.uuid4().hex[:12]}"
-        os.rename(target, aside)
-    if os.path.lexists(target):
-        raise FileExistsError(f"{target}: appeared while the checkpoint was being written")
-    os.rename(temp, target)
-    sync_directory(target.parent)
-    if aside is not None:
-        remove_tree(aside)
+    return judge(target, overwrite=overwrite, marker=MARKER).path
+
+
+def publish(temp: Path, target: Path, *, overwrite: bool) -> None:
+    """Publish the finished ``temp`` directory at ``target``, durably (judged again first).
+
+    Where nothing is at ``target``, ``temp``'s markers are removed and it is renamed to
+    ``target``: one rename.  Where a directory is (empty, ``overwrite``, or a save into it
+    interrupted), the checkpoint's files are replaced in it instead and every other file is
+    kept: a :data:`MARKER` is made in ``target`` (every reader refuses the directory while
+    it is there), each file of ``temp`` is renamed over its name, the checkpoint's other own
+    files there are removed, then the marker and ``temp`` (its markers only) go.  Killed
+    half way, ``target`` keeps its marker (refused by readers, finished by the next save to
+    it) and ``temp`` its own (removed by the next save).
+
+    Raises:
+        CheckpointError: ``target`` is refused now (``output.*``: something appeared, or
+            it changed while the checkpoint was being written).
+    """
+    destination = judge(target, overwrite=overwrite, marker=MARKER)
+    if not destination.exists:
+        unmark(temp)
+        sync_directory(temp)
+        os.rename(temp, destination.path)
+        sync_directory(destination.path.parent)
+        return
+    _replace_into(temp, destination)
+
+
+def _replace_into(temp: Path, destination: Destination) -> None:
+    """Rename the files of ``temp`` into the existing directory ``destination`` under a
+    marker, removing the checkpoint's own files there that the new ones do not replace."""
+    target = destination.path
+    new = sorted(n for n in os.listdir(temp) if n != MARKER and not n.startswith(_RANK_MARK))
+    marker = target / MARKER
+    if destination.resumed:  # judged a regular file of ours: a save killed half way
+        os.unlink(marker)
+    write_small(marker, _MARKER_TEXT.format(name=target.name).encode())
+    sync_directory(target)
+    for name in new:
+        os.replace(temp / name, target / name)
+    for name in destination.replaced:
+        if name not in new and name != MARKER:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(target / name)
+    sync_directory(target)
+    os.unlink(marker)
+    sync_directory(target)
+    remove_tree(temp)
 
 
 def remove_tree(path: Path) -> None:
-    """Remove a temporary directory this save made (or a directory set aside by ``publish``)."""
+    """Remove a temporary directory this save made."""
     if os.path.isdir(path) and not os.path.islink(path):
         shutil.rmtree(path)
     elif os.path.lexists(path):

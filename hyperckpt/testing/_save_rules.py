@@ -27,13 +27,6 @@ def _save(state: dict[str, object], **options: object) -> Callable[[Path], objec
     return trigger
 
 
-def _existing(root: Path) -> object:
-    from hyperckpt._save.api import save
-
-    root.mkdir(parents=True)
-    return save({"w": torch.ones(2)}, root)
-
-
 def _partial(root: Path) -> object:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -121,8 +114,6 @@ SAVE_RULES: tuple[_Entry, ...] = (
      r"the ranks' pieces must tile it exactly", _overlap),
     ("save.narrowing", "With `refuse_narrowing`, `dtype=` never rounds a wider tensor.",
      r"would narrow it", _save({"w": _T}, dtype="bf16", refuse_narrowing=True)),
-    ("save.path_exists", "The checkpoint path does not exist yet, unless `overwrite=True`.",
-     r"already exists; pass overwrite=True", _existing),
     ("save.not_shared", "Every rank sees the directory rank 0 created (shared storage); "
      "otherwise save with `per_rank=True` (`hyperckpt.save` or the writer).",
      r"the ranks do not share this storage", _not_shared),

@@ -255,6 +255,35 @@ def _checksums_big(root: Path) -> object:
     return verify(root, checksums=sums)
 
 
+def _torn_save(root: Path) -> object:
+    """A save's temporary folder, as a killed coordinator leaves it, read by its path."""
+    from hyperckpt._storage.outputs import join_temp_dir
+
+    root.mkdir(parents=True)
+    temp = join_temp_dir(root / "ckpt", "0123456789ab")
+    write_files(temp, {"model.safetensors": encode_file({"w": _ENTRY}, b"\0\0")})
+    return describe(temp)
+
+
+def _existing_save(root: Path) -> object:
+    import torch
+
+    from hyperckpt._save.api import save
+
+    save({"w": torch.ones(2)}, root)
+    return save({"w": torch.ones(2)}, root)
+
+
+def _file_as_output(root: Path) -> object:
+    import torch
+
+    from hyperckpt._save.api import save
+
+    root.parent.mkdir(parents=True, exist_ok=True)
+    root.write_bytes(b"notes")
+    return save({"w": torch.ones(2)}, root, overwrite=True)
+
+
 def _url_save(root: Path) -> object:
     import torch
 
@@ -485,6 +514,11 @@ _READ_RULES: tuple[Rule, ...] = (
          r"no such file or directory", describe),
     Rule("dir.not_directory", "The checkpoint is a directory or a `.safetensors` file.", _E,
          r"not a directory or a regular file", _fifo),
+    Rule("dir.unfinished", "A folder a save or a consolidation has not finished (a save's "
+         "hidden temporary folder `.<name>.hyperckpt-save-<hex>/`, or consolidate's output, "
+         "while their marker is in it: still running, or killed) is refused by every reader "
+         "and by verify, also when one of its files is named by its path: its files may be "
+         "partly written.", _E, r"has not finished", _torn_save),
     Rule("dir.empty", "A directory holds a checkpoint (hints at a `sharded/` folder).", _NF,
          r"this is not a checkpoint directory", lambda root: describe(write_files(root, {}))),
     Rule("dir.torch_dcp", "A directory torch's `dcp.save` wrote (`.metadata`, `*.distcp`) is "
@@ -661,9 +695,21 @@ _READ_RULES: tuple[Rule, ...] = (
          "folder named `s3:`.", _E, r"looks like a URL of scheme", _url_save),
     Rule("output.exists", "A file hyperckpt writes is created where nothing is, never through "
          "a link.", _E, r"files are only created where nothing is", _planted_link),
-    Rule("output.not_regular", "What consolidate resumes or replaces in its output is a "
-         "regular file: a link as its marker, or a directory or FIFO under a safetensors or "
-         "index name, is refused.", _E, r"it was not left by a consolidation", _marker_link),
+    Rule("output.not_empty", "A writer's destination (save's path, the writer's, "
+         "consolidate's output; a symlink is followed and judged where it leads) is new or "
+         "empty, unless `overwrite=True` (which replaces the checkpoint's `*.safetensors` "
+         "and index there and keeps every other file) or it holds the same writer's marker "
+         "(an interrupted write, finished now).", _E, r"not empty \(holds .*overwrite=True",
+         _existing_save),
+    Rule("output.not_directory", "A writer's destination is a directory or nothing: a "
+         "regular file, a FIFO, a symlink to nothing or a symlink loop is refused, even with "
+         "`overwrite=True` (it is not a checkpoint's files to replace).", _E,
+         r"a checkpoint is written as a directory|files are never written through a link",
+         _file_as_output),
+    Rule("output.not_regular", "What a writer replaces in its output is a regular file or "
+         "a link (replaced as a link): a directory or FIFO under a safetensors or index name, "
+         "or a link as a marker, is refused.", _E,
+         r"it was not left by a save or a consolidation", _marker_link),
     Rule("output.holds_input", "Consolidate never removes an input: an output file that is "
          "an input (a link's target, a hard link) is refused.", _E,
          r"replacing it would lose input", _input_in_output),

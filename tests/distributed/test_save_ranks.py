@@ -191,7 +191,7 @@ def _refusals(rank: int, world: int, root: str) -> list[str]:
 
 
 def test_one_rank_s_refusal_raises_on_every_rank_and_leaves_nothing(tmp_path: Path) -> None:
-    expected = ["save.meta_tensor", "save.ranks_disagree", "save.path_exists", "leftovers=[]"]
+    expected = ["save.meta_tensor", "save.ranks_disagree", "output.not_empty", "leftovers=[]"]
     assert run_ranks(_refusals, 2, str(tmp_path)) == [expected, expected]
     with safe_open(str(tmp_path / "ckpt" / "model.safetensors"), "pt") as handle:
         assert torch.equal(handle.get_tensor("w"), torch.full((4, 2), 2.0))

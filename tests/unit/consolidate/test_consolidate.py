@@ -261,8 +261,9 @@ def test_a_non_empty_output_is_refused_unless_overwrite_which_keeps_other_files(
     out = tmp_path / "out"
     consolidate(source, out, max_shard_size="1KB")
     (out / "config.json").write_text("{}")
-    with pytest.raises(FileExistsError, match=r"not empty.*overwrite"):
+    with pytest.raises(CheckpointError, match=r"not empty.*overwrite") as err:
         consolidate(source, out)
+    assert err.value.rule == "output.not_empty"
     report = consolidate(source, out, overwrite=True)
     assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
     assert report.files == ("model.safetensors",)

@@ -1,0 +1,230 @@
+"""Hostile input, fourth round: the write side (torn saves, destinations, arguments).
+
+Each class is closed where every writer or reader passes: a folder a save or a
+consolidation has not finished is refused by every reader and by verify
+(``dir.unfinished``, in ``_layout/unfinished.py``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+import hyperckpt
+from hyperckpt import CheckpointError
+from hyperckpt._cli.main import main as cli
+from hyperckpt._consolidate import run
+from hyperckpt._consolidate.run import MARKER_NAME
+from hyperckpt._storage import outputs as files
+from hyperckpt.testing import write_files
+from hyperckpt.testing._directories import shard_file, shard_file_name
+
+
+def _torn_save(target: Path, monkeypatch: pytest.MonkeyPatch, **options: object) -> Path:
+    """The temporary folder of a save to ``target`` whose coordinator was killed just before
+    publishing (every file written, its marker still in): the folder a reader must refuse."""
+    with monkeypatch.context() as patched:
+
+        def killed(temp: Path) -> None:
+            raise OSError("killed")
+
+        patched.setattr(files, "unmark", killed)
+        patched.setattr(files, "remove_tree", lambda path: None)  # nothing cleans up
+        with pytest.raises(OSError, match="killed"):
+            hyperckpt.save(
+                {"w": torch.arange(6.0), "v": torch.ones(2, 3)}, target, no_dist=True, **options
+            )
+    (temp,) = [p for p in target.parent.iterdir() if files.TEMP_MARK in p.name]
+    assert (temp / files.MARKER).is_file()
+    return temp
+
+
+def _refused(err: pytest.ExceptionInfo[CheckpointError], folder: Path) -> None:
+    assert err.value.rule == "dir.unfinished"
+    assert str(folder) in str(err.value)
+    assert "has not finished" in str(err.value)
+
+
+def test_every_reader_and_verify_refuse_a_killed_saves_temporary_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    temp = _torn_save(tmp_path / "ckpt", monkeypatch)
+    for read in (
+        hyperckpt.describe,
+        hyperckpt.verify,
+        lambda p: hyperckpt.load({"w": torch.zeros(6)}, p),
+    ):
+        with pytest.raises(CheckpointError) as err:
+            read(temp)
+        _refused(err, temp)
+        # The message names the save's path and how to clear the folder.
+        assert "'ckpt'" in str(err.value)
+        assert "the next save to 'ckpt' removes this folder" in str(err.value)
+    # One of its files named by its path is refused as well.
+    with pytest.raises(CheckpointError) as err:
+        hyperckpt.describe(temp / "model.safetensors")
+    _refused(err, temp)
+    # dcp.load with our reader keeps only the text.
+    with pytest.raises(dcp.api.CheckpointException, match="has not finished"):
+        dcp.load(
+            {"w": torch.zeros(6)},
+            storage_reader=hyperckpt.HuggingFaceStorageReader(temp),
+            no_dist=True,
+        )
+
+
+def test_a_renamed_copy_of_a_temporary_folder_is_refused_by_its_marker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    temp = _torn_save(tmp_path / "ckpt", monkeypatch)
+    copy = tmp_path / "copied"
+    temp.rename(copy)
+    with pytest.raises(CheckpointError) as err:
+        hyperckpt.describe(copy)
+    _refused(err, copy)
+    assert "a copy of the temporary folder" in str(err.value)
+
+
+def test_a_torn_per_rank_save_is_refused_by_the_sharded_reader_and_by_consolidate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    temp = _torn_save(tmp_path / "ckpt", monkeypatch, per_rank=True)
+    with pytest.raises(CheckpointError) as err:
+        hyperckpt.TorchShardedSafetensorsReader(temp).read_metadata()
+    _refused(err, temp)
+    with pytest.raises(CheckpointError) as err:
+        hyperckpt.consolidate(temp, tmp_path / "out")
+    _refused(err, temp)
+    assert not (tmp_path / "out").exists()
+
+
+def test_validate_reports_the_unfinished_folder_by_its_rule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    temp = _torn_save(tmp_path / "ckpt", monkeypatch)
+    assert cli(["validate", str(temp)]) != 0
+    assert "has not finished" in capsys.readouterr().out + capsys.readouterr().err
+
+
+def test_an_interrupted_consolidations_output_is_refused_until_it_is_resumed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = write_files(
+        tmp_path / "sharded",
+        {
+            shard_file_name(rank): shard_file(
+                {"w": ("U8", [2, 3], [2 * rank, 0]), "v": ("U8", [2, 3], [2 * rank, 0])}
+            )
+            for rank in range(2)
+        },
+    )
+    out = tmp_path / "out"
+
+    def interrupted(output: object, plan: object) -> None:
+        raise OSError("interrupted before the index")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(run, "_commit", interrupted)
+        with pytest.raises(OSError, match="interrupted"):
+            hyperckpt.consolidate(source, out, max_shard_size=10)
+    written = sorted(p.name for p in out.iterdir())
+    assert written[0] == MARKER_NAME
+    assert len(written) == 3  # two files, the marker, no index
+    (out / written[1]).unlink()  # as if its rank never committed it: a lone file is left
+    with pytest.raises(CheckpointError) as err:
+        hyperckpt.describe(out)
+    _refused(err, out)
+    assert "Run the same `hyperckpt consolidate` again" in str(err.value)
+    hyperckpt.consolidate(source, out, max_shard_size=10)  # resumes
+    assert set(hyperckpt.describe(out).tensors) == {"w", "v"}
+
+
+# -- one rule for every writer's destination (``_storage/destination.py``) ------------------
+
+
+def _state() -> dict[str, torch.Tensor]:
+    return {"w": torch.arange(6.0), "v": torch.ones(2, 3, dtype=torch.bfloat16)}
+
+
+def _write_with(writer: str, state: dict[str, torch.Tensor], out: Path, **options: object) -> None:
+    """Write ``state`` to ``out`` with ``writer``: ``save`` itself, or ``consolidate`` of a
+    per-rank save of it."""
+    if writer == "save":
+        hyperckpt.save(state, out, no_dist=True, **options)  # type: ignore[arg-type]
+        return
+    source = out.parent / f"per-rank-{out.name}"
+    hyperckpt.save(state, source, no_dist=True, per_rank=True, overwrite=True)
+    hyperckpt.consolidate(source, out, **options)  # type: ignore[arg-type]
+
+
+def _loaded(path: Path) -> dict[str, torch.Tensor]:
+    state = {n: torch.full_like(t, 7) for n, t in _state().items()}  # poisoned
+    hyperckpt.load(state, path)
+    return state
+
+
+@pytest.mark.parametrize("writer", ["save", "consolidate"])
+def test_a_link_to_a_non_empty_directory_is_judged_as_that_directory(
+    tmp_path: Path, writer: str
+) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "notes.txt").write_text("mine")
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    with pytest.raises(CheckpointError) as err:
+        _write_with(writer, _state(), link)
+    assert err.value.rule == "output.not_empty"
+    assert str(link) in str(err.value)
+    assert sorted(p.name for p in real.iterdir()) == ["notes.txt"]  # nothing written through
+    _write_with(writer, _state(), link, overwrite=True)
+    assert link.is_symlink()  # the link is kept, its directory written
+    assert (real / "notes.txt").read_text() == "mine"
+    loaded, state = _loaded(link), _state()
+    assert all(torch.equal(loaded[n], state[n]) for n in state)
+
+
+@pytest.mark.parametrize("writer", ["save", "consolidate"])
+def test_overwrite_replaces_the_checkpoints_own_files_and_keeps_every_other(
+    tmp_path: Path, writer: str
+) -> None:
+    out = tmp_path / "model"
+    old = {f"t{i}": torch.full((64,), float(i)) for i in range(6)}
+    _write_with(writer, old, out, max_shard_size=300)  # several files and an index
+    assert len(list(out.glob("*.safetensors"))) > 1
+    (out / "config.json").write_text('{"model_type": "x"}')
+    (out / "tokenizer.json").write_text("{}")
+    (out / "sharded").mkdir()
+    (out / "sharded" / "keep.bin").write_bytes(b"k")
+    with pytest.raises(CheckpointError) as err:  # without overwrite: refused, nothing changed
+        _write_with(writer, _state(), out)
+    assert err.value.rule == "output.not_empty"
+    assert "other files are kept" in str(err.value)
+    _write_with(writer, _state(), out, overwrite=True)
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["config.json", "model.safetensors", "sharded", "tokenizer.json"], names
+    assert (out / "config.json").read_text() == '{"model_type": "x"}'
+    assert (out / "sharded" / "keep.bin").read_bytes() == b"k"
+    assert hyperckpt.describe(out).kind == "huggingface"
+    loaded, state = _loaded(out), _state()
+    assert all(torch.equal(loaded[n], state[n]) for n in state)
+
+
+@pytest.mark.parametrize("writer", ["save", "consolidate"])
+def test_a_file_or_a_dangling_link_at_the_destination_is_refused_even_with_overwrite(
+    tmp_path: Path, writer: str
+) -> None:
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"not a directory")
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
+    for out in (plain, dangling):
+        with pytest.raises(CheckpointError) as err:
+            _write_with(writer, _state(), out, overwrite=True)
+        assert err.value.rule in ("output.not_directory", "output.not_regular"), err.value.rule
+        assert str(out) in str(err.value)
+    assert plain.read_bytes() == b"not a directory"
+    assert not (tmp_path / "nowhere").exists()
