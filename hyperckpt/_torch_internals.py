@@ -1,9 +1,9 @@
 """torch's internals behind one fence, each with torch's public spelling to switch back to.
 
-Every private torch name hyperckpt uses is here, with the checks that decide whether the
-torch in use has it.  The fast paths of the planner and the reader lean on torch internals.  Each is here and
-nowhere else in the package (``tests/unit/package/test_torch_fence.py`` scans the source),
-as one field of :class:`TorchFunctions`, which comes twice: :data:`INTERNAL` (the fast
+Every private torch name hyperckpt uses is here and nowhere else in the package
+(``tests/unit/package/test_torch_fence.py`` scans the source), with the checks that decide
+whether the torch in use has it.  Each one the fast paths of the planner and the reader lean
+on is a field of :class:`TorchFunctions`, which comes twice: :data:`INTERNAL` (the fast
 spelling, the default) and :data:`PUBLIC` (torch's public functions only: the same results,
 slower).  The module-level names are the chosen set's.
 
@@ -19,17 +19,16 @@ name                      internal (default)                         public (``H
 ``init_state_dict``       ``planner_helpers._init_state_dict``       ``None``: ``DefaultLoadPlanner`` sets up
 ``local_shard``           ``_local_tensor`` narrowed by              ``__get_tensor_shard__`` narrowed by
                           ``_shard._utils.narrow_tensor_by_index``   ``Tensor.narrow``
-``group_store``           ``distributed_c10d._get_process_group_     ``None``: the store is not known
-                          store``
-``dcp_group``             ``dcp.load``'s ``_DistWrapper`` found on   ``(None, None)``: not known to be inside
-                          the stack
 ``load_steps``            ``dcp.load``'s steps, in its order         ``dcp.load(..., no_dist=True)``
 ========================  =========================================  ==========================================
 
-Two names have no public spelling and are used either way: ``_StridedShard`` (the
-placement class, exported here as :data:`StridedShard`: a DTensor's placements cannot be
-read without it) and ``_version._derived_version`` (torch's switch to its 2.3 flattening,
-read by :func:`flattens_as_2_3`).
+Four have no public spelling and are used either way: ``_StridedShard`` (the placement
+class, exported here as :data:`StridedShard`: a DTensor's placements cannot be read without
+it), ``_version._derived_version`` (torch's switch to its 2.3 flattening, read by
+:func:`flattens_as_2_3`), ``distributed_c10d._get_process_group_store`` (:func:`group_store`)
+and ``dcp.load``'s ``_DistWrapper`` on the stack (:func:`dcp_group`).  The last two fail
+soft: where torch changed them, a save's roll call names no rank and the headers are read
+on every rank inside ``dcp.load``.
 
 The switch: set the environment variable ``HYPERCKPT_TORCH_INTERNALS`` to ``0`` before
 hyperckpt is imported, and every function here is torch's public one (``1`` or unset: the
@@ -46,7 +45,7 @@ from __future__ import annotations
 import inspect
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from operator import attrgetter
 from types import FrameType
@@ -107,8 +106,6 @@ StridedShard = _StridedShard
 #: Exact types of a plain local tensor.
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
-_Box = Sequence[int]
-
 
 def flattens_as_2_3() -> bool:
     """Whether torch flattens state dicts as release 2.3 did (its planner sets this while
@@ -136,9 +133,6 @@ class TorchFunctions:
             where ``DefaultLoadPlanner.set_up_planner`` is to set the planner up.
         local_shard: What DCP's lookup and narrowing give a read item's destination in a
             DTensor over a plain tensor, or ``None`` for any other local tensor.
-        group_store: A process group's store, or ``None`` where it is not known.
-        dcp_group: Whether the caller runs inside a distributed ``dcp.load`` and its group
-            (see :func:`dcp_group`).
         load_steps: ``dcp.load(..., no_dist=True)`` of a flat state dict, its keys sorted.
     """
 
@@ -151,8 +145,6 @@ class TorchFunctions:
     read_items: Callable[[str, STORAGE_TYPES, object], list[ReadItem]]
     init_state_dict: Callable[[dict[str, Any]], object] | None
     local_shard: Callable[[DTensor, ReadItem], torch.Tensor | None]
-    group_store: Callable[[dist.ProcessGroup], Store | None]
-    dcp_group: Callable[[], tuple[bool | None, dist.ProcessGroup | None]]
     load_steps: Callable[[dict[str, torch.Tensor], StorageReader, LoadPlanner], None]
 
 
@@ -317,18 +309,20 @@ def _local_shard_public(value: DTensor, item: ReadItem) -> torch.Tensor | None:
 # -- process groups ----------------------------------------------------------------------
 
 
-def _group_store_internal(group: dist.ProcessGroup) -> Store | None:
+def group_store(group: dist.ProcessGroup) -> Store:
+    """The store of process group ``group`` (the one its ranks met through).
+
+    Raises:
+        AttributeError: This torch no longer has the function.
+        RuntimeError: The group has no store (torch's error).
+    """
     return distributed_c10d._get_process_group_store(group)
-
-
-def _no_store(group: dist.ProcessGroup) -> Store | None:
-    return None
 
 
 _DCP_LOADER = "torch.distributed.checkpoint.state_dict_loader"
 
 
-def _dcp_group_internal() -> tuple[bool | None, dist.ProcessGroup | None]:
+def dcp_group() -> tuple[bool | None, dist.ProcessGroup | None]:
     """Whether the caller runs inside a distributed ``dcp.load``, and that load's group.
 
     Returns ``(True, group)`` inside a distributed ``dcp.load``, ``(False, None)`` inside one
@@ -351,10 +345,6 @@ def _dcp_group_internal() -> tuple[bool | None, dist.ProcessGroup | None]:
                 return True, cast(dist.ProcessGroup | None, group)
             return False, None
         frame = frame.f_back
-    return None, None
-
-
-def _dcp_group_unknown() -> tuple[bool | None, dist.ProcessGroup | None]:
     return None, None
 
 
@@ -396,8 +386,6 @@ INTERNAL = TorchFunctions(
     read_items=_create_read_items,
     init_state_dict=_init_state_dict,
     local_shard=_local_shard_internal,
-    group_store=_group_store_internal,
-    dcp_group=_dcp_group_internal,
     load_steps=_load_steps_internal,
 )
 
@@ -411,8 +399,6 @@ PUBLIC = TorchFunctions(
     read_items=_read_items_public,
     init_state_dict=None,
     local_shard=_local_shard_public,
-    group_store=_no_store,
-    dcp_group=_dcp_group_unknown,
     load_steps=_load_steps_public,
 )
 
@@ -445,6 +431,4 @@ renamed_item = _ACTIVE.renamed_item
 read_items = _ACTIVE.read_items
 init_state_dict = _ACTIVE.init_state_dict
 local_shard = _ACTIVE.local_shard
-group_store = _ACTIVE.group_store
-dcp_group = _ACTIVE.dcp_group
 load_steps = _ACTIVE.load_steps

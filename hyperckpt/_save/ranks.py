@@ -83,8 +83,6 @@ def roll_call(ranks: Ranks, step: str) -> tuple[int, ...] | None:
         group = ranks.group if ranks.group is not None else dist.group.WORLD
         assert group is not None, "a save with collectives runs in a process group"
         store = group_store(group)
-        if store is None:
-            return None
         prefix = f"hyperckpt-save/{ranks.save_id}/{step}/"
         store.set(f"{prefix}{ranks.rank}", "1")
         deadline = time.monotonic() + min(ranks.timeout, ROLL_CALL_SECONDS)
