@@ -21,7 +21,6 @@ import torch
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 from torch.distributed.tensor import Placement, Replicate, Shard
-from torch.distributed.tensor.placement_types import _StridedShard
 
 from hyperckpt._exchange.costs import CostModel, StrategyCost, compare
 from hyperckpt._exchange.schedule import item_key, plan_replicated
@@ -39,6 +38,7 @@ from hyperckpt._planner.regions import (
 )
 from hyperckpt._read.engine import DEFAULT_STAGING_BYTES
 from hyperckpt._read.storage_info import StorageInfo
+from hyperckpt._torch_internals import StridedShard
 
 __all__ = [
     "LAYOUTS",
@@ -149,7 +149,7 @@ def placements_for(layout: str, name: str, ndim: int, *, strided: bool = True) -
     elif name.endswith(_ROWWISE):
         tp = Shard(1)
     elif packed:
-        tp = _StridedShard(0, split_factor=2)
+        tp = StridedShard(0, split_factor=2)
     else:
         tp = Shard(0)
     if layout == "tp":
@@ -157,8 +157,8 @@ def placements_for(layout: str, name: str, ndim: int, *, strided: bool = True) -
     if ndim < 2 or name.endswith(_ROWWISE):
         return [Shard(0), tp]
     if packed:
-        return [_StridedShard(0, split_factor=4), Shard(0)]
-    return [_StridedShard(0, split_factor=2), tp]
+        return [StridedShard(0, split_factor=4), Shard(0)]
+    return [StridedShard(0, split_factor=2), tp]
 
 
 def plan_load(

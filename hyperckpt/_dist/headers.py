@@ -21,11 +21,10 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import sys
 import zlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import FrameType, MappingProxyType
+from types import MappingProxyType
 from typing import Literal, cast
 
 import numpy as np
@@ -39,13 +38,13 @@ from hyperckpt._layout.whole import WholeTensors
 from hyperckpt._storage.files import LocalStorage
 from hyperckpt._storage.places import is_remote
 from hyperckpt._storage.stamp import FileStamp, stamp_changes
+from hyperckpt._torch_internals import dcp_group
 from hyperckpt.errors import CheckpointChangedError, CheckpointError, CheckpointNotFoundError
 
 __all__ = [
     "HOST_ENV",
     "HeaderReads",
     "check_header_reads",
-    "dcp_group",
     "decode_layout",
     "encode_layout",
     "host_name",
@@ -63,8 +62,6 @@ HEADER_READS: tuple[str, ...] = ("auto", "once", "per-host", "every-rank")
 
 #: Environment variable that overrides the host name ranks report (tests pose as hosts).
 HOST_ENV = "HYPERCKPT_HOST"
-
-_DCP_LOADER = "torch.distributed.checkpoint.state_dict_loader"
 
 
 def host_name() -> str:
@@ -178,32 +175,6 @@ def decode_layout(encoded: _Encoded, root: str) -> CheckpointLayout:
         layouts,
         index=index,
     )
-
-
-def dcp_group() -> tuple[bool | None, dist.ProcessGroup | None]:
-    """Whether the caller runs inside a distributed ``dcp.load``, and that load's group.
-
-    Returns ``(True, group)`` inside a distributed ``dcp.load``, ``(False, None)`` inside one
-    with ``no_dist=True``, ``(None, None)`` outside ``dcp.load``.
-
-    DCP does not tell a reader whether ``read_metadata`` runs on every rank together or, with
-    ``no_dist=True``, on one rank alone; a collective in the second case would wait
-    forever.  The answer is on the stack: DCP's ``_load_state_dict`` frame holds its
-    ``_DistWrapper``.  When that frame or its attributes are not found (another torch, a
-    direct call), the answer is "not inside", and with ``header_reads="auto"`` every rank
-    reads its own headers: slower, never stuck.
-    """
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None:
-        if frame.f_globals.get("__name__") == _DCP_LOADER and "distW" in frame.f_locals:
-            wrapper = frame.f_locals["distW"]
-            use_dist = getattr(wrapper, "use_dist", None)
-            if use_dist is True:
-                group = getattr(wrapper, "group", None)
-                return True, cast(dist.ProcessGroup | None, group)
-            return False, None
-        frame = frame.f_back
-    return None, None
 
 
 def reader_layout(

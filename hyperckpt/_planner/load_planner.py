@@ -26,9 +26,6 @@ from torch.distributed.checkpoint.metadata import (
 )
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from torch.distributed.checkpoint.planner import LoadPlanner as DcpLoadPlanner
-from torch.distributed.checkpoint.planner_helpers import (
-    _init_state_dict,
-)
 from torch.distributed.tensor import DTensor, Placement
 
 from hyperckpt._planner.compact import CompactItems
@@ -46,6 +43,7 @@ from hyperckpt._planner.placements import same_placements
 from hyperckpt._planner.region_items import RegionItems
 from hyperckpt._planner.regions import DTENSOR, FSDP, Order, Region, local_regions, orders_differ
 from hyperckpt._planner.shapes import shape_mismatch
+from hyperckpt._torch_internals import init_state_dict, local_tensor, mesh_and_placements
 from hyperckpt.errors import CheckpointError
 
 __all__ = ["LoadPlanner", "StridedLayout", "resolves_in_place", "strided_regions"]
@@ -164,11 +162,12 @@ class LoadPlanner(DefaultLoadPlanner):
             else:
                 flat, meta = flat_state_dict(state_dict)
             self._flat = flat and self.flatten_state_dict
-            if not self._flat:
+            make_real = init_state_dict
+            if not self._flat or make_real is None:  # torch's own set-up (see _torch_internals)
                 super().set_up_planner(state_dict, metadata, is_coordinator)
                 return
             if meta:
-                _init_state_dict(state_dict)  # in place: meta tensors become real ones
+                make_real(state_dict)  # in place: meta tensors become real ones
             self.original_state_dict = state_dict
             self.state_dict = dict(state_dict)
             self.mappings = OwnPaths(self.state_dict)  # type: ignore[assignment]
@@ -463,11 +462,10 @@ def _layouts_of(
                 raise shape_mismatch(fqn, tuple(md.size), tuple(value.size()))
         if not isinstance(value, DTensor):
             continue
-        spec = value._spec
-        placements = spec.placements
+        mesh, placements = mesh_and_placements(value)
         if plain is not None and placements == plain:
             continue
-        signature = (value.shape, id(spec.mesh))
+        signature = (value.shape, id(mesh))
         seen = seen_by.get(signature)
         if seen is None:
             seen = seen_by[signature] = []
@@ -526,15 +524,14 @@ def _settle(
         if not strided:
             continue
         first = values[0]
-        mesh = first._spec.mesh
-        if mesh.get_coordinate() is None:
+        if first.device_mesh.get_coordinate() is None:
             continue
         if _takes_agreement(first, strided_layout):
             agreeing.extend(zip(keys, values, itertools.repeat(layout)))
             continue
         # The local tensors and their shapes, as to_local() gives them (without its
         # autograd call); the plan's rows keep the tensors for the reader.
-        local_tensors = [value._local_tensor for value in values]
+        local_tensors = [local_tensor(value) for value in values]
         shapes = [local.shape for local in local_tensors]
         parts: list[tuple[list[str], list[DTensor], list[torch.Tensor], torch.Size]]
         if shapes.count(shapes[0]) == len(shapes):
@@ -608,12 +605,12 @@ def _same(before: DTensor, now: DTensor) -> bool:
     rank alike."""
     if before is now:
         return True
-    a, b = before._spec, now._spec
+    (a_mesh, a_placements), (b_mesh, b_placements) = map(mesh_and_placements, (before, now))
     return (
-        a.mesh is b.mesh
-        and a.placements == b.placements
+        a_mesh is b_mesh
+        and a_placements == b_placements
         and before.shape == now.shape
-        and before._local_tensor.shape == now._local_tensor.shape
+        and local_tensor(before).shape == local_tensor(now).shape
     )
 
 
@@ -629,7 +626,7 @@ def _regions_for(
     all-reduces, cached or not.
     """
     mesh = value.device_mesh
-    local_shape = value._local_tensor.shape
+    local_shape = local_tensor(value).shape
     coordinate = mesh.get_coordinate()
     assert coordinate is not None
     shape, mesh_shape, placements = tuple(value.shape), tuple(mesh.shape), value.placements

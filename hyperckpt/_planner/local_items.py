@@ -17,26 +17,27 @@ from operator import attrgetter
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint import _version
 from torch.distributed.checkpoint.metadata import (
     ChunkStorageMetadata,
     Metadata,
-    MetadataIndex,
     TensorStorageMetadata,
 )
-from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
-from torch.distributed.checkpoint.planner_helpers import (
-    _create_read_items,
-    create_read_items_for_chunk_list,
-)
+from torch.distributed.checkpoint.planner import ReadItem
+from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 from torch.distributed.tensor import DTensor, Partial
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.distributed.tensor.placement_types import Placement
 
 from hyperckpt._planner.compact import CompactItems
 from hyperckpt._planner.placements import is_strided, same_placements
 from hyperckpt._planner.regions import Region, local_box
 from hyperckpt._planner.shapes import shape_mismatch
+from hyperckpt._torch_internals import (
+    flattens_as_2_3,
+    local_tensor,
+    mesh_and_placements,
+    read_items,
+    tensor_item,
+)
 
 __all__ = [
     "DeferredLayout",
@@ -85,7 +86,7 @@ def flat_state_dict(state_dict: Mapping[str, object]) -> tuple[bool, bool]:
     ``_flatten_sharded_tensors`` and ``flatten_state_dict`` make a copy of it, each key
     mapped to the path ``(key,)``.
     """
-    if _version._derived_version == "2_3":
+    if flattens_as_2_3():
         return False, False
     # Whole-dictionary passes in C: a Python loop over 92k entries costs ~0.03 s more.
     if (
@@ -279,13 +280,11 @@ def _scan(
             # The common case, in as few steps as the rules allow: a signature planned
             # before, sizes equal, one whole chunk, a plain local tensor.  Anything else
             # takes the general path below, which decides the same way.
-            spec = obj._spec  # type: ignore[attr-defined]
             # The wrapper's size, as .shape gives it (which costs ~0.1 us more).
             shape = obj.size()  # type: ignore[attr-defined]
             seen_fast = fast.get(shape)
             if seen_fast is not None and (sizes_checked or shape == md.size):
-                mesh = spec.mesh
-                placements = spec.placements
+                mesh, placements = mesh_and_placements(obj)  # type: ignore[arg-type]
                 hit = _UNSEEN
                 for known_mesh, known_placements, fast_cut in seen_fast:
                     if known_mesh is mesh and known_placements == placements:
@@ -295,7 +294,7 @@ def _scan(
                     continue
                 # The metadata's fields are looked at only where needed: a row of a
                 # checkpoint marked whole, sizes checked, needs none (each a cold read).
-                local = obj._local_tensor  # type: ignore[attr-defined]
+                local = local_tensor(obj)  # type: ignore[arg-type]
                 if (
                     hit is not _UNSEEN
                     and (not skipped or fqn not in skipped)
@@ -340,14 +339,12 @@ def _scan(
             continue
         stored = isinstance(md, TensorStorageMetadata)
         if isinstance(obj, DTensor):
-            spec = obj._spec
+            mesh, placements = mesh_and_placements(obj)
             # The DTensor's size: the wrapper's own, equal to its spec's (a Python property).
             shape = obj.shape
             if stored and not sizes_checked and shape != md.size:  # type: ignore[union-attr]
                 raise _size_error(scanning, fqn, md.size, shape)  # type: ignore[union-attr]
-            mesh = spec.mesh
             # The mesh lives as long as the state dict that holds it: its id is stable here.
-            placements = spec.placements
             signature = (shape, id(mesh))
             seen = cuts.get(signature)
             if seen is None:
@@ -394,24 +391,21 @@ def _scan(
             if fqn in skipped:
                 continue
             if not isinstance(md, TensorStorageMetadata) or hasattr(
-                obj._local_tensor, "__create_chunk_list__"
+                local_tensor(obj), "__create_chunk_list__"
             ):
-                items.extend(_create_read_items(fqn, md, obj))
+                items.extend(read_items(fqn, md, obj))
                 continue
             if cut is _UNSEEN:
-                obj._raise_if_contains_partial_placements()
+                # The rank is in the mesh (above): its box by our arithmetic where every
+                # placement is Shard or Replicate, else DTensor's own (which refuses Partial).
                 coordinate = mesh.get_coordinate()
-                box_of = (
-                    None
-                    if coordinate is None
-                    else local_box(shape, mesh.shape, coordinate, placements)
-                )
-                sizes, offsets = (
-                    compute_local_shape_and_global_offset(shape, mesh, placements)
-                    if box_of is None
-                    else box_of
-                )
-                box = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))
+                assert coordinate is not None, "the rank is in the mesh"
+                box_of = local_box(shape, mesh.shape, coordinate, placements)
+                if box_of is None:
+                    box = obj.__create_chunk_list__()[0]  # type: ignore[no-untyped-call]
+                else:
+                    sizes, offsets = box_of
+                    box = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))
                 cut = _Cut(box, shape)
                 seen.append((placements, cut))
                 _remember(fast, shape, mesh, placements, cut)
@@ -440,7 +434,7 @@ def _scan(
             )
             if size is not None and size != md.size:  # type: ignore[union-attr]
                 raise _size_error(scanning, fqn, md.size, size)  # type: ignore[union-attr]
-        items.extend(_create_read_items(fqn, md, obj))
+        items.extend(read_items(fqn, md, obj))
     return LocalScan(items, [] if deferred is None else deferred, missing)
 
 
@@ -521,58 +515,9 @@ class _Cut:
 
     def item(self, fqn: str, origin: torch.Size) -> ReadItem:
         """The read item of tensor ``fqn`` (whose chunk starts at ``origin``), equal to
-        torch's.  Where the dataclasses allow (see :data:`_BY_DICT`), built without their
-        frozen ``__init__``s: each instance's ``__dict__`` is set to the fields those set."""
+        torch's."""
         assert self.lengths is not None, "an item is made only where the box overlaps"
-        if not _BY_DICT:
-            return ReadItem(
-                LoadItemType.TENSOR,
-                MetadataIndex(fqn, self.box.offsets, 0),
-                self.dest_offsets,
-                MetadataIndex(fqn, origin, 0),
-                self.box.offsets,
-                self.lengths,
-            )
-        dest = _new(MetadataIndex)
-        _set(dest, "__dict__", {"fqn": fqn, "offset": self.box.offsets, "index": 0})
-        storage = _new(MetadataIndex)
-        _set(storage, "__dict__", {"fqn": fqn, "offset": origin, "index": 0})
-        item = _new(ReadItem)
-        _set(
-            item,
-            "__dict__",
-            {
-                "type": LoadItemType.TENSOR,
-                "dest_index": dest,
-                "dest_offsets": self.dest_offsets,
-                "storage_index": storage,
-                "storage_offsets": self.box.offsets,
-                "lengths": self.lengths,
-            },
-        )
-        return item
-
-
-def _fields_by_dict(cls: type, names: tuple[str, ...]) -> bool:
-    """Whether ``cls`` is a dataclass whose instances keep exactly ``names`` in ``__dict__``
-    (so setting them there is what its frozen ``__init__`` does)."""
-    fields = getattr(cls, "__dataclass_fields__", None)
-    return (
-        fields is not None
-        and tuple(fields) == names
-        and "__slots__" not in cls.__dict__
-        and "__post_init__" not in cls.__dict__
-    )
-
-
-#: Whether read items and their indexes can be made by setting ``__dict__`` (torch 2.9 to
-#: 2.13: plain frozen dataclasses with these fields); else their constructors are called.
-_BY_DICT = _fields_by_dict(
-    ReadItem,
-    ("type", "dest_index", "dest_offsets", "storage_index", "storage_offsets", "lengths"),
-) and _fields_by_dict(MetadataIndex, ("fqn", "offset", "index"))
-_new = object.__new__
-_set = object.__setattr__
+        return tensor_item(fqn, self.box.offsets, self.dest_offsets, origin, self.lengths)
 
 
 def _items_for(fqn: str, md: TensorStorageMetadata, box: ChunkStorageMetadata) -> list[ReadItem]:

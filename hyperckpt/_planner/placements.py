@@ -1,13 +1,13 @@
-"""DTensor placements as plain values: the one place that imports torch's private ``_StridedShard``."""
+"""DTensor placements as plain values: ``Shard``, ``_StridedShard`` and ``Replicate``."""
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from torch.distributed.tensor import Partial, Placement, Replicate, Shard
-from torch.distributed.tensor.placement_types import _StridedShard
+
+from hyperckpt._torch_internals import StridedShard, strided_equal
 
 __all__ = ["PlacementSpec", "is_strided", "placement_specs", "same_placements"]
 
@@ -29,48 +29,28 @@ class PlacementSpec:
 
 def is_strided(placement: Placement) -> bool:
     """Whether ``placement`` is torch's ``_StridedShard``."""
-    return isinstance(placement, _StridedShard)
-
-
-def _native_strided_equality() -> Callable[[object, object], bool] | None:
-    """The equality of the native class ``_StridedShard`` wraps (torch 2.13: its C++
-    ``StridedShard``, comparing ``dim`` and the integer ``split_factor``), or ``None`` where
-    ``_StridedShard`` is plain Python (then its own ``==`` is asked).
-
-    torch's Python ``__eq__`` reads ``split_factor`` through a Python property (~1.5 us a
-    comparison); the native one compares the same integers.  A symbolic split factor is
-    kept beside the integer hint the native class holds, and :func:`placement_specs` reads
-    ``int(split_factor)``, that same hint: placements equal natively give the same regions.
-    """
-    base = _StridedShard.__mro__[1]
-    if base.__module__.startswith("torch._C") and "__eq__" in vars(base):
-        equal = base.__eq__  # pybind keeps it in the class as a wrapper: ask the class
-        if inspect.isbuiltin(equal):
-            return equal
-    return None
-
-
-_STRIDED_EQUAL = _native_strided_equality()
+    return isinstance(placement, StridedShard)
 
 
 def same_placements(a: Sequence[Placement], b: Sequence[Placement]) -> bool:
     """Whether ``a`` and ``b`` split a tensor alike: the same placement types, each equal
     by torch's comparison, ``_StridedShard`` compared natively where torch allows (see
-    :func:`_native_strided_equality`).  Unequal types are unequal here even where torch
-    would say equal, so a caller keyed on this sees at worst one more layout."""
+    :class:`hyperckpt._torch_internals.TorchFunctions`).  Unequal types are unequal here
+    even where torch would say equal, so a caller keyed on this sees at worst one more
+    layout."""
     if a is b:
         return True
     if len(a) != len(b):
         return False
-    strided_equal = _STRIDED_EQUAL
+    equal = strided_equal
     for p, q in zip(a, b, strict=True):
         if p is q:
             continue
         kind = type(p)
         if kind is not type(q):
             return False
-        if kind is _StridedShard and strided_equal is not None:
-            if not strided_equal(p, q):
+        if kind is StridedShard and equal is not None:
+            if not equal(p, q):
                 return False
         elif p != q:
             return False
@@ -86,7 +66,7 @@ def placement_specs(placements: Sequence[Placement], ndim: int) -> tuple[Placeme
     """
     specs = []
     for mesh_dim, placement in enumerate(placements):
-        if isinstance(placement, _StridedShard):
+        if isinstance(placement, StridedShard):
             spec = PlacementSpec(placement.dim, int(placement.split_factor))
         elif isinstance(placement, Shard):
             spec = PlacementSpec(placement.dim)

@@ -16,16 +16,12 @@ import dataclasses
 from collections.abc import Sequence
 
 import torch
-from torch.distributed.checkpoint.metadata import (
-    ChunkStorageMetadata,
-    MetadataIndex,
-    TensorStorageMetadata,
-)
+from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
-from hyperckpt._planner.local_items import _BY_DICT, _new, _set
 from hyperckpt._planner.regions import Region
+from hyperckpt._torch_internals import renamed_item
 
 __all__ = ["ItemTemplate", "RegionItems", "read_items"]
 
@@ -78,7 +74,7 @@ class ItemTemplate:
     def item(self, fqn: str, origin: torch.Size) -> ReadItem:
         """The read item of tensor ``fqn``, equal to torch's; ``origin`` is the stored
         chunk's offsets, the template's own :attr:`origin` (as for ``_Cut.item``)."""
-        return _renamed(self._item, fqn)
+        return renamed_item(self._item, fqn)
 
 
 class RegionItems:
@@ -118,34 +114,4 @@ class RegionItems:
             items = read_items(fqn, md, regions)
             self._kept[key] = (regions, items)
             return items
-        return [_renamed(item, fqn) for item in kept[1]]
-
-
-def _renamed(item: ReadItem, fqn: str) -> ReadItem:
-    """``item`` with both its indexes under key ``fqn``; made as
-    :class:`~hyperckpt._planner.local_items._Cut` makes its items where the dataclasses
-    allow (their ``__dict__`` set to the fields their frozen ``__init__``s set)."""
-    dest, storage = item.dest_index, item.storage_index
-    if _BY_DICT:
-        renamed_dest = _new(MetadataIndex)
-        _set(renamed_dest, "__dict__", {"fqn": fqn, "offset": dest.offset, "index": dest.index})
-        renamed_storage = _new(MetadataIndex)
-        _set(
-            renamed_storage,
-            "__dict__",
-            {"fqn": fqn, "offset": storage.offset, "index": storage.index},
-        )
-        made = _new(ReadItem)
-        fields = dict(item.__dict__)
-        fields["dest_index"] = renamed_dest
-        fields["storage_index"] = renamed_storage
-        _set(made, "__dict__", fields)
-        return made
-    return ReadItem(
-        type=item.type,
-        dest_index=MetadataIndex(fqn, dest.offset, dest.index),
-        dest_offsets=item.dest_offsets,
-        storage_index=MetadataIndex(fqn, storage.offset, storage.index),
-        storage_offsets=item.storage_offsets,
-        lengths=item.lengths,
-    )
+        return [renamed_item(item, fqn) for item in kept[1]]

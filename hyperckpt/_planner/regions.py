@@ -14,8 +14,8 @@ they do not.
 
 Pure arithmetic, no process group::
 
-    >>> from torch.distributed.tensor.placement_types import _StridedShard
-    >>> [r.offsets[0] for r in local_regions((8, 3), (2,), [_StridedShard(0, split_factor=2)], (0,))]
+    >>> from hyperckpt._torch_internals import StridedShard
+    >>> [r.offsets[0] for r in local_regions((8, 3), (2,), [StridedShard(0, split_factor=2)], (0,))]
     [0, 4]
 """
 

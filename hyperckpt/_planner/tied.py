@@ -20,6 +20,7 @@ from torch.distributed.tensor import DTensor
 
 from hyperckpt._format.preview import preview
 from hyperckpt._planner.keys import did_you_mean
+from hyperckpt._torch_internals import local_tensor
 from hyperckpt.errors import CheckpointError
 
 __all__ = ["Difference", "TiedGroup", "differences", "tied_groups", "tied_refusal", "with_scratch"]
@@ -88,7 +89,7 @@ def tied_groups(
         # The local shard itself, not ``to_local()``'s view of it (an autograd call, ~20 us
         # a key): the same storage, offset, shape and strides.
         value = destinations[name]
-        local = value._local_tensor if isinstance(value, DTensor) else value
+        local = local_tensor(value) if isinstance(value, DTensor) else value
         if local.numel() == 0:
             continue
         view = (

@@ -20,11 +20,10 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, TypeGuard, cast
 
 import torch
-from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlanner, ReadItem
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.placement_types import Replicate, Shard, _StridedShard
+from torch.distributed.tensor.placement_types import Replicate, Shard
 
 from hyperckpt._planner.compact import CompactItems
 from hyperckpt._planner.load_planner import resolves_in_place
@@ -33,6 +32,7 @@ from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.requests import Request, resolve
 from hyperckpt._read.routes import Router, Routes
 from hyperckpt._read.storage_info import StorageInfo, by_name
+from hyperckpt._torch_internals import StridedShard, local_shard, local_tensor, mesh_and_placements
 
 if TYPE_CHECKING:
     from hyperckpt._planner.local_items import _Cut
@@ -145,7 +145,13 @@ def routed(
         if known_local is None:
             value = state.get(key)
             kind = type(value)
-            local = value._local_tensor if kind is DTensor else value if kind in _PLAIN else None  # type: ignore[attr-defined]
+            local = (
+                local_tensor(value)  # type: ignore[arg-type]
+                if kind is DTensor
+                else cast(torch.Tensor, value)
+                if kind in _PLAIN
+                else None
+            )
         else:  # the planner found it: the state dict's value's local tensor (see columns)
             value = kind = _UNKNOWN
             local = known_local
@@ -236,11 +242,7 @@ def local_destination(item: ReadItem, state: Mapping[str, object]) -> torch.Tens
     value = state.get(item.dest_index.fqn)
     if type(value) is not DTensor:
         return None
-    local = value._local_tensor
-    if type(local) not in _PLAIN:
-        return None
-    value._raise_if_contains_partial_placements()  # as DCP's lookup does
-    return narrow_tensor_by_index(local, item.dest_offsets, item.lengths)
+    return local_shard(value, item)
 
 
 #: One item's geometry: the chunk's shape, the item's storage offsets and lengths, the local
@@ -356,10 +358,10 @@ def _local_facts(value: object) -> tuple[torch.Size, torch.dtype, int] | None:
     a DTensor, not ``Partial``, over a contiguous CPU tensor; else ``None``."""
     if type(value) is not DTensor:
         return None
-    local = value._local_tensor
+    local = local_tensor(value)
     if type(local) not in _PLAIN or not local.is_cpu or not local.is_contiguous():
         return None
-    for placement in value._spec.placements:
+    for placement in mesh_and_placements(value)[1]:
         if type(placement) not in _NOT_PARTIAL:
             return None  # DCP's lookup raises for a Partial one
     return local.shape, local.dtype, local.data_ptr()
@@ -367,7 +369,7 @@ def _local_facts(value: object) -> tuple[torch.Size, torch.dtype, int] | None:
 
 #: Placements that are surely not ``Partial`` (an ``isinstance`` check of a placement goes
 #: through torch's opaque-type hook: ~1 us each).
-_NOT_PARTIAL = frozenset({Shard, _StridedShard, Replicate})
+_NOT_PARTIAL = frozenset({Shard, StridedShard, Replicate})
 #: A geometry not worked out yet.
 _UNKNOWN = object()
 

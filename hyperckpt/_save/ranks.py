@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Final
 
 import torch.distributed as dist
-from torch.distributed import distributed_c10d
 
 from hyperckpt._dist.agreement import Failure, agree, distributed
+from hyperckpt._torch_internals import group_store
 from hyperckpt.errors import CheckpointError
 
 __all__ = ["DEFAULT_TIMEOUT", "FAILURES", "Ranks", "agree_within", "rank_lost", "roll_call"]
@@ -82,7 +82,7 @@ def roll_call(ranks: Ranks, step: str) -> tuple[int, ...] | None:
     try:
         group = ranks.group if ranks.group is not None else dist.group.WORLD
         assert group is not None, "a save with collectives runs in a process group"
-        store = distributed_c10d._get_process_group_store(group)
+        store = group_store(group)
         prefix = f"hyperckpt-save/{ranks.save_id}/{step}/"
         store.set(f"{prefix}{ranks.rank}", "1")
         deadline = time.monotonic() + min(ranks.timeout, ROLL_CALL_SECONDS)

@@ -28,6 +28,7 @@ from hyperckpt._planner.regions import (
 )
 from hyperckpt._save.boxes import Box, LocalTensor, MergedTensor, TensorSummary
 from hyperckpt._save.merge import merge
+from hyperckpt._torch_internals import local_tensor
 from hyperckpt.errors import CheckpointError
 
 # Box, LocalTensor, MergedTensor and merge are re-exported from their own modules.
@@ -166,7 +167,7 @@ def _check_name(name: object, path: str) -> None:
 
 
 def _describe(name: str, value: torch.Tensor, path: str) -> tuple[TensorSummary, LocalTensor]:
-    local = value._local_tensor if isinstance(value, DTensor) else value
+    local = local_tensor(value) if isinstance(value, DTensor) else value
     if value.is_meta or local.is_meta:
         raise CheckpointError(
             f"{path}: tensor {name!r} is on the meta device and has no data to write; "

@@ -14,11 +14,12 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadIte
 
 import hyperckpt
 from hyperckpt import CostModel, HuggingFaceStorageReader
-from hyperckpt._dist.headers import dcp_group, decode_layout, encode_layout
+from hyperckpt._dist.headers import decode_layout, encode_layout
 from hyperckpt._exchange.costs import choose_exchange, compare, pick
 from hyperckpt._exchange.pricing import price
 from hyperckpt._exchange.requests import requests_of
 from hyperckpt._read.storage_info import StorageInfo
+from hyperckpt._torch_internals import dcp_group
 from hyperckpt.testing import shard_file
 
 

@@ -16,6 +16,7 @@ STAGES = [
     "hyperckpt._arguments",  # checks of the options callers pass
     "hyperckpt._format",
     "hyperckpt._layout",
+    "hyperckpt._torch_internals",  # torch's private names, behind one fence
     "hyperckpt._dist",  # across ranks (agreement, headers once, spawning), below the planner
     "hyperckpt._planner",
     "hyperckpt._read",
