@@ -33,6 +33,7 @@ from typing import cast
 
 import torch.distributed as dist
 
+from hyperckpt._arguments import check_callable
 from hyperckpt._exchange.rounds import transfer_device
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
 from hyperckpt._save.bands import Band, ColumnCosts, plan_bands
@@ -160,6 +161,7 @@ def stage(
     built: SaveOptions | None = None
     try:
         built = options()
+        check_callable("progress", progress)
     except FAILURES as err:
         failure = err
     # A malformed timeout is agreed on within the default one.

@@ -16,6 +16,7 @@ from typing import Any, Final
 import torch
 from torch.distributed.tensor import DTensor
 
+from hyperckpt._arguments import check_type
 from hyperckpt._format.dtypes import DTYPES
 from hyperckpt._format.strict_json import METADATA_KEY
 from hyperckpt._planner.regions import (
@@ -59,6 +60,12 @@ def flatten(state_dict: Mapping[str, object], *, path: str) -> dict[str, object]
         CheckpointError: Two entries end up with one name (``save.duplicate_name``), or a key
             is not a string (``save.bad_name``).
     """
+    check_type(
+        "state_dict",
+        state_dict,
+        Mapping,
+        "a mapping of names to tensors, such as model.state_dict() (not the model itself)",
+    )
     flat: dict[str, object] = {}
 
     def walk(prefix: str, mapping: Mapping[Any, object]) -> None:
@@ -112,6 +119,14 @@ def summarize(
                 path=path,
                 tensor=name,
                 rule="save.not_tensor",
+            )
+        if value.layout != torch.strided:
+            raise CheckpointError(
+                f"{path}: tensor {name!r} is {str(value.layout).removeprefix('torch.')}, not "
+                f"dense; a safetensors file holds dense rows only: pass .to_dense() of it",
+                path=path,
+                tensor=name,
+                rule="save.not_dense",
             )
         summary, local = _describe(name, value, path)
         key = _alias_key(value, local.local)

@@ -41,7 +41,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from hyperckpt._arguments import check_path
+from hyperckpt._arguments import check_callable, check_path
 from hyperckpt._layout.mapping import MappingLike
 from hyperckpt._read.tracker import ProgressCallback
 from hyperckpt._save.options import SaveOptions, one_save_options
@@ -122,6 +122,7 @@ class HuggingFaceStorageWriter(StorageWriter):
             mapping=mapping,
         )
         self._group = process_group
+        check_callable("progress", progress)
         self._progress = progress
         self._staged: Staged | None = None
         self.is_coordinator = False

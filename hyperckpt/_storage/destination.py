@@ -176,7 +176,9 @@ def followed(given: Path) -> Path:
     try:
         return given.resolve(strict=True)
     except FileNotFoundError as err:
-        raise _unresolved(given, f"a symlink to {os.readlink(given)!r}, which does not exist") from err
+        raise _unresolved(
+            given, f"a symlink to {os.readlink(given)!r}, which does not exist"
+        ) from err
     except (RuntimeError, OSError) as err:  # a loop: RuntimeError before Python 3.13
         raise _unresolved(given, f"a symlink that cannot be resolved ({err})") from err
 

@@ -79,14 +79,28 @@ def local_path(name: str, path: str | os.PathLike[str], *, writes: bool) -> Path
         writes: Whether it is written to (then no bucket is served yet) or only read.
 
     Raises:
-        CheckpointError: ``path`` looks like a URL (``path.unsupported_url``); nothing was
-            read or written.
+        CheckpointError: ``path`` looks like a URL (``path.unsupported_url``) or is the
+            empty string (``path.empty``); nothing was read or written.
     """
+    if os.fspath(path) == "":
+        # Path("") is the working directory: an unset variable would write into it.
+        raise CheckpointError(
+            f"{name}='': the empty string is not a path (pathlib reads it as the working "
+            f"directory, so an unset variable would write there): pass the directory you "
+            f"mean, '.' for the working directory",
+            path="''",
+            rule="path.empty",
+        )
     scheme = url_scheme(path)
     if scheme is not None:
         served = WRITE_SCHEMES if writes else ()
         raise _unsupported(name, path, scheme, served, "written" if writes else "read")
-    return Path(path)
+    local = Path(path)
+    if writes and local.name in ("", ".."):
+        # ".", ".." or "/" named by itself: a write's temporary directory is made beside its
+        # destination, which needs the directory's own name and parent.
+        return local.resolve()
+    return local
 
 
 def storage_at(root: str | os.PathLike[str]) -> Storage:

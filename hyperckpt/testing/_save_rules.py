@@ -108,6 +108,9 @@ SAVE_RULES: tuple[_Entry, ...] = (
      _partial),
     ("save.not_contiguous", "Every local tensor saved is contiguous (its rows are written in "
      "place).", r"has a non-contiguous local tensor", _save({"w": torch.ones(3, 4).t()})),
+    ("save.not_dense", "Every tensor saved is dense (`torch.strided`): a sparse one is refused, "
+     "not densified unseen.", r"is sparse_coo, not dense",
+     _save({"w": torch.eye(3).to_sparse()})),
     ("save.ranks_disagree", "Every rank passes the same names, dtypes, shapes and aliases.",
      r"every rank must pass the same model's state dict", _disagree),
     ("save.regions_do_not_tile", "The ranks' pieces of a tensor tile it exactly.",

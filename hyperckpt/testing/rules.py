@@ -292,6 +292,14 @@ def _url_save(root: Path) -> object:
     return save({"w": torch.ones(2)}, "gs://bucket/run/step-100")
 
 
+def _empty_save(root: Path) -> object:
+    import torch
+
+    from hyperckpt._save.api import save
+
+    return save({"w": torch.ones(2)}, "")
+
+
 def _planted_link(root: Path) -> object:
     from hyperckpt._storage.files import LocalStorage
 
@@ -693,6 +701,9 @@ _READ_RULES: tuple[Rule, ...] = (
          "writing (save, the writer, consolidate's output, the sample) local directories only. "
          "Anything else is refused before a byte is read or written, never taken as a local "
          "folder named `s3:`.", _E, r"looks like a URL of scheme", _url_save),
+    Rule("path.empty", "A path is never the empty string, which pathlib reads as the "
+         "working directory (an unset variable): `'.'` says so.", _E,
+         r"the empty string is not a path", _empty_save),
     Rule("output.exists", "A file hyperckpt writes is created where nothing is, never through "
          "a link.", _E, r"files are only created where nothing is", _planted_link),
     Rule("output.not_empty", "A writer's destination (save's path, the writer's, "

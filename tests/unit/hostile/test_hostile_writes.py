@@ -228,3 +228,93 @@ def test_a_file_or_a_dangling_link_at_the_destination_is_refused_even_with_overw
         assert str(out) in str(err.value)
     assert plain.read_bytes() == b"not a directory"
     assert not (tmp_path / "nowhere").exists()
+
+
+# -- arguments checked where they are given ------------------------------------------------
+
+
+def test_a_model_instead_of_its_state_dict_is_refused_naming_what_was_given(
+    tmp_path: Path,
+) -> None:
+    for given in (torch.nn.Linear(2, 2), [torch.ones(2)], None):
+        with pytest.raises(TypeError, match=r"state_dict must be a mapping of names to tensors"):
+            hyperckpt.save(given, tmp_path / "out", no_dist=True)  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_progress_that_cannot_be_called_is_refused_before_a_byte_is_written(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(TypeError, match=r"progress must be a function \(or None\), got 3"):
+        hyperckpt.save(_state(), tmp_path / "out", no_dist=True, progress=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"progress must be a function"):
+        hyperckpt.HuggingFaceStorageWriter(tmp_path / "w", progress="yes")  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_a_sparse_tensor_is_refused_as_sparse_not_as_non_contiguous(
+    tmp_path: Path, layout: str
+) -> None:
+    dense = torch.eye(3)
+    sparse = dense.to_sparse() if layout == "coo" else dense.to_sparse_csr()
+    with pytest.raises(CheckpointError) as err:
+        hyperckpt.save({"ok": dense, "w": sparse}, tmp_path / "out", no_dist=True)
+    assert err.value.rule == "save.not_dense"
+    assert err.value.tensor == "w"
+    assert f"sparse_{layout}, not dense" in str(err.value)
+    assert ".to_dense()" in str(err.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- destinations and names: decided ---------------------------------------------------------
+
+
+def test_the_empty_string_is_refused_and_dot_is_the_working_directory_judged_as_any(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    source = tmp_path / "per-rank"
+    hyperckpt.save(_state(), source, no_dist=True, per_rank=True)
+    for call in (
+        lambda: hyperckpt.save(_state(), "", no_dist=True),
+        lambda: hyperckpt.consolidate(source, ""),
+        lambda: hyperckpt.HuggingFaceStorageWriter(""),
+    ):
+        with pytest.raises(CheckpointError) as err:
+            call()
+        assert err.value.rule == "path.empty"
+        assert "'.' for the working directory" in str(err.value)
+    assert list(work.iterdir()) == []
+    hyperckpt.save(_state(), ".", no_dist=True)  # an empty working directory: written
+    assert sorted(p.name for p in work.iterdir()) == ["model.safetensors"]
+    with pytest.raises(CheckpointError) as refused:
+        hyperckpt.save(_state(), ".", no_dist=True)
+    assert refused.value.rule == "output.not_empty"
+
+
+def test_names_that_look_like_paths_and_very_long_names_are_written_inside_and_read_back(
+    tmp_path: Path,
+) -> None:
+    from safetensors import safe_open
+
+    state = {
+        "../escape": torch.ones(2),
+        "a/../../b": torch.zeros(3),
+        "/etc/passwd": torch.full((2,), 5.0),
+        "n" * 200_000: torch.arange(4.0),
+    }
+    out = tmp_path / "box" / "out"
+    hyperckpt.save(state, out, no_dist=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["box"]
+    assert sorted(p.name for p in (tmp_path / "box").iterdir()) == ["out"]
+    assert sorted(p.name for p in out.iterdir()) == ["model.safetensors"]
+    loaded = {n: torch.full_like(t, 7) for n, t in state.items()}
+    hyperckpt.load(loaded, out)
+    assert all(torch.equal(loaded[n], state[n]) for n in state)
+    with safe_open(str(out / "model.safetensors"), "pt") as handle:
+        assert set(handle.keys()) == set(state)
+    assert hyperckpt.verify(out).ok
