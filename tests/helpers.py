@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import struct
 from collections.abc import Callable, Mapping
 from functools import cache
 from pathlib import Path
@@ -35,6 +36,7 @@ from torch.distributed.tensor import Placement, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from hyperckpt import CheckpointError
+from hyperckpt._consolidate.headers import HEADER_ALIGN
 from hyperckpt._dist.spawn import spawn_ranks
 
 __all__ = [
@@ -129,6 +131,19 @@ def mismatch(actual: torch.Tensor, expected: torch.Tensor) -> str | None:
         f"{count} of {actual.numel()} elements differ; first at {list(index)}: "
         f"got {value.item()!r}, expected {wanted.item()!r}"
     )
+
+
+def safetensors_bytes(tmp: Path, tensors: dict[str, torch.Tensor]) -> bytes:
+    """The file safetensors' ``save_file`` writes for ``tensors``, its header's padding taken
+    to a page (:data:`HEADER_ALIGN`, where every Hugging Face file of ours starts its data):
+    the ground truth for a written file, byte for byte."""
+    path = tmp / "expected.safetensors"
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    written = path.read_bytes()
+    (length,) = struct.unpack("<Q", written[:8])
+    text = written[8 : 8 + length].rstrip(b" ")
+    text += b" " * (-(len(text) + 8) % HEADER_ALIGN)
+    return struct.pack("<Q", len(text)) + text + written[8 + length :]
 
 
 def write_hf_checkpoint(

@@ -36,10 +36,10 @@ def add_parser(commands: Any, common: argparse.ArgumentParser) -> None:
     parser.add_argument("output", metavar="OUTPUT", help="the directory to write")
     parser.add_argument(
         "--max-shard-size",
-        default="50GB",
+        default="5GB",
         metavar="SIZE",
-        help="most bytes per file: bytes or 5GB (10**9), 5GiB (2**30)... (default 50GB, as "
-        "transformers 5)",
+        help="most bytes per file: bytes or 5GB (10**9), 5GiB (2**30)... (default 5GB, as "
+        "hyperckpt.save; 50GB for transformers 5's split)",
     )
     parser.add_argument(
         "--like",

@@ -21,6 +21,7 @@ from typing import Final
 
 from hyperckpt._consolidate.headers import (
     DATA_ORDER,
+    HEADER_ALIGN,
     HEADER_BASE,
     encode_header,
     entry_bound,
@@ -138,7 +139,6 @@ def plan_output(
     max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
     like: tuple[Mapping[str, str], bool] | None = None,
     dtype: str | None = None,
-    align: int = 8,
 ) -> OutputPlan:
     """Decide the output files of a consolidation: names, tensors, headers, offsets.
 
@@ -153,8 +153,6 @@ def plan_output(
         like: A checkpoint's weight map and whether it has an index (:func:`read_like`):
             reproduce its file names and assignment instead.
         dtype: A code of :data:`CONVERTIBLE` to write float tensors as, or ``None``.
-        align: Each file's data starts at a multiple of this many bytes (its header padded
-            with spaces, :func:`encode_header`): 8 as safetensors writes them.
 
     Raises:
         CheckpointError: ``like`` lacks some of the tensors or names tensors the input
@@ -172,8 +170,10 @@ def plan_output(
             groups.setdefault(assignment[name], []).append(name)
     else:
         entries = {name: entry_bound(name, out_dtype[name], t.shape) for name, t in tensors.items()}
-        # A page of padding (a save's ``align``) counts against the header's limit too.
-        shards = _greedy(sorted(tensors), sizes, max_shard_size, entries, HEADER_BASE + align - 8)
+        # The page of padding counts against the header's limit too.
+        shards = _greedy(
+            sorted(tensors), sizes, max_shard_size, entries, HEADER_BASE + HEADER_ALIGN - 8
+        )
         indexed = len(shards) > 1
         if not indexed:
             groups = {SINGLE_FILE_NAME: shards[0] if shards else []}
@@ -195,7 +195,7 @@ def plan_output(
         index = _index_bytes(weight_map, total_size, total_parameters)
         _check_index_length(len(index), len(weight_map))
     files = tuple(
-        _output_file(file, [(name, out_dtype[name], tensors[name]) for name in names], align)
+        _output_file(file, [(name, out_dtype[name], tensors[name]) for name in names])
         for file, names in sorted(groups.items())
     )
     for file in files:
@@ -279,9 +279,7 @@ def _check_index_length(length: int, count: int, *, least: bool = False) -> None
         )
 
 
-def _output_file(
-    name: str, members: list[tuple[str, str, TensorLayout]], align: int = 8
-) -> OutputFile:
+def _output_file(name: str, members: list[tuple[str, str, TensorLayout]]) -> OutputFile:
     ordered = sorted(members, key=lambda m: (-DATA_ORDER[m[1]], m[0]))
     entries: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
     begin = 0
@@ -289,7 +287,7 @@ def _output_file(
         end = begin + _nbytes(code, source.shape)
         entries[tensor] = (code, source.shape, begin, end)
         begin = end
-    header = encode_header(entries, align=align)
+    header = encode_header(entries, align=HEADER_ALIGN)
     base = len(header)
     placed = tuple(
         OutputTensor(tensor, code, source, base + entries[tensor][2], base + entries[tensor][3])

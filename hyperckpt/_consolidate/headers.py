@@ -7,7 +7,14 @@ import struct
 from collections.abc import Iterable, Mapping
 from typing import Final
 
-__all__ = ["DATA_ORDER", "HEADER_BASE", "encode_header", "entry_bound", "least_bytes"]
+__all__ = [
+    "DATA_ORDER",
+    "HEADER_ALIGN",
+    "HEADER_BASE",
+    "encode_header",
+    "entry_bound",
+    "least_bytes",
+]
 
 _FORMAT_METADATA: Final = {"format": "pt"}
 #: Header bytes of a file before its first entry: ``{"__metadata__":{"format":"pt"},``,
@@ -44,6 +51,12 @@ _ENUM_ORDER: Final = (
     "U64",
 )
 DATA_ORDER: Final = {code: n for n, code in enumerate(_ENUM_ORDER)}
+#: Where a Hugging Face file's data buffer starts: at a multiple of a page (4096 bytes), its
+#: header padded with spaces to reach it, whichever writer made it (save or consolidate), so
+#: that the same tensors give the same bytes and page-sized tensors start on pages (direct
+#: I/O writes them whole, and reads them without an unaligned head).  It costs at most a
+#: page per file; safetensors itself pads to 8, and both read either.
+HEADER_ALIGN: Final = 4096
 
 
 def encode_header(
@@ -60,9 +73,8 @@ def encode_header(
             buffer, in data order.
         metadata: The ``__metadata__`` map (default ``{"format": "pt"}``).
         align: The data buffer starts at a multiple of this many bytes of the file (a
-            multiple of 8): 8 as safetensors writes; a save asks for a page, so that
-            tensors whose sizes are whole pages start on pages (direct I/O writes them
-            whole).  Spaces after the JSON are part of the format's header.
+            multiple of 8): 8 as safetensors writes; Hugging Face files of ours take
+            :data:`HEADER_ALIGN`.  Spaces after the JSON are part of the format's header.
     """
     assert align % 8 == 0, align
     document: dict[str, object] = {

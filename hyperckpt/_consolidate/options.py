@@ -10,8 +10,12 @@ from hyperckpt._arguments import MAX_BYTES
 
 __all__ = ["CONVERTIBLE", "DEFAULT_MAX_SHARD_SIZE", "output_dtype_code", "parse_size"]
 
-#: Hugging Face's ``save_pretrained`` default in transformers 5.
-DEFAULT_MAX_SHARD_SIZE: Final = 50 * 10**9
+#: Most bytes of tensor data per file when not given, for save and consolidate alike: 5 GB,
+#: ``huggingface_hub``'s ``save_torch_state_dict`` default and transformers 4's
+#: ``save_pretrained``, the split most published checkpoints have.  Files that size upload,
+#: download and resume one at a time without strain; transformers 5 writes ``"50GB"``, which
+#: ``max_shard_size="50GB"`` gives.
+DEFAULT_MAX_SHARD_SIZE: Final = 5 * 10**9
 #: Float codes ``dtype=`` converts between; every other tensor is written as stored.
 CONVERTIBLE: Final = frozenset({"F16", "BF16", "F32", "F64"})
 _UNITS: Final = {

@@ -125,7 +125,7 @@ def consolidate(
             empty, hold only ``source`` itself, or be what an interrupted consolidation left.
         max_shard_size: Most bytes of tensor data per file, as an int or with Hugging
             Face's units (``"5GB"`` is 5 * 10**9, ``"5GiB"`` 5 * 2**30); a larger tensor
-            gets a file of its own.  Default 50GB, as transformers 5's ``save_pretrained``.
+            gets a file of its own.  Default 5GB, as :func:`hyperckpt.save`.
         like: A Hugging Face checkpoint (directory or index) whose file names and tensor
             assignment to reproduce; it must name exactly the input's tensors.
         dtype: Write float tensors (F16, BF16, F32, F64) as this dtype, e.g. ``"bf16"`` or

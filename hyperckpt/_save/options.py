@@ -13,14 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from hyperckpt._arguments import Limits, check_flag, check_number
-from hyperckpt._consolidate.assign import output_dtype_code, parse_size
+from hyperckpt._consolidate.assign import DEFAULT_MAX_SHARD_SIZE, output_dtype_code, parse_size
 from hyperckpt._layout.mapping import Mapping, as_mapping
 from hyperckpt._save.ranks import DEFAULT_TIMEOUT
 
 __all__ = ["DEFAULT_MAX_SHARD_SIZE", "SaveOptions", "one_save_options"]
 
-#: ``save_pretrained``'s classic split (transformers 4); pass ``"50GB"`` for transformers 5's.
-DEFAULT_MAX_SHARD_SIZE: Final = "5GB"
 #: What ``timeout`` accepts: a second to a week.
 _TIMEOUT: Final = Limits(1, 7 * 86400, integer=False, unit="seconds")
 #: Default bytes of exchange buffers per rank (column slices sent as row bands).
@@ -72,7 +70,7 @@ class SaveOptions:
             its bands, the message it receives and the one it sends, a third each.
     """
 
-    max_shard_size: int = parse_size(DEFAULT_MAX_SHARD_SIZE)
+    max_shard_size: int = DEFAULT_MAX_SHARD_SIZE
     dtype: str | None = None
     refuse_narrowing: bool = False
     keep_aliases: bool = False

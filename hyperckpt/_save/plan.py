@@ -30,7 +30,6 @@ from hyperckpt._read.dtype_policy import is_widening
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._save.boxes import Box, MergedTensor
 from hyperckpt._save.summary import code_of
-from hyperckpt._storage import outputs as files
 from hyperckpt.errors import CheckpointError
 
 __all__ = ["BoxWrite", "WritePlan", "plan_writes"]
@@ -138,12 +137,10 @@ def plan_writes(
                 rule="save.narrowing",
             )
         layouts[tensor.name] = TensorLayout(tensor.name, code, _code_shape(code, tensor.shape), ())
-    # Data on a page boundary: tensors of whole pages (most weights) then start on pages,
-    # and so do the boxes of their row splits, which direct I/O writes whole, without
-    # page-cache ends (a buffered write into a file waits for every direct write to it).
-    output = plan_output(
-        layouts, max_shard_size=max_shard_size, dtype=dtype, align=files.DIRECT_ALIGN
-    )
+    # Data starts on a page (HEADER_ALIGN): tensors of whole pages (most weights) then start
+    # on pages, and so do the boxes of their row splits, which direct I/O writes whole,
+    # without page-cache ends (a buffered write into a file waits for every direct write to it).
+    output = plan_output(layouts, max_shard_size=max_shard_size, dtype=dtype)
     where = {t.name: (f.name, t.start, t.dtype) for f in output.files for t in f.tensors}
     # Boxes one rank holds are its own; then every box several ranks hold, largest first
     # across all tensors (ties in state-dict then row-major order), goes to its holder with

@@ -123,3 +123,24 @@ def test_dcp_save_refuses_storage_the_ranks_do_not_share_and_writes_per_rank_fil
     assert all(p.name.startswith(("shard-00001", "shard-00002")) for p in on_a), on_a
     assert all(p.name.startswith(("shard-00003", "shard-00004")) for p in on_b), on_b
     assert _read_back_gathered(tmp_path, [tmp_path / "a" / "ckpt", tmp_path / "b" / "ckpt"]) == []
+
+
+def _save_both_ways(rank: int, world: int, root: str) -> None:
+    meshes = _meshes(world)
+    state = {e[0]: _held(e, _original(e, seed=n), meshes) for n, e in enumerate(ENTRIES)}
+    hyperckpt.save(state, Path(root, "direct"), max_shard_size="1KB")
+    hyperckpt.save(state, Path(root, "sharded"), per_rank=True)
+    hyperckpt.consolidate(Path(root, "sharded"), Path(root, "consolidated"), max_shard_size="1KB")
+
+
+def test_a_save_and_a_per_rank_save_then_consolidate_write_the_same_bytes(tmp_path: Path) -> None:
+    """One Hugging Face writer below both: the same tensors and options give byte-identical
+    files (headers, padding, split, index) whichever way they were written, across layouts."""
+    run_ranks(_save_both_ways, 4, str(tmp_path))
+    direct = sorted(p.name for p in (tmp_path / "direct").iterdir())
+    assert "model.safetensors.index.json" in direct
+    assert len(direct) > 2
+    assert sorted(p.name for p in (tmp_path / "consolidated").iterdir()) == direct
+    for name in direct:
+        ours = (tmp_path / "direct" / name).read_bytes()
+        assert ours == (tmp_path / "consolidated" / name).read_bytes(), name

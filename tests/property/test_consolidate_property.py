@@ -3,23 +3,15 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
-import torch
+from helpers import safetensors_bytes
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from safetensors.torch import save_file
 
 from hyperckpt import consolidate
 from hyperckpt._consolidate.write import MIN_STAGING_BYTES
 from hyperckpt.testing import TorchShardedCheckpoint, to_torch, torch_sharded_checkpoints
-
-
-def expected_file(tmp: Path, tensors: dict[str, torch.Tensor]) -> bytes:
-    path = tmp / "expected.safetensors"
-    save_file(tensors, str(path), metadata={"format": "pt"})
-    return path.read_bytes()
 
 
 @settings(max_examples=60, deadline=None)
@@ -35,7 +27,7 @@ def test_any_tiling_gives_the_file_safetensors_itself_would_write(
     source = checkpoint.write(tmp / "sharded")
     report = consolidate(source, tmp / "out", staging_bytes=MIN_STAGING_BYTES, thread_count=threads)
     expected = {name: to_torch(spec) for name, spec in checkpoint.tensors.items()}
-    assert (tmp / "out" / "model.safetensors").read_bytes() == expected_file(tmp, expected)
+    assert (tmp / "out" / "model.safetensors").read_bytes() == safetensors_bytes(tmp, expected)
     assert sorted(os.listdir(tmp / "out")) == ["model.safetensors"]
     assert report.files == ("model.safetensors",)
     assert not report.indexed

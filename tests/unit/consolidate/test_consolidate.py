@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import mismatch, sample_tensor
+from helpers import mismatch, safetensors_bytes, sample_tensor
 from huggingface_hub import split_torch_state_dict_into_shards
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
@@ -23,12 +23,6 @@ from hyperckpt._consolidate.assign import parse_size
 from hyperckpt._consolidate.run import MARKER_NAME
 from hyperckpt._consolidate.write import MIN_STAGING_BYTES
 from hyperckpt.testing import LOADABLE_DTYPES, shard_file_name
-
-
-def expected_file(tmp: Path, tensors: dict[str, torch.Tensor]) -> bytes:
-    path = tmp / "expected.safetensors"
-    save_file(tensors, str(path), metadata={"format": "pt"})
-    return path.read_bytes()
 
 
 def test_every_loadable_dtype_in_row_and_column_pieces_is_bit_exact(tmp_path: Path) -> None:
@@ -61,7 +55,7 @@ def test_every_loadable_dtype_in_row_and_column_pieces_is_bit_exact(tmp_path: Pa
     assert sorted(got) == sorted(originals)
     for name, tensor in originals.items():
         assert mismatch(got[name], tensor) is None, name
-    assert (tmp_path / "out" / "model.safetensors").read_bytes() == expected_file(
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == safetensors_bytes(
         tmp_path, originals
     )
 
@@ -85,7 +79,7 @@ def test_pieces_larger_than_the_budget_stream_in_blocks_within_it(
     budget = 2 * MIN_STAGING_BYTES
     report = consolidate(source, tmp_path / "out", staging_bytes=budget, thread_count=threads)
     assert max(report.staging_bytes) <= budget
-    assert (tmp_path / "out" / "model.safetensors").read_bytes() == expected_file(
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == safetensors_bytes(
         tmp_path, originals
     )
 
@@ -108,7 +102,7 @@ def test_a_large_budget_still_stages_in_cache_sized_blocks(
     per_thread = 2 * 2 * MIN_STAGING_BYTES
     assert used % per_thread == 0
     assert per_thread <= used <= threads * per_thread
-    assert (tmp_path / "out" / "model.safetensors").read_bytes() == expected_file(
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == safetensors_bytes(
         tmp_path, originals
     )
 
@@ -356,6 +350,35 @@ def test_long_strided_runs_are_read_straight_into_place_in_batches(tmp_path: Pat
         tmp_path / "sharded", {"deep": split(deep, 2, 2), "middle": split(middle, 1, 3)}
     )
     consolidate(source, tmp_path / "out")
-    assert (tmp_path / "out" / "model.safetensors").read_bytes() == expected_file(
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == safetensors_bytes(
         tmp_path, {"deep": deep, "middle": middle}
     )
+
+
+@pytest.mark.parametrize("max_shard_size", [None, "3KB"])
+def test_save_and_per_rank_save_then_consolidate_write_the_same_bytes(
+    tmp_path: Path, max_shard_size: str | None
+) -> None:
+    """One Hugging Face writer: the same tensors and options (defaults included) give
+    byte-identical files from ``save`` and from ``save(per_rank=True)`` + ``consolidate``."""
+    state = {
+        "a.weight": sample_tensor((40, 33), torch.float32, seed=1),
+        "b.bias": sample_tensor((7,), torch.bfloat16, seed=2),
+        "c": torch.arange(10, dtype=torch.int64),
+        "d.mask": torch.arange(13) % 2 == 0,
+        "emb": sample_tensor((64, 16), torch.float16, seed=3),
+    }
+    size = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+    hyperckpt.save(state, tmp_path / "direct", **size)
+    hyperckpt.save(state, tmp_path / "sharded", per_rank=True)
+    hyperckpt.consolidate(tmp_path / "sharded", tmp_path / "consolidated", **size)
+    direct = sorted(p.name for p in (tmp_path / "direct").iterdir())
+    if max_shard_size is None:
+        assert direct == ["model.safetensors"]
+    else:
+        assert "model.safetensors.index.json" in direct
+        assert len(direct) > 2
+    assert sorted(p.name for p in (tmp_path / "consolidated").iterdir()) == direct
+    for name in direct:
+        ours = (tmp_path / "direct" / name).read_bytes()
+        assert ours == (tmp_path / "consolidated" / name).read_bytes(), name
