@@ -25,11 +25,11 @@ from simulate_columns import BATCH_BYTES
 from simulate_scale import MODELS, RANKS_PER_HOST, synthetic_layout
 
 from hyperckpt import CostModel
+from hyperckpt._arguments import DEFAULT_STAGING_BYTES
 from hyperckpt._cli.dryrun import hosts_of
 from hyperckpt._exchange.pricing import price_and_plan
 from hyperckpt._exchange.stripe_plan import chunk_table, plan_stripe_arrays
 from hyperckpt._planner.gc_hold import without_gc
-from hyperckpt._read.engine import DEFAULT_STAGING_BYTES
 
 
 def main() -> None:

@@ -68,11 +68,11 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import hyperckpt
+from hyperckpt._arguments import DEFAULT_STAGING_BYTES
 from hyperckpt._cli.dryrun import placements_for
 from hyperckpt._planner.local_items import mark_whole
 from hyperckpt._read.dtype_policy import plan_conversions, request_conversions
 from hyperckpt._read.dtypes import to_torch_dtype
-from hyperckpt._read.engine import DEFAULT_STAGING_BYTES
 from hyperckpt._read.jobs import make_jobs
 from hyperckpt._read.routes import share
 from hyperckpt._read.rows import reads_rows, routed, row_chunks

@@ -33,6 +33,7 @@ from placed_requests import placed_requests, rank_columns
 from torch.distributed.checkpoint.planner import LoadPlan
 
 from hyperckpt import CheckpointLayout, CostModel
+from hyperckpt._arguments import DEFAULT_STAGING_BYTES
 from hyperckpt._cli.dryrun import _placed, _rank_items, hosts_of, mesh_shape
 from hyperckpt._exchange.pricing import price, price_and_plan
 from hyperckpt._exchange.rank_requests import requests_of_ranks
@@ -42,7 +43,6 @@ from hyperckpt._exchange.schedule import ExchangeReady, replicated_transfers
 from hyperckpt._exchange.stripe_plan import chunk_table, plan_stripe_arrays
 from hyperckpt._exchange.stripes import StripesTooLarge
 from hyperckpt._planner.gc_hold import without_gc
-from hyperckpt._read.engine import DEFAULT_STAGING_BYTES
 from hyperckpt._read.storage_info import StorageInfo
 
 BATCH_BYTES = 4 * 2**20

@@ -41,6 +41,7 @@ from types import MappingProxyType
 from scale import deepseek_v3_tensors
 
 from hyperckpt import CheckpointLayout, CostModel, Piece, TensorLayout
+from hyperckpt._arguments import DEFAULT_STAGING_BYTES
 from hyperckpt._cli.dryrun import hosts_of, rank_plans
 from hyperckpt._exchange.costs import STRATEGIES, StrategyCost, estimate, pick
 from hyperckpt._exchange.pricing import price
@@ -53,7 +54,6 @@ from hyperckpt._exchange.stripes import StripeSchedule
 from hyperckpt._format.header import DTYPES
 from hyperckpt._load.readers import BATCH_BYTES
 from hyperckpt._planner.gc_hold import without_gc
-from hyperckpt._read.engine import DEFAULT_STAGING_BYTES
 
 logger = logging.getLogger("simulate_scale")
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Final
 
 __all__ = [
+    "BLOCK_BYTES",
+    "DEFAULT_STAGING_BYTES",
     "MAX_BYTES",
     "MAX_THREADS",
     "THREADS",
@@ -31,6 +33,14 @@ __all__ = [
 MAX_THREADS: Final = 1024
 #: The most bytes any size option may name: 4 EiB, within a signed 64-bit offset.
 MAX_BYTES: Final = 2**62
+#: Buffers a load, a save and a consolidation may hold per rank unless told otherwise
+#: (``staging_bytes``), all threads together.
+DEFAULT_STAGING_BYTES: Final = 256 * 2**20
+#: Largest block staged at once per thread by every writer (converted rows, device-to-host
+#: copies, re-read bytes, consolidation's scratch): small enough to stay in the core's
+#: caches between being filled and written, and to fault in few pages (measured:
+#: docs/benchmarks/bench_consolidate.md, "The staging block size").
+BLOCK_BYTES: Final = 8 * 2**20
 _SHOWN: Final = 40
 
 

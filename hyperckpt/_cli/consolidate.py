@@ -9,9 +9,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-from hyperckpt._arguments import THREADS
+from hyperckpt._arguments import DEFAULT_STAGING_BYTES, THREADS
 from hyperckpt._cli.flags import number
-from hyperckpt._consolidate.run import DEFAULT_STAGING_BYTES, STAGING_BYTES, consolidate
+from hyperckpt._consolidate.run import STAGING_BYTES, consolidate
 from hyperckpt._read.progress import format_bytes
 from hyperckpt._read.tracker import ProgressLine
 from hyperckpt.errors import printable

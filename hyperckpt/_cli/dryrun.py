@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 from torch.distributed.tensor import Placement, Replicate, Shard
 
+from hyperckpt._arguments import DEFAULT_STAGING_BYTES
 from hyperckpt._exchange.costs import CostModel, StrategyCost, compare
 from hyperckpt._exchange.schedule import item_key, plan_replicated
 from hyperckpt._exchange.strategy import Strategy, chunk_rows
@@ -36,7 +37,6 @@ from hyperckpt._planner.regions import (
     RegionMaker,
     fsdp_order_applies,
 )
-from hyperckpt._read.engine import DEFAULT_STAGING_BYTES
 from hyperckpt._read.storage_info import StorageInfo
 from hyperckpt._torch_internals import StridedShard
 

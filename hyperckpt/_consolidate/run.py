@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from hyperckpt._arguments import (
+    DEFAULT_STAGING_BYTES,
     MAX_BYTES,
     THREADS,
     Limits,
@@ -54,7 +55,6 @@ __all__ = ["MARKER_NAME", "STAGING_BYTES", "ConsolidateReport", "consolidate"]
 
 logger = logging.getLogger("hyperckpt")
 
-DEFAULT_STAGING_BYTES: Final = 256 * 2**20
 #: Staging bytes of a consolidation, per rank.
 STAGING_BYTES: Final = Limits(MIN_STAGING_BYTES, MAX_BYTES, unit="bytes")
 _GROUP: Final = "a torch.distributed.ProcessGroup or None"

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Final
 
+from hyperckpt._arguments import BLOCK_BYTES
 from hyperckpt._consolidate.assign import OutputFile, OutputTensor
 from hyperckpt._consolidate.blocks import (
     MIN_STAGING_BYTES,
@@ -37,7 +38,6 @@ from hyperckpt._storage.protocol import NewFile, Storage, StorageFile
 from hyperckpt._storage.remote import S3File
 
 __all__ = [
-    "BLOCK_BYTES",
     "MIN_STAGING_BYTES",
     "SCATTER_RUN_BYTES",
     "Staging",
@@ -48,10 +48,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Largest staging buffer (block, scratch, converted data), whatever the budget: small
-#: enough to stay in the core's caches between being filled and written, and to fault in
-#: few pages (measured: docs/benchmarks/bench_consolidate.md, "The staging block size").
-BLOCK_BYTES: Final = 8 * 2**20
 _COPY_CHUNK: Final = 1 << 30
 #: What a changed input means for a consolidation, and what to do.
 _AGAIN: Final = (

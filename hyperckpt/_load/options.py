@@ -15,6 +15,7 @@ from typing import Any, Final
 import torch.distributed as dist
 
 from hyperckpt._arguments import (
+    DEFAULT_STAGING_BYTES,
     MAX_BYTES,
     THREADS,
     Limits,
@@ -27,7 +28,6 @@ from hyperckpt._exchange.costs import CostModel
 from hyperckpt._exchange.strategy import Exchange, exchange_option
 from hyperckpt._layout.mapping import Mapping, as_mapping
 from hyperckpt._read.dtype_policy import DtypePolicy, check_policy
-from hyperckpt._read.engine import DEFAULT_STAGING_BYTES
 from hyperckpt._read.tracker import ProgressCallback
 
 __all__ = [

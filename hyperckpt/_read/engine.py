@@ -106,7 +106,6 @@ __all__ = [
     "COLD_CHUNK_BYTES",
     "COLD_THRESHOLD",
     "COLD_WINDOW",
-    "DEFAULT_STAGING_BYTES",
     "MAX_GAP",
     "STAGE_BLOCK",
     "EngineOptions",
@@ -114,8 +113,6 @@ __all__ = [
     "default_threads",
 ]
 
-#: Extra memory a load may use for staging, all threads together, unless told otherwise.
-DEFAULT_STAGING_BYTES = 256 * 2**20
 #: What a changed file means for a load, and what to do.
 _AGAIN = "its data no longer matches its header; load again once the checkpoint is complete"
 

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from hyperckpt._arguments import Limits, check_flag, check_number
+from hyperckpt._arguments import DEFAULT_STAGING_BYTES, Limits, check_flag, check_number
 from hyperckpt._consolidate.assign import DEFAULT_MAX_SHARD_SIZE, output_dtype_code, parse_size
 from hyperckpt._layout.mapping import Mapping, as_mapping
 from hyperckpt._save.ranks import DEFAULT_TIMEOUT
@@ -21,8 +21,6 @@ __all__ = ["DEFAULT_MAX_SHARD_SIZE", "SaveOptions", "one_save_options"]
 
 #: What ``timeout`` accepts: a second to a week.
 _TIMEOUT: Final = Limits(1, 7 * 86400, integer=False, unit="seconds")
-#: Default bytes of exchange buffers per rank (column slices sent as row bands).
-DEFAULT_STAGING_BYTES: Final = 256 * 2**20
 #: What ``staging_bytes`` accepts: a page to 1 TiB.
 _STAGING: Final = Limits(4096, 2**40, unit="bytes")
 #: What ``thread_count`` accepts.

@@ -6,7 +6,7 @@ one run per index of the dimensions before ``d`` (one run in all when only dimen
 split).  A contiguous local tensor holds each run contiguously too, so a run goes from the
 tensor's own memory to the file in one positional write, without a copy.  A box that changes
 dtype or lives on an accelerator goes through blocks of whole rows (at most
-:data:`BLOCK_BYTES`) instead.  Each box's runs are digested (CRC-32) as they are written; the
+:data:`~hyperckpt._arguments.BLOCK_BYTES`) instead.  Each box's runs are digested (CRC-32) as they are written; the
 audit re-reads them from the file and compares.
 
 A run of at least :data:`DIRECT_MIN_BYTES` is written with direct I/O where the file system
@@ -32,6 +32,7 @@ from typing import Final, cast
 
 import torch
 
+from hyperckpt._arguments import BLOCK_BYTES
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.tracker import ProgressTracker
 from hyperckpt._save.boxes import LocalTensor
@@ -41,11 +42,8 @@ from hyperckpt._storage import outputs as files
 from hyperckpt._storage.libc import LIBC
 from hyperckpt.errors import CheckpointError
 
-__all__ = ["BLOCK_BYTES", "DIRECT_MIN_BYTES", "audit_boxes", "write_boxes"]
+__all__ = ["DIRECT_MIN_BYTES", "audit_boxes", "write_boxes"]
 
-#: Largest block of converted (or device-to-host copied) rows, or of bytes re-read by the
-#: audit, held at once per thread.
-BLOCK_BYTES: Final = 8 * 2**20
 
 #: Shortest run written (and re-read) with direct I/O; shorter runs, and the unaligned ends
 #: of longer ones, go through the page cache.  Saves start their data on a page, so most

@@ -13,7 +13,8 @@ from helpers import poison_, write_hf_checkpoint
 
 import hyperckpt
 from hyperckpt import HuggingFaceStorageReader, Mapping, ReadOptions, TorchShardedSafetensorsReader
-from hyperckpt._read.engine import DEFAULT_STAGING_BYTES, ReadEngine
+from hyperckpt._arguments import DEFAULT_STAGING_BYTES
+from hyperckpt._read.engine import ReadEngine
 
 
 def test_bad_values_are_refused_when_the_options_are_made() -> None:

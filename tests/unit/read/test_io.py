@@ -13,6 +13,7 @@ from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
 from hyperckpt import ReadOptions
+from hyperckpt._arguments import DEFAULT_STAGING_BYTES
 from hyperckpt._layout.directory import huggingface_layout
 from hyperckpt._load.readers import to_metadata
 from hyperckpt._read import copies, jobs
@@ -21,7 +22,7 @@ from hyperckpt._read import sysio as _sysio
 from hyperckpt._read.boxes import Box
 from hyperckpt._read.coalesce import coalesce
 from hyperckpt._read.columns import Strategy
-from hyperckpt._read.engine import DEFAULT_STAGING_BYTES, ReadEngine
+from hyperckpt._read.engine import ReadEngine
 from hyperckpt._read.stats import LoadStats
 from hyperckpt._read.storage_info import StorageInfo
 from hyperckpt.errors import CheckpointError
