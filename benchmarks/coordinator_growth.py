@@ -29,6 +29,7 @@ from hyperckpt._arguments import DEFAULT_STAGING_BYTES
 from hyperckpt._cli.dryrun import hosts_of
 from hyperckpt._exchange.pricing import price_and_plan
 from hyperckpt._exchange.stripe_plan import chunk_table, plan_stripe_arrays
+from hyperckpt._exchange.stripe_shares import cut_shares
 from hyperckpt._planner.gc_hold import without_gc
 
 
@@ -63,7 +64,7 @@ def main() -> None:
         if best != "striped":
             return []
         planned = plan_stripe_arrays(columns, round_bytes=DEFAULT_STAGING_BYTES)
-        return list(planned.shares(table))
+        return list(cut_shares(planned, table))
 
     for run in range(args.repeat):
         gc.collect()

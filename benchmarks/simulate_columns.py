@@ -41,6 +41,7 @@ from hyperckpt._exchange.replicated_share import replicated_shares
 from hyperckpt._exchange.requests import Requests
 from hyperckpt._exchange.schedule import ExchangeReady, replicated_transfers
 from hyperckpt._exchange.stripe_plan import chunk_table, plan_stripe_arrays
+from hyperckpt._exchange.stripe_shares import cut_shares
 from hyperckpt._exchange.stripes import StripesTooLarge
 from hyperckpt._planner.gc_hold import without_gc
 from hyperckpt._read.storage_info import StorageInfo
@@ -80,7 +81,7 @@ def simulate_columns(
     def _plan(best: str) -> list[object]:
         if best == "striped":
             planned = plan_stripe_arrays(columns, round_bytes=DEFAULT_STAGING_BYTES)
-            return list(planned.shares(table))
+            return list(cut_shares(planned, table))
         if best == "replicated":
             r = requests
             chunk_of_key = np.zeros(r.keys, np.int64)

@@ -43,14 +43,15 @@ UsageError = _UsageError
 
 def mapping_option(command: argparse.ArgumentParser) -> None:
     """Add ``--mapping``: show the checkpoint through a ready-made mapping."""
-    from hyperckpt._layout.mapping import PRESETS
+    from hyperckpt._layout.mapping import Mapping
 
+    presets = Mapping.preset_names()
     command.add_argument(
         "--mapping",
-        choices=tuple(PRESETS),
+        choices=presets,
         metavar="NAME",
         help="show the checkpoint as a model sees it through a ready-made mapping: "
-        + ", ".join(PRESETS),
+        + ", ".join(presets),
     )
 
 
@@ -59,9 +60,9 @@ def described(args: argparse.Namespace) -> tuple[CheckpointLayout, MappedLayout 
     layout = describe(args.path)
     if args.mapping is None:
         return layout, None
-    from hyperckpt._layout.mapping import PRESETS
+    from hyperckpt._layout.mapping import Mapping
 
-    mapped = PRESETS[args.mapping].apply(layout)
+    mapped = Mapping.preset(args.mapping).apply(layout)
     return mapped.layout, mapped
 
 

@@ -5,7 +5,7 @@ placement; each rank's global regions come from DTensor placement arithmetic
 (:func:`hyperckpt._planner.regions.local_regions`) and are cut against the stored pieces exactly as
 DCP's planner cuts them into read items.  The exchange is then planned as the readers plan
 it: slices several ranks need assigned to one reader (:func:`hyperckpt._exchange.schedule.plan_replicated`),
-or the needed rows cut into stripes (:func:`hyperckpt._exchange.stripes.plan_stripes`); and
+or the needed rows cut into stripes (:func:`hyperckpt._exchange.stripe_shares.plan_stripes`); and
 :func:`strategy_costs` prices each exchange with the cost model behind ``exchange="auto"``.
 """
 
@@ -26,7 +26,7 @@ from hyperckpt._arguments import DEFAULT_STAGING_BYTES
 from hyperckpt._exchange.costs import CostModel, StrategyCost, compare
 from hyperckpt._exchange.schedule import item_key, plan_replicated
 from hyperckpt._exchange.strategy import Strategy, chunk_rows
-from hyperckpt._exchange.stripe_plan import plan_stripes
+from hyperckpt._exchange.stripe_shares import plan_stripes
 from hyperckpt._format.header import DTYPES
 from hyperckpt._layout.model import CheckpointLayout, Piece, TensorLayout
 from hyperckpt._load.readers import BATCH_BYTES

@@ -30,12 +30,11 @@ from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
 from hyperckpt._arguments import Limits, check_number
 from hyperckpt._exchange.replicated_share import ReplicatedShare
-from hyperckpt._exchange.requests import Requests, request_cost, requests_of
+from hyperckpt._exchange.requests import request_cost
 from hyperckpt._exchange.schedule import ReplicatedSchedule, item_key
 from hyperckpt._exchange.strategy import Strategy, plan_exchange
 from hyperckpt._exchange.stripe_plan import StripeShare
-from hyperckpt._exchange.stripes import ChunkKey, StripeSchedule, StripesTooLarge
-from hyperckpt._planner.gc_hold import without_gc
+from hyperckpt._exchange.stripes import StripeSchedule, StripesTooLarge
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.engine import CHUNK_BYTES
 from hyperckpt._read.storage_info import StorageInfo
@@ -47,7 +46,6 @@ __all__ = [
     "STRATEGIES",
     "CostModel",
     "StrategyCost",
-    "choose_exchange",
     "compare",
     "estimate",
     "host_numbers",
@@ -175,59 +173,6 @@ def compare(
             continue
         results[strategy] = (estimate(strategy, planned, hosts, storage, model), planned)
     return results
-
-
-def choose_exchange(
-    plans: list[LoadPlan],
-    hosts: Sequence[str],
-    storage: Callable[[ReadItem], StorageInfo],
-    model: CostModel,
-    *,
-    round_bytes: int,
-    batch_bytes: int,
-    table: Callable[[], Sequence[ChunkKey]] | None = None,
-    requests: Callable[[], Requests | None] | None = None,
-) -> tuple[Strategy, list[LoadPlan]]:
-    """What ``exchange="auto"`` does: ``"off"`` on one host, else the fastest prediction.
-
-    Across hosts every strategy is priced in closed form from the requests
-    (:func:`hyperckpt._exchange.pricing.price`) and only the winner is planned.  Ties go to
-    the simpler strategy (``off``, then ``replicated``, then ``striped``).
-
-    ``table``: as for :func:`~hyperckpt._exchange.strategy.plan_exchange`.  ``requests``,
-    when given, makes ``plans``' items as columns without walking them (the ranks sent them
-    as arrays), or gives ``None`` when it cannot; asked only across hosts.
-
-    Returns:
-        The strategy and the plans carrying its schedules.
-    """
-    if len(set(hosts)) < 2:
-        return "off", plan_exchange(
-            plans, "off", storage, round_bytes=round_bytes, batch_bytes=batch_bytes
-        )
-    # Imported here: pricing builds on this module's model and timing.
-    from hyperckpt._exchange.pricing import price_and_plan
-
-    with without_gc():
-        joined = None if requests is None else requests()
-        found = joined if joined is not None else requests_of(plans, storage)
-
-    def plan(strategy: Strategy) -> list[LoadPlan]:
-        return plan_exchange(
-            plans,
-            strategy,
-            storage,
-            round_bytes=round_bytes,
-            batch_bytes=batch_bytes,
-            requests=found,
-            table=table,
-        )
-
-    with without_gc():
-        best, planned, _ = price_and_plan(
-            found, hosts, model, plan, round_bytes=round_bytes, batch_bytes=batch_bytes
-        )
-    return best, planned
 
 
 def pick(costs: Mapping[Strategy, StrategyCost], *, hosts: int) -> Strategy:

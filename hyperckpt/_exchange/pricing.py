@@ -30,19 +30,22 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import numpy as np
+from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
 from hyperckpt._exchange.costs import STRATEGIES, CostModel, StrategyCost, host_numbers, timing
 from hyperckpt._exchange.overlaps import Coverage, Stripes, most_from_one
 from hyperckpt._exchange.packed import packed_order
-from hyperckpt._exchange.requests import Requests
+from hyperckpt._exchange.requests import Requests, requests_of
 from hyperckpt._exchange.schedule import rounds_of
-from hyperckpt._exchange.strategy import Strategy, shared_slices_of
+from hyperckpt._exchange.strategy import Strategy, plan_exchange, shared_slices_of
 from hyperckpt._exchange.stripe_columns import row_bytes_of
 from hyperckpt._exchange.stripe_plan import BLOCK_BOXES, cut_stripes, part_rows
-from hyperckpt._exchange.stripes import ROUTED_BASE, ROUTED_PER_ITEM, StripesTooLarge
+from hyperckpt._exchange.stripes import ROUTED_BASE, ROUTED_PER_ITEM, ChunkKey, StripesTooLarge
+from hyperckpt._planner.gc_hold import without_gc
 from hyperckpt._read.engine import CHUNK_BYTES
+from hyperckpt._read.storage_info import StorageInfo
 
-__all__ = ["price", "price_and_plan", "replicated_floor"]
+__all__ = ["choose_exchange", "price", "price_and_plan", "replicated_floor"]
 
 logger = logging.getLogger("hyperckpt._exchange.costs")
 
@@ -539,3 +542,53 @@ def _most_from_one_stripe(
         stripes.reader,
         world,
     )
+
+
+def choose_exchange(
+    plans: list[LoadPlan],
+    hosts: Sequence[str],
+    storage: Callable[[ReadItem], StorageInfo],
+    model: CostModel,
+    *,
+    round_bytes: int,
+    batch_bytes: int,
+    table: Callable[[], Sequence[ChunkKey]] | None = None,
+    requests: Callable[[], Requests | None] | None = None,
+) -> tuple[Strategy, list[LoadPlan]]:
+    """What ``exchange="auto"`` does: ``"off"`` on one host, else the fastest prediction.
+
+    Across hosts every strategy is priced in closed form from the requests
+    (:func:`hyperckpt._exchange.pricing.price`) and only the winner is planned.  Ties go to
+    the simpler strategy (``off``, then ``replicated``, then ``striped``).
+
+    ``table``: as for :func:`~hyperckpt._exchange.strategy.plan_exchange`.  ``requests``,
+    when given, makes ``plans``' items as columns without walking them (the ranks sent them
+    as arrays), or gives ``None`` when it cannot; asked only across hosts.
+
+    Returns:
+        The strategy and the plans carrying its schedules.
+    """
+    if len(set(hosts)) < 2:
+        return "off", plan_exchange(
+            plans, "off", storage, round_bytes=round_bytes, batch_bytes=batch_bytes
+        )
+    with without_gc():
+        joined = None if requests is None else requests()
+        found = joined if joined is not None else requests_of(plans, storage)
+
+    def plan(strategy: Strategy) -> list[LoadPlan]:
+        return plan_exchange(
+            plans,
+            strategy,
+            storage,
+            round_bytes=round_bytes,
+            batch_bytes=batch_bytes,
+            requests=found,
+            table=table,
+        )
+
+    with without_gc():
+        best, planned, _ = price_and_plan(
+            found, hosts, model, plan, round_bytes=round_bytes, batch_bytes=batch_bytes
+        )
+    return best, planned

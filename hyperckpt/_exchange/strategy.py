@@ -27,6 +27,7 @@ from hyperckpt._exchange.schedule import (
 )
 from hyperckpt._exchange.stripe_columns import columns_of_requests
 from hyperckpt._exchange.stripe_plan import plan_stripe_arrays
+from hyperckpt._exchange.stripe_shares import cut_shares
 from hyperckpt._exchange.stripes import ChunkKey, ChunkRows
 from hyperckpt._planner.gc_hold import without_gc
 from hyperckpt._read.dtypes import to_torch_dtype
@@ -122,7 +123,7 @@ def _plan(
     schedules: Sequence[object]
     if strategy == "striped":
         planned = plan_stripe_arrays(columns_of_requests(r), round_bytes=round_bytes)
-        schedules = planned.shares(None if table is None else table())
+        schedules = cut_shares(planned, None if table is None else table())
     else:
         transfers, key_of = replicated_transfers(
             r.world,

@@ -15,23 +15,21 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
-from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
 from hyperckpt._exchange.packed import packed_keys, packed_order
 from hyperckpt._exchange.requests import ints
 from hyperckpt._exchange.schedule import ALIGN, ItemKey
-from hyperckpt._exchange.stripe_columns import StripeColumns, columns_of_plans
+from hyperckpt._exchange.stripe_columns import StripeColumns
 from hyperckpt._exchange.stripes import (
     ROUTED_BASE,
     ROUTED_PER_ITEM,
     ChunkKey,
-    ChunkRows,
     StripeMessage,
     StripePart,
     StripeSchedule,
@@ -50,7 +48,6 @@ __all__ = [
     "narrowest_ints",
     "part_rows",
     "plan_stripe_arrays",
-    "plan_stripes",
     "ramps",
     "share_keys",
 ]
@@ -142,23 +139,6 @@ class StripePlan:
         bounds[:-1] = self.message_start
         bounds[-1] = len(self.slot_key)
         return bounds
-
-    def shares(self, table: Sequence[ChunkKey] | None = None) -> list[StripeShare]:
-        """Every rank's :class:`StripeShare`, by rank.
-
-        Args:
-            table: A list of stored chunks every rank holds in the same order (see
-                :func:`chunk_table`): the shares then name chunks by their index there
-                instead of by name.  Every chunk of the plan must be in it.
-        """
-        # (Cut a block of ranks at a time, in their own module; it imports this one.)
-        from hyperckpt._exchange.stripe_shares import cut_shares
-
-        in_table = None
-        if table is not None:
-            where = {chunk: number for number, chunk in enumerate(table)}
-            in_table = ints([where[chunk] for chunk in self.columns.chunks])
-        return cut_shares(self, in_table)
 
 
 def chunk_table(chunks: Iterable[ChunkKey]) -> tuple[ChunkKey, ...]:
@@ -283,7 +263,7 @@ def plan_stripe_arrays(
 ) -> StripePlan:
     """Cut the needed rows into stripes, one run per reader, and route every box.
 
-    Exactly :func:`hyperckpt._exchange.stripes.plan_stripes`'s plan (see there), on columns.
+    Exactly :func:`hyperckpt._exchange.stripe_shares.plan_stripes`'s plan (see there), on columns.
 
     Args:
         columns: Every rank's requests.
@@ -801,38 +781,3 @@ _NARROW = tuple(
 
 def _int_tuple(values: Ints) -> tuple[int, ...]:
     return tuple(int(v) for v in values.tolist())
-
-
-def plan_stripes(
-    plans: Sequence[LoadPlan],
-    chunk_of: Callable[[ReadItem], ChunkRows],
-    *,
-    round_bytes: int,
-    readers: Sequence[int] | None = None,
-) -> tuple[list[StripeSchedule], StripeTotals]:
-    """Every rank's :class:`~hyperckpt._exchange.stripes.StripeSchedule` and the totals.
-
-    The needed rows (the union, per stored chunk, of every rank's first-dimension ranges)
-    are dealt in file order to the readers in runs of about equal bytes; each run is split
-    into parts of at most ``round_bytes`` over the average fan-out; parts are placed in
-    rounds so that no rank reads, nor receives, more than ``round_bytes`` in one (a part
-    alone always fits); in each round every reader sends each receiver one message with
-    every box (a request's rows within a part) it needs.
-
-    Args:
-        plans: Every rank's plan, by rank.
-        chunk_of: The stored chunk a read item asks from.
-        round_bytes: The round budget, bytes.
-        readers: The ranks that read stripes, in stripe order (all ranks by default).
-
-    Raises:
-        StripesTooLarge: The plan would route more boxes than :data:`ROUTED_BASE` +
-            :data:`ROUTED_PER_ITEM` x the plans' read items.
-    """
-    plan = plan_stripe_arrays(
-        columns_of_plans(plans, chunk_of),
-        round_bytes=round_bytes,
-        readers=None if readers is None else list(readers),
-    )
-    table = chunk_table(plan.columns.chunks)
-    return [share.schedule(table) for share in plan.shares(table)], plan.totals()

@@ -13,33 +13,44 @@ slots, whatever the world.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
+from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
+from hyperckpt._exchange.requests import ints
+from hyperckpt._exchange.stripe_columns import columns_of_plans
 from hyperckpt._exchange.stripe_plan import (
     Ints,
     StripePlan,
     StripeShare,
+    chunk_table,
     narrow_kind,
+    plan_stripe_arrays,
     ramps,
 )
-from hyperckpt._exchange.stripes import ChunkKey
+from hyperckpt._exchange.stripes import ChunkKey, ChunkRows, StripeSchedule, StripeTotals
 
-__all__ = ["BLOCK_MESSAGES", "BLOCK_RANKS", "cut_shares"]
+__all__ = ["BLOCK_MESSAGES", "BLOCK_RANKS", "cut_shares", "plan_stripes"]
 
 #: Ranks whose shares are cut together.
 BLOCK_RANKS = 256
 
 
-def cut_shares(plan: StripePlan, in_table: Ints | None) -> list[StripeShare]:
-    """Every rank's share of ``plan``, by rank.
+def cut_shares(plan: StripePlan, table: Sequence[ChunkKey] | None = None) -> list[StripeShare]:
+    """Every rank's :class:`~hyperckpt._exchange.stripe_plan.StripeShare` of ``plan``, by rank.
 
     Args:
         plan: The whole striped plan.
-        in_table: Each of the plan's chunks' index in the shared chunk table, or ``None``
-            to name chunks by ``(tensor name, offsets)``.
+        table: A list of stored chunks every rank holds in the same order (see
+            :func:`~hyperckpt._exchange.stripe_plan.chunk_table`): the shares then name
+            chunks by their index there instead of by name.  Every chunk of the plan must
+            be in it.
     """
+    in_table = None
+    if table is not None:
+        where = {chunk: number for number, chunk in enumerate(table)}
+        in_table = ints([where[chunk] for chunk in plan.columns.chunks])
     world = plan.world
     bounds = plan.slot_bounds()
     owned, bits = _owned_messages(plan)
@@ -293,3 +304,38 @@ _PACKED_BITS = 62
 def _owners(edges: Ints) -> Ints:
     """The run (rank in the block) of each entry, from the runs' edges."""
     return np.repeat(np.arange(len(edges) - 1), np.diff(edges))
+
+
+def plan_stripes(
+    plans: Sequence[LoadPlan],
+    chunk_of: Callable[[ReadItem], ChunkRows],
+    *,
+    round_bytes: int,
+    readers: Sequence[int] | None = None,
+) -> tuple[list[StripeSchedule], StripeTotals]:
+    """Every rank's :class:`~hyperckpt._exchange.stripes.StripeSchedule` and the totals.
+
+    The needed rows (the union, per stored chunk, of every rank's first-dimension ranges)
+    are dealt in file order to the readers in runs of about equal bytes; each run is split
+    into parts of at most ``round_bytes`` over the average fan-out; parts are placed in
+    rounds so that no rank reads, nor receives, more than ``round_bytes`` in one (a part
+    alone always fits); in each round every reader sends each receiver one message with
+    every box (a request's rows within a part) it needs.
+
+    Args:
+        plans: Every rank's plan, by rank.
+        chunk_of: The stored chunk a read item asks from.
+        round_bytes: The round budget, bytes.
+        readers: The ranks that read stripes, in stripe order (all ranks by default).
+
+    Raises:
+        StripesTooLarge: The plan would route more boxes than :data:`ROUTED_BASE` +
+            :data:`ROUTED_PER_ITEM` x the plans' read items.
+    """
+    plan = plan_stripe_arrays(
+        columns_of_plans(plans, chunk_of),
+        round_bytes=round_bytes,
+        readers=None if readers is None else list(readers),
+    )
+    table = chunk_table(plan.columns.chunks)
+    return [share.schedule(table) for share in cut_shares(plan, table)], plan.totals()

@@ -11,7 +11,8 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
 from hyperckpt._dist.headers import host_name
-from hyperckpt._exchange.costs import CostModel, choose_exchange
+from hyperckpt._exchange.costs import CostModel
+from hyperckpt._exchange.pricing import choose_exchange
 from hyperckpt._exchange.rank_requests import RankRequests, requests_of_ranks
 from hyperckpt._exchange.requests import Requests
 from hyperckpt._exchange.schedule import ExchangeReady

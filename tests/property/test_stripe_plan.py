@@ -23,8 +23,8 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadIte
 
 from hyperckpt._exchange import stripe_columns, stripe_plan, stripe_shares
 from hyperckpt._exchange.schedule import item_key
-from hyperckpt._exchange.stripe_plan import BLOCK_BOXES, narrowest_ints, plan_stripes
-from hyperckpt._exchange.stripe_shares import BLOCK_MESSAGES, BLOCK_RANKS
+from hyperckpt._exchange.stripe_plan import BLOCK_BOXES, narrowest_ints
+from hyperckpt._exchange.stripe_shares import BLOCK_MESSAGES, BLOCK_RANKS, cut_shares, plan_stripes
 from hyperckpt._exchange.stripes import ChunkRows, StripesTooLarge
 
 # chunk name -> (file, offset, rows, columns); 2-byte elements
@@ -220,9 +220,9 @@ def test_shares_cut_a_block_of_ranks_at_a_time_are_those_cut_one_rank_at_a_time(
     )
     table = stripe_plan.chunk_table(plan.columns.chunks) if by_index else None
     with mock.patch.object(stripe_shares, "BLOCK_RANKS", 1):
-        alone = plan.shares(table)
+        alone = cut_shares(plan, table)
     with mock.patch.object(stripe_shares, "BLOCK_RANKS", ranks):
-        together = plan.shares(table)
+        together = cut_shares(plan, table)
     assert [share.rank for share in together] == list(range(len(plans)))
     for one, other in zip(alone, together, strict=True):
         for name in stripe_plan.StripeShare.__slots__:
@@ -261,12 +261,12 @@ def test_columns_narrowed_below_their_bounds_hold_every_value_and_plan_the_same(
     columns = stripe_columns.columns_of_plans(plans, _chunk_of)
     wide = stripe_plan.plan_stripe_arrays(columns, round_bytes=round_bytes)
     table = stripe_plan.chunk_table(wide.columns.chunks)
-    expected = [share.schedule(table) for share in wide.shares(table)]
+    expected = [share.schedule(table) for share in cut_shares(wide, table)]
     greatest = {int(column.max(initial=0)) for column in _narrowed(wide).values()}
     for most in sorted({min(127, max(0, g - 1)) for g in greatest}):
         with mock.patch.object(stripe_plan, "INDEX_KIND", (np.int8, most)):
             plan = stripe_plan.plan_stripe_arrays(columns, round_bytes=round_bytes)
-            assert [share.schedule(table) for share in plan.shares(table)] == expected
+            assert [share.schedule(table) for share in cut_shares(plan, table)] == expected
             assert plan.totals() == wide.totals()
         narrow, full_width = _narrowed(plan), _narrowed(wide)
         for name, column in narrow.items():

@@ -11,6 +11,7 @@ from typing import TypeAlias
 
 from hyperckpt._layout.mapping.fuse import Fuse
 from hyperckpt._layout.mapping.names import Rename, _NameRule
+from hyperckpt._layout.mapping.presets import PRESETS
 from hyperckpt._layout.mapping.rule import Rule, _Tensor, _Tensors
 from hyperckpt._layout.model import CheckpointLayout
 from hyperckpt.errors import CheckpointError
@@ -74,17 +75,13 @@ class Mapping:
         Raises:
             ValueError: No preset has that name (the message lists them).
         """
-        from hyperckpt._layout.mapping.presets import PRESETS  # the presets build Mappings
-
         if name not in PRESETS:
             raise ValueError(f"unknown mapping {name!r}; the presets are {', '.join(PRESETS)}")
-        return PRESETS[name]
+        return Mapping(PRESETS[name], name)
 
     @staticmethod
     def preset_names() -> tuple[str, ...]:
         """The names :meth:`preset` knows, as ``mapping=`` and ``--mapping`` take them."""
-        from hyperckpt._layout.mapping.presets import PRESETS  # the presets build Mappings
-
         return tuple(PRESETS)
 
     def __add__(self, other: Mapping) -> Mapping:

@@ -15,8 +15,8 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadIte
 import hyperckpt
 from hyperckpt import CostModel, HuggingFaceStorageReader
 from hyperckpt._dist.headers import decode_layout, encode_layout
-from hyperckpt._exchange.costs import choose_exchange, compare, pick
-from hyperckpt._exchange.pricing import price
+from hyperckpt._exchange.costs import compare, pick
+from hyperckpt._exchange.pricing import choose_exchange, price
 from hyperckpt._exchange.requests import requests_of
 from hyperckpt._read.storage_info import StorageInfo
 from hyperckpt._torch_internals import dcp_group

@@ -124,3 +124,73 @@ def test_the_parsing_stages_never_import_torch(module: str) -> None:
             assert name.split(".")[0] != "torch", f"{module} reaches torch through {current}"
             if name in MODULES:
                 todo.append(name)
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """The hyperckpt modules ``path`` imports when it runs (at any depth of its code; those
+    under ``if TYPE_CHECKING:`` left out, since they never run)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    skipped = {
+        id(child)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for statement in node.body
+        for child in ast.walk(statement)
+    }
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        found |= {name for name in names if name in MODULES}
+    return found
+
+
+def test_no_modules_import_each_other() -> None:
+    """No import circle, direct or through others: each module can be read (and changed)
+    knowing only those below it.  A function-level import counts: it hides a circle."""
+    edges = {module: _runtime_imports(path) - {module} for module, path in MODULES.items()}
+    # Tarjan's strongly connected components, iteratively.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+    for root in edges:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    circles.append(sorted(component))
+    assert circles == [], f"import circles: {circles}"
