@@ -6,7 +6,7 @@ exchange and cuts every rank's share.  It needs every rank's requests as columns
 it walked every gathered ``ReadItem`` (``requests_of``, ~3 us an item); now each rank
 makes its own columns in ``prepare_local_plan`` (``rank_requests``) and the coordinator
 joins arrays (``requests_of_ranks``).  For a model x layout x world (8 ranks a host, the
-items made by ``rank_plans`` as DCP's planner makes them) this measures, CPU seconds
+items made by ``load_plans`` as DCP's planner makes them) this measures, CPU seconds
 (``time.process_time``, median of ``--repeats``; the box may be shared):
 
 * ``share_plans`` with marks that carry columns, and with bare marks (the walk);
@@ -44,7 +44,7 @@ from simulate_scale import MODELS, RANKS_PER_HOST, synthetic_layout
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
-from hyperckpt._cli.dryrun import hosts_of, rank_plans
+from hyperckpt._cli.dryrun import hosts_of, load_plans
 from hyperckpt._exchange.rank_requests import ChunkOrder, rank_requests
 from hyperckpt._exchange.schedule import ExchangeReady
 from hyperckpt._load.exchange_plan import share_plans
@@ -73,7 +73,7 @@ def measure(model: str, layout: str, world: int, exchange: str, repeats: int) ->
     hosts = max(1, world // RANKS_PER_HOST)
     tp = min(RANKS_PER_HOST, world)
     with without_gc():
-        _, plans, _, infos = rank_plans(checkpoint, layout, world, tp=tp, replicas=hosts)
+        plans, infos = load_plans(checkpoint, layout, world, tp=tp, replicas=hosts)
     names = hosts_of(world, hosts)
     order = ChunkOrder.of(infos)
 

@@ -16,15 +16,23 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
+import torch
+from torch.distributed.checkpoint.metadata import MetadataIndex
+from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
 from hyperckpt import CheckpointLayout
-from hyperckpt._cli.dryrun import _placed, mesh_shape, placements_for
+from hyperckpt._cli.dryrun import mesh_shape, placements_for
 from hyperckpt._exchange.rank_requests import RankRequests
 from hyperckpt._exchange.requests import KeyTable, Requests, request_cost
+from hyperckpt._exchange.schedule import item_key
 from hyperckpt._exchange.stripe_columns import StripeColumns
 from hyperckpt._exchange.stripe_plan import narrowest_ints
+from hyperckpt._format.header import DTYPES
+from hyperckpt._layout.model import Piece, TensorLayout
+from hyperckpt._planner.regions import DTENSOR, FSDP, Order, RegionMaker, fsdp_order_applies
 from hyperckpt._read.storage_info import StorageInfo
 
 Ints = np.ndarray
@@ -36,7 +44,7 @@ def placed_requests(
     """Every rank's requests for ``checkpoint`` in ``layout`` (as ``rank_plans`` places
     it), as pricing's and the stripe planner's columns."""
     mesh = mesh_shape(layout, world, tp=tp, replicas=replicas)
-    placed = _placed(checkpoint, layout, mesh)
+    placed = placed_tensors(checkpoint, layout, mesh)
     coordinates = list(itertools.product(*(range(size) for size in mesh)))
     files = sorted({t.pieces[0].file for t in (e.tensor for e in placed)})
     file_ids = {name: number for number, name in enumerate(files)}
@@ -186,3 +194,82 @@ def rank_columns(
             )
         )
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Placed:
+    """One tensor as every rank's plan sees it: its regions by coordinate, once made."""
+
+    tensor: TensorLayout
+    bits: int
+    regions: RegionMaker
+
+
+def placed_tensors(
+    checkpoint: CheckpointLayout, layout: str, mesh: tuple[int, ...]
+) -> list[_Placed]:
+    """Every tensor with elements, its placements checked once for all ranks."""
+    placed = []
+    for tensor in checkpoint.tensors.values():
+        if not math.prod(tensor.shape):
+            continue  # nothing to read on any rank
+        placements = placements_for(layout, tensor.name, len(tensor.shape))
+        # FSDP2 over tensor parallelism lays rows out in its own order (regions.py).
+        fsdp = fsdp_order_applies(mesh, placements, len(tensor.shape))
+        order: Order = FSDP if fsdp else DTENSOR
+        maker = RegionMaker(tensor.shape, mesh, placements, order=order)
+        placed.append(_Placed(tensor, DTYPES[tensor.dtype].bits, maker))
+    return placed
+
+
+def rank_items(
+    placed: Sequence[_Placed],
+    coordinate: tuple[int, ...],
+    sizes: dict[tuple[object, ...], tuple[int, str, int]],
+) -> list[ReadItem]:
+    """The read items DCP's planner would make for one rank, region x stored piece, as
+    ``ReadItem`` objects (the object-level model the column sweep is measured against)."""
+    items = []
+    for entry in placed:
+        tensor = entry.tensor
+        for region in entry.regions(coordinate):
+            for piece in tensor.pieces:
+                overlap = _overlap(region.offsets, region.sizes, piece)
+                if overlap is None:
+                    continue
+                start, lengths = overlap
+                item = ReadItem(
+                    type=LoadItemType.TENSOR,
+                    dest_index=MetadataIndex(tensor.name, torch.Size(region.local_offsets)),
+                    dest_offsets=torch.Size(
+                        s - o + lo
+                        for s, o, lo in zip(
+                            start, region.offsets, region.local_offsets, strict=True
+                        )
+                    ),
+                    storage_index=MetadataIndex(tensor.name, torch.Size(piece.offsets)),
+                    storage_offsets=torch.Size(
+                        s - p for s, p in zip(start, piece.offsets, strict=True)
+                    ),
+                    lengths=torch.Size(lengths),
+                )
+                items.append(item)
+                sizes[item_key(item)] = (
+                    math.prod(lengths) * entry.bits // 8,
+                    piece.file,
+                    piece.start,
+                )
+    return items
+
+
+def _overlap(
+    offsets: Sequence[int], lengths: Sequence[int], piece: Piece
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    start = tuple(max(o, p) for o, p in zip(offsets, piece.offsets, strict=True))
+    stop = tuple(
+        min(o + n, p + s)
+        for o, n, p, s in zip(offsets, lengths, piece.offsets, piece.shape, strict=True)
+    )
+    if any(b <= a for a, b in zip(start, stop, strict=True)):
+        return None
+    return start, tuple(b - a for a, b in zip(start, stop, strict=True))

@@ -29,12 +29,12 @@ import tracemalloc
 from collections.abc import Callable
 
 import numpy as np
-from placed_requests import placed_requests, rank_columns
+from placed_requests import placed_requests, placed_tensors, rank_columns, rank_items
 from torch.distributed.checkpoint.planner import LoadPlan
 
 from hyperckpt import CheckpointLayout, CostModel
 from hyperckpt._arguments import DEFAULT_STAGING_BYTES
-from hyperckpt._cli.dryrun import _placed, _rank_items, hosts_of, mesh_shape
+from hyperckpt._cli.dryrun import hosts_of, mesh_shape
 from hyperckpt._exchange.pricing import price, price_and_plan
 from hyperckpt._exchange.rank_requests import requests_of_ranks
 from hyperckpt._exchange.replicated_share import replicated_shares
@@ -203,7 +203,7 @@ def _torch_exchange(
 ) -> dict[str, float]:
     """DCP's gather and scatter of plans, from ``SAMPLED_RANKS`` ranks scaled to ``world``."""
     mesh = mesh_shape(layout, world, tp=tp, replicas=replicas)
-    placed = _placed(checkpoint, layout, mesh)
+    placed = placed_tensors(checkpoint, layout, mesh)
     step = max(1, world // SAMPLED_RANKS)
     ranks = list(range(0, world, step))[:SAMPLED_RANKS]
     sizes: dict[tuple[object, ...], tuple[int, str, int]] = {}
@@ -212,7 +212,7 @@ def _torch_exchange(
     for rank in ranks:
         coordinate = np.unravel_index(rank, mesh)
         begin = time.process_time()
-        plan = LoadPlan(_rank_items(placed, tuple(int(c) for c in coordinate), sizes))
+        plan = LoadPlan(rank_items(placed, tuple(int(c) for c in coordinate), sizes))
         items_seconds += time.process_time() - begin
         blobs.append(pickle.dumps(plan))
     begin = time.process_time()

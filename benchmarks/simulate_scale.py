@@ -4,10 +4,10 @@ No data and no process group: the checkpoint is a header-only layout built in me
 the published shapes (Llama-3-70B: 723 bf16 tensors, 141 GB in 30 files; DeepSeek-V3: the
 ~92k tensors of ``benchmarks/scale.py``, FP8 weights, 163 files).  For each model, layout
 and world (8 ranks per host), every rank's DCP read items are made as DCP's planner makes
-them (``hyperckpt._cli.dryrun.rank_plans``: DTensor placement arithmetic, ``_StridedShard``
+them (``hyperckpt._cli.dryrun.load_plans``: DTensor placement arithmetic, ``_StridedShard``
 included), then each exchange is planned by the code the readers run on the coordinator
 (``plan_exchange``: none, ``plan_replicated``, ``plan_stripes``) and priced by the cost
-model behind ``exchange="auto"`` (``hyperckpt._exchange.costs.estimate``).
+model behind ``exchange="auto"`` (``tests/reference_pricing.py``'s ``estimate``, the oracle the closed form is checked against).
 
 Reported per run: predicted load time per exchange and what ``"auto"`` picks, bytes read
 per rank and host, read calls, bytes exchanged (and across hosts), rounds, the number of
@@ -42,8 +42,8 @@ from scale import deepseek_v3_tensors
 
 from hyperckpt import CheckpointLayout, CostModel, Piece, TensorLayout
 from hyperckpt._arguments import DEFAULT_STAGING_BYTES
-from hyperckpt._cli.dryrun import hosts_of, rank_plans
-from hyperckpt._exchange.costs import STRATEGIES, StrategyCost, estimate, pick
+from hyperckpt._cli.dryrun import hosts_of, load_plans
+from hyperckpt._exchange.costs import STRATEGIES, StrategyCost, pick
 from hyperckpt._exchange.pricing import price
 from hyperckpt._exchange.replicated_share import ReplicatedShare
 from hyperckpt._exchange.requests import requests_of
@@ -54,6 +54,11 @@ from hyperckpt._exchange.stripes import StripeSchedule
 from hyperckpt._format.header import DTYPES
 from hyperckpt._load.readers import BATCH_BYTES
 from hyperckpt._planner.gc_hold import without_gc
+
+# The planned price (plan every strategy, read the cost off the schedules) lives in the
+# tests as the oracle the closed form is checked against; this row shows it side by side.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from reference_pricing import estimate
 
 logger = logging.getLogger("simulate_scale")
 
@@ -159,7 +164,7 @@ def simulate(
     gc.collect()
     begin = time.process_time()
     tp = min(ranks_per_host, world)
-    _, plans, _, infos = rank_plans(checkpoint, layout, world, tp=tp, replicas=hosts)
+    plans, infos = load_plans(checkpoint, layout, world, tp=tp, replicas=hosts)
     dcp_seconds = time.process_time() - begin
     names = hosts_of(world, hosts)
 

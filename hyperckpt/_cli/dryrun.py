@@ -1,55 +1,50 @@
 """What each rank of a layout would read, from the headers alone: no data, no process group.
 
 For a named layout (FSDP, TP, FSDP x TP, HSDP, replicate) every tensor gets a Llama-style
-placement; each rank's global regions come from DTensor placement arithmetic
-(:func:`hyperckpt._planner.regions.local_regions`) and are cut against the stored pieces exactly as
-DCP's planner cuts them into read items.  The exchange is then planned as the readers plan
-it: slices several ranks need assigned to one reader (:func:`hyperckpt._exchange.schedule.plan_replicated`),
-or the needed rows cut into stripes (:func:`hyperckpt._exchange.stripe_shares.plan_stripes`); and
-:func:`strategy_costs` prices each exchange with the cost model behind ``exchange="auto"``.
+placement (:func:`placements_for`); each rank's compact plan is then made by the load
+planner's own pieces (:func:`hyperckpt._planner.placed.placed_items`), turned into request
+columns and joined as a load's coordinator joins them, and priced by the closed form
+``exchange="auto"`` picks with (:func:`hyperckpt._exchange.pricing.price_and_plan`): the
+plan shown is the load's plan, and the price the one the load acts on.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, TypeAlias
+from typing import Final
 
-import torch
-from torch.distributed.checkpoint.metadata import MetadataIndex
-from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
+import numpy as np
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
+from torch.distributed.checkpoint.planner import LoadPlan
 from torch.distributed.tensor import Placement, Replicate, Shard
 
 from hyperckpt._arguments import DEFAULT_STAGING_BYTES
-from hyperckpt._exchange.costs import CostModel, StrategyCost, compare
-from hyperckpt._exchange.schedule import item_key, plan_replicated
-from hyperckpt._exchange.strategy import Strategy, chunk_rows
-from hyperckpt._exchange.stripe_shares import plan_stripes
+from hyperckpt._exchange.costs import CostModel, StrategyCost
+from hyperckpt._exchange.pricing import price_and_plan, price_plannable
+from hyperckpt._exchange.rank_requests import ChunkOrder, rank_requests, requests_of_ranks
+from hyperckpt._exchange.requests import Requests
+from hyperckpt._exchange.strategy import Strategy
+from hyperckpt._exchange.stripes import StripesTooLarge
 from hyperckpt._format.header import DTYPES
-from hyperckpt._layout.model import CheckpointLayout, Piece, TensorLayout
+from hyperckpt._layout.model import CheckpointLayout
+from hyperckpt._load.metadata import to_metadata
 from hyperckpt._load.readers import BATCH_BYTES
-from hyperckpt._planner.regions import (
-    DTENSOR,
-    FSDP,
-    Order,
-    RegionMaker,
-    fsdp_order_applies,
-)
+from hyperckpt._planner.placed import Placed, placed_items
 from hyperckpt._read.storage_info import StorageInfo
 from hyperckpt._torch_internals import StridedShard
 
 __all__ = [
     "LAYOUTS",
     "MAX_WORLD",
+    "LayoutRequests",
     "RankPlan",
-    "RankPlans",
     "hosts_of",
+    "load_plans",
     "mesh_shape",
     "placements_for",
     "plan_load",
-    "rank_plans",
+    "rank_requests_of",
     "strategy_costs",
 ]
 
@@ -61,16 +56,6 @@ _ROWWISE: Final = ("o_proj.weight", "down_proj.weight", "out_proj.weight", "wo.w
 _PACKED: Final = ("gate_up_proj.weight", "qkv_proj.weight", "w13.weight")
 
 
-#: What :func:`rank_plans` returns: each rank's mesh coordinate and DCP load plan, each
-#: read item's ``(bytes, file, chunk offset)`` and each stored chunk's storage info.
-RankPlans: TypeAlias = tuple[
-    list[tuple[int, ...]],
-    list[LoadPlan],
-    dict[tuple[object, ...], tuple[int, str, int]],
-    dict[MetadataIndex, StorageInfo],
-]
-
-
 @dataclass(frozen=True, slots=True)
 class RankPlan:
     """What one rank would do in a load.
@@ -80,9 +65,9 @@ class RankPlan:
         coordinate: Its coordinate in the device mesh.
         bytes_read: Bytes it would read from the checkpoint's files.
         bytes_received: Bytes it would receive from other ranks instead of reading them.
-        bytes_needed: Bytes of checkpoint data its local tensors hold (read + received).
-        files: The files it would open, sorted.
-        reads: Read requests (sub-boxes of stored pieces) it would serve from storage.
+        bytes_needed: Bytes its requests would read were it alone (no exchange).
+        files: The files holding the bytes it needs, sorted.
+        reads: Read calls it would make (after coalescing, split at 8 MiB).
     """
 
     rank: int
@@ -92,6 +77,19 @@ class RankPlan:
     bytes_needed: int
     files: tuple[str, ...]
     reads: int
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutRequests:
+    """Every rank's requests for a layout, as a load's coordinator holds them.
+
+    Attributes:
+        coordinates: Each rank's mesh coordinate, by rank.
+        requests: Every rank's read requests, joined.
+    """
+
+    coordinates: tuple[tuple[int, ...], ...]
+    requests: Requests
 
 
 def mesh_shape(layout: str, world: int, *, tp: int = 2, replicas: int = 2) -> tuple[int, ...]:
@@ -161,108 +159,56 @@ def placements_for(layout: str, name: str, ndim: int, *, strided: bool = True) -
     return [StridedShard(0, split_factor=2), tp]
 
 
-def plan_load(
+def rank_requests_of(
     checkpoint: CheckpointLayout,
     layout: str,
     world: int,
     *,
     tp: int = 2,
     replicas: int = 2,
-    exchange: Strategy = "replicated",
-    planned: RankPlans | None = None,
-) -> tuple[RankPlan, ...]:
-    """Each rank's reads for ``checkpoint`` loaded in ``layout`` on ``world`` ranks.
-
-    Args:
-        checkpoint: A validated layout (see :func:`hyperckpt.describe`).
-        layout: One of :data:`LAYOUTS`.
-        world: Ranks.
-        tp: Tensor-parallel degree of ``fsdp-tp`` (the second mesh dimension).
-        replicas: Replica groups of ``hsdp`` (the first mesh dimension).
-        exchange: The readers' exchange: ``"off"`` (every rank reads what it needs),
-            ``"replicated"`` (slices several ranks need read once and sent) or
-            ``"striped"`` (needed rows read once in stripes and sent).
-        planned: What :func:`rank_plans` gave for the same arguments, to plan once for
-            this and :func:`strategy_costs`; computed when ``None``.
-
-    Returns:
-        One plan per rank, by rank.
+) -> LayoutRequests:
+    """Every rank's requests for ``checkpoint`` loaded in ``layout`` on ``world`` ranks,
+    made as a load makes them: each rank's compact plan by the load planner's pieces, its
+    columns (:func:`~hyperckpt._exchange.rank_requests.rank_requests`), joined as the
+    coordinator joins them.  A rank's plan is dropped once its columns are made.
 
     Raises:
-        ValueError: The layout is unknown or ``world`` does not fit it.
+        ValueError: The layout is unknown, ``world`` does not fit it, or the checkpoint
+            holds sub-byte tensors (their rows are not whole bytes).
     """
-    if planned is None:
-        planned = rank_plans(checkpoint, layout, world, tp=tp, replicas=replicas)
-    coordinates, plans, sizes, infos = planned
-    read = [0] * world
-    received = [0] * world
-    files: list[set[str]] = [set() for _ in range(world)]
-    reads = [0] * world
-    if exchange == "striped" and world > 1:
-        schedules, totals = plan_stripes(
-            plans,
-            lambda item: chunk_rows(infos[item.storage_index]),
-            round_bytes=DEFAULT_STAGING_BYTES,
-        )
-        for rank, schedule in enumerate(schedules):
-            files[rank].update(infos[_index(part.chunk)].file for part in schedule.parts)
-        read, reads = list(totals.read_bytes), list(totals.reads)
-        received = list(totals.received_bytes)
-    shared: dict[tuple[object, ...], int] = {}
-    if exchange == "replicated" and world > 1:
-        schedules_b = plan_replicated(
-            plans,
-            lambda item: sizes[item_key(item)],
-            round_bytes=DEFAULT_STAGING_BYTES,
-            batch_bytes=BATCH_BYTES,
-        )
-        for broadcast in schedules_b:
-            for transfer in broadcast.transfers:
-                for slot in transfer.slots:
-                    shared[slot.key] = transfer.source
-    if exchange != "striped" or world == 1:
-        for rank, plan in enumerate(plans):
-            for item in plan.items:
-                key = item_key(item)
-                nbytes, file, _ = sizes[key]
-                if shared.get(key, rank) == rank:
-                    read[rank] += nbytes
-                    reads[rank] += 1
-                    files[rank].add(file)
-                else:
-                    received[rank] += nbytes
-    return tuple(
-        RankPlan(
-            rank=rank,
-            coordinate=tuple(coordinates[rank]),
-            bytes_read=read[rank],
-            bytes_received=received[rank],
-            bytes_needed=sum(sizes[item_key(item)][0] for item in plans[rank].items),
-            files=tuple(sorted(files[rank])),
-            reads=reads[rank],
-        )
-        for rank in range(world)
-    )
+    mesh, coordinates, metadata, placed = _setting(checkpoint, layout, world, tp, replicas)
+    order = ChunkOrder.of(metadata.storage_data)
+    columns = [
+        rank_requests(placed_items(metadata, placed, mesh, coordinate), order)
+        for coordinate in coordinates
+    ]
+    joined = requests_of_ranks(columns, order.table, lambda key: order.infos[order.ids[key]])
+    return LayoutRequests(tuple(coordinates), joined)
 
 
-def rank_plans(
+def load_plans(
     checkpoint: CheckpointLayout,
     layout: str,
     world: int,
     *,
     tp: int = 2,
     replicas: int = 2,
-) -> RankPlans:
-    """Every rank's DCP load plan for ``checkpoint`` in ``layout``, as the planner makes it.
-
-    Returns:
-        Each rank's mesh coordinate and plan (by rank), each read item's ``(bytes, file,
-        chunk offset)`` by :func:`~hyperckpt._exchange.schedule.item_key`, and each stored chunk's
-        storage info (in the checkpoint's element coordinates).
+) -> tuple[list[LoadPlan], dict[MetadataIndex, StorageInfo]]:
+    """Every rank's DCP load plan (the load planner's compact plan), by rank, and each
+    stored chunk's storage info, as a load's reader holds it: what the exchange planners
+    take.
 
     Raises:
-        ValueError: The layout is unknown or ``world`` does not fit it.
+        ValueError: As :func:`rank_requests_of`.
     """
+    mesh, coordinates, metadata, placed = _setting(checkpoint, layout, world, tp, replicas)
+    plans = [LoadPlan(placed_items(metadata, placed, mesh, c)) for c in coordinates]  # type: ignore[arg-type]
+    return plans, metadata.storage_data
+
+
+def _setting(
+    checkpoint: CheckpointLayout, layout: str, world: int, tp: int, replicas: int
+) -> tuple[tuple[int, ...], list[tuple[int, ...]], Metadata, list[Placed]]:
     mesh = mesh_shape(layout, world, tp=tp, replicas=replicas)
     partial = sorted({t.dtype for t in checkpoint.tensors.values() if DTYPES[t.dtype].bits % 8})
     if partial:
@@ -270,18 +216,17 @@ def rank_plans(
             f"cannot plan the exchange of sub-byte dtypes ({', '.join(partial)}): their rows "
             f"are not whole bytes in the checkpoint's coordinates"
         )
-    coordinates = list(itertools.product(*(range(size) for size in mesh)))
-    sizes: dict[tuple[object, ...], tuple[int, str, int]] = {}
-    placed = _placed(checkpoint, layout, mesh)
-    plans = [LoadPlan(_rank_items(placed, coord, sizes)) for coord in coordinates]
-    infos = {
-        MetadataIndex(tensor.name, torch.Size(piece.offsets)): StorageInfo(
-            piece.file, piece.start, piece.nbytes, tensor.dtype, piece.shape
-        )
-        for tensor in checkpoint.tensors.values()
-        for piece in tensor.pieces
-    }
-    return [tuple(c) for c in coordinates], plans, sizes, infos
+    # Ranks in the order torch's device mesh numbers them: row-major over the mesh.
+    coordinates = [tuple(c) for c in itertools.product(*(range(size) for size in mesh))]
+    metadata = to_metadata(checkpoint)
+    signatures: dict[tuple[object, ...], int] = {}
+    placed: list[Placed] = []
+    for name, md in metadata.state_dict_metadata.items():
+        shape = tuple(md.size)  # type: ignore[union-attr]
+        placements = tuple(placements_for(layout, name, len(shape)))
+        signature = signatures.setdefault((shape, placements), len(signatures))
+        placed.append((name, placements, signature))
+    return mesh, coordinates, metadata, placed
 
 
 def hosts_of(world: int, hosts: int) -> list[str]:
@@ -292,120 +237,59 @@ def hosts_of(world: int, hosts: int) -> list[str]:
 
 
 def strategy_costs(
-    checkpoint: CheckpointLayout,
-    layout: str,
-    world: int,
-    *,
-    hosts: int = 1,
-    tp: int = 2,
-    replicas: int = 2,
-    model: CostModel | None = None,
-    planned: RankPlans | None = None,
-) -> dict[Strategy, StrategyCost]:
-    """Each exchange's reads, traffic and predicted time for ``checkpoint`` in ``layout``.
+    planned: LayoutRequests, *, hosts: int = 1, model: CostModel | None = None
+) -> tuple[Strategy, dict[Strategy, StrategyCost], StripesTooLarge | None]:
+    """What ``exchange="auto"`` would pick for ``planned``, every strategy's price, and
+    why striped is left out of them where the planner would refuse it.
+
+    The pick is the load's own (:func:`~hyperckpt._exchange.pricing.price_and_plan`, its
+    routing limit included; ``"off"`` on one host); every strategy is priced in closed
+    form so that the table can show them.
 
     Args:
-        checkpoint: A validated layout.
-        layout: One of :data:`LAYOUTS`.
-        world: Ranks.
+        planned: What :func:`rank_requests_of` gave.
         hosts: Hosts the ranks span (contiguous blocks of ranks).
-        tp: Tensor-parallel degree of ``fsdp-tp``.
-        replicas: Replica groups of ``hsdp``.
         model: Bandwidths and latencies; :class:`~hyperckpt.CostModel` defaults if ``None``.
-        planned: What :func:`rank_plans` gave for the same arguments; computed when ``None``.
-
-    Returns:
-        By strategy, its cost (see :class:`~hyperckpt._exchange.costs.StrategyCost`).
     """
-    if planned is None:
-        planned = rank_plans(checkpoint, layout, world, tp=tp, replicas=replicas)
-    _, plans, _, infos = planned
-    results = compare(
-        plans,
-        hosts_of(world, hosts),
-        lambda item: infos[item.storage_index],
-        model or CostModel(),
+    model = model or CostModel()
+    names = hosts_of(planned.requests.world, hosts)
+    costs, refused = price_plannable(
+        planned.requests,
+        names,
+        model,
         round_bytes=DEFAULT_STAGING_BYTES,
         batch_bytes=BATCH_BYTES,
     )
-    return {strategy: cost for strategy, (cost, _) in results.items()}
-
-
-def _index(chunk: tuple[str, tuple[int, ...]]) -> MetadataIndex:
-    return MetadataIndex(chunk[0], torch.Size(chunk[1]))
-
-
-@dataclass(frozen=True, slots=True)
-class _Placed:
-    """One tensor as every rank's plan sees it: its regions by coordinate, once made."""
-
-    tensor: TensorLayout
-    bits: int
-    regions: RegionMaker
-
-
-def _placed(checkpoint: CheckpointLayout, layout: str, mesh: tuple[int, ...]) -> list[_Placed]:
-    """Every tensor with elements, its placements checked once for all ranks."""
-    placed = []
-    for tensor in checkpoint.tensors.values():
-        if not math.prod(tensor.shape):
-            continue  # nothing to read on any rank
-        placements = placements_for(layout, tensor.name, len(tensor.shape))
-        # FSDP2 over tensor parallelism lays rows out in its own order (regions.py).
-        fsdp = fsdp_order_applies(mesh, placements, len(tensor.shape))
-        order: Order = FSDP if fsdp else DTENSOR
-        maker = RegionMaker(tensor.shape, mesh, placements, order=order)
-        placed.append(_Placed(tensor, DTYPES[tensor.dtype].bits, maker))
-    return placed
-
-
-def _rank_items(
-    placed: Sequence[_Placed],
-    coordinate: tuple[int, ...],
-    sizes: dict[tuple[object, ...], tuple[int, str, int]],
-) -> list[ReadItem]:
-    """The read items DCP's planner would make for one rank: region x stored piece."""
-    items = []
-    for entry in placed:
-        tensor = entry.tensor
-        for region in entry.regions(coordinate):
-            for piece in tensor.pieces:
-                overlap = _overlap(region.offsets, region.sizes, piece)
-                if overlap is None:
-                    continue
-                start, lengths = overlap
-                item = ReadItem(
-                    type=LoadItemType.TENSOR,
-                    dest_index=MetadataIndex(tensor.name, torch.Size(region.local_offsets)),
-                    dest_offsets=torch.Size(
-                        s - o + lo
-                        for s, o, lo in zip(
-                            start, region.offsets, region.local_offsets, strict=True
-                        )
-                    ),
-                    storage_index=MetadataIndex(tensor.name, torch.Size(piece.offsets)),
-                    storage_offsets=torch.Size(
-                        s - p for s, p in zip(start, piece.offsets, strict=True)
-                    ),
-                    lengths=torch.Size(lengths),
-                )
-                items.append(item)
-                sizes[item_key(item)] = (
-                    math.prod(lengths) * entry.bits // 8,
-                    piece.file,
-                    piece.start,
-                )
-    return items
-
-
-def _overlap(
-    offsets: Sequence[int], lengths: Sequence[int], piece: Piece
-) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    start = tuple(max(o, p) for o, p in zip(offsets, piece.offsets, strict=True))
-    stop = tuple(
-        min(o + n, p + s)
-        for o, n, p, s in zip(offsets, lengths, piece.offsets, piece.shape, strict=True)
+    if hosts < 2:
+        return "off", costs, refused
+    picked, _, _ = price_and_plan(
+        planned.requests,
+        names,
+        model,
+        lambda strategy: strategy,
+        round_bytes=DEFAULT_STAGING_BYTES,
+        batch_bytes=BATCH_BYTES,
     )
-    if any(b <= a for a, b in zip(start, stop, strict=True)):
-        return None
-    return start, tuple(b - a for a, b in zip(start, stop, strict=True))
+    return picked, costs, refused
+
+
+def plan_load(planned: LayoutRequests, cost: StrategyCost) -> tuple[RankPlan, ...]:
+    """Each rank's reads, receipts and files under one strategy's price, by rank."""
+    r = planned.requests
+    needed = np.bincount(r.rank, weights=r.nbytes, minlength=r.world).astype(np.int64)
+    pairs = np.unique(r.rank.astype(np.int64) * max(1, len(r.files)) + r.chunk_file[r.chunk])
+    files: list[list[str]] = [[] for _ in range(r.world)]
+    for pair in pairs.tolist():
+        files[pair // max(1, len(r.files))].append(r.files[pair % max(1, len(r.files))])
+    return tuple(
+        RankPlan(
+            rank=rank,
+            coordinate=planned.coordinates[rank],
+            bytes_read=cost.read_bytes[rank],
+            bytes_received=cost.received_bytes[rank],
+            bytes_needed=int(needed[rank]),
+            files=tuple(files[rank]),
+            reads=cost.reads[rank],
+        )
+        for rank in range(r.world)
+    )

@@ -98,7 +98,7 @@ def add_parser(commands: Any, common: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the subcommand; exit status 0."""
     from hyperckpt._cli import dryrun
-    from hyperckpt._exchange.costs import CostModel, pick
+    from hyperckpt._exchange.costs import CostModel
     from hyperckpt._read import dtype_policy
 
     exchange_flag = str(args.exchange or "auto")
@@ -122,33 +122,17 @@ def run(args: argparse.Namespace) -> int:
     layout, _ = described(args)
     made = None if target is None else dtype_policy.layout_conversions(layout, target)
     try:
-        planned = dryrun.rank_plans(
+        planned = dryrun.rank_requests_of(
             layout, args.layout, args.world, tp=args.tp, replicas=args.replicas
-        )
-        costs = dryrun.strategy_costs(
-            layout,
-            args.layout,
-            args.world,
-            hosts=args.hosts,
-            tp=args.tp,
-            replicas=args.replicas,
-            model=model,
-            planned=planned,
         )
     except ValueError as err:
         raise UsageError(str(err)) from err
-    picked = pick(costs, hosts=args.hosts)
+    picked, costs, refused = dryrun.strategy_costs(planned, hosts=args.hosts, model=model)
     exchange = picked if exchange_flag == "auto" else cast("Strategy", exchange_flag)
+    if exchange not in costs:
+        raise UsageError(f"--exchange {exchange}: {refused}")
     broadcast = exchange == "replicated"
-    ranks = dryrun.plan_load(
-        layout,
-        args.layout,
-        args.world,
-        tp=args.tp,
-        replicas=args.replicas,
-        exchange=exchange,
-        planned=planned,
-    )
+    ranks = dryrun.plan_load(planned, costs[exchange])
     if args.json:
         print(
             json.dumps(
@@ -212,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
         f"layout {args.layout} on {args.world} ranks, mesh {'x'.join(map(str, mesh))}, "
         f"{args.hosts} host(s), exchange {exchange}"
     )
-    print(f"{'rank':>5}  {'mesh':<8}{'reads':>12}{'receives':>12}{'requests':>10}  files")
+    print(f"{'rank':>5}  {'mesh':<8}{'reads':>12}{'receives':>12}{'calls':>10}  files")
     for r in ranks:
         files = printable(", ".join(r.files)) if len(r.files) <= 2 else f"{len(r.files)} files"
         print(

@@ -22,22 +22,12 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
-
 from hyperckpt._arguments import Limits, check_number
-from hyperckpt._exchange.replicated_share import ReplicatedShare
-from hyperckpt._exchange.requests import request_cost
-from hyperckpt._exchange.schedule import ReplicatedSchedule, item_key
-from hyperckpt._exchange.strategy import Strategy, plan_exchange
-from hyperckpt._exchange.stripe_plan import StripeShare
-from hyperckpt._exchange.stripes import StripeSchedule, StripesTooLarge
-from hyperckpt._read.dtypes import to_torch_dtype
-from hyperckpt._read.engine import CHUNK_BYTES
-from hyperckpt._read.storage_info import StorageInfo
+from hyperckpt._exchange.strategy import Strategy
 
 __all__ = [
     "BANDWIDTH",
@@ -46,8 +36,6 @@ __all__ = [
     "STRATEGIES",
     "CostModel",
     "StrategyCost",
-    "compare",
-    "estimate",
     "host_numbers",
     "pick",
 ]
@@ -118,6 +106,8 @@ class StrategyCost:
             in order of first appearance.
         exchanged_bytes: Payload bytes sent between ranks, in total.
         inter_host_bytes: Of those, bytes that cross hosts.
+        received_bytes: Bytes each rank receives from other ranks instead of reading them,
+            by rank.
         rounds: Exchange rounds (0 without an exchange).
         seconds: Predicted load time, in seconds.
         storage_seconds: Of which reading storage (the slowest host).
@@ -130,49 +120,11 @@ class StrategyCost:
     host_read_bytes: tuple[int, ...]
     exchanged_bytes: int
     inter_host_bytes: int
+    received_bytes: tuple[int, ...]
     rounds: int
     seconds: float
     storage_seconds: float
     exchange_seconds: float
-
-
-def compare(
-    plans: list[LoadPlan],
-    hosts: Sequence[str],
-    storage: Callable[[ReadItem], StorageInfo],
-    model: CostModel,
-    *,
-    round_bytes: int,
-    batch_bytes: int,
-    strategies: Sequence[Strategy] = STRATEGIES,
-) -> dict[Strategy, tuple[StrategyCost, list[LoadPlan]]]:
-    """Plan each strategy and predict its cost.
-
-    Args:
-        plans: Every rank's plan, by rank.
-        hosts: Each rank's host, by rank.
-        storage: A read item's stored chunk.
-        model: The bandwidths and latencies.
-        round_bytes: The exchange's round budget (the readers' ``staging_bytes``).
-        batch_bytes: Replicated slices under this travel batched.
-        strategies: The strategies to plan.
-
-    Returns:
-        By strategy: its cost and the plans carrying its schedules.  A striped plan past
-        its limit (:class:`~hyperckpt._exchange.stripes.StripesTooLarge`) is left out
-        (logged): planning it would cost more than the plans it starts from.
-    """
-    results = {}
-    for strategy in strategies:
-        try:
-            planned = plan_exchange(
-                plans, strategy, storage, round_bytes=round_bytes, batch_bytes=batch_bytes
-            )
-        except StripesTooLarge as err:
-            logger.info("hyperckpt: exchange %s not considered: %s", strategy, err)
-            continue
-        results[strategy] = (estimate(strategy, planned, hosts, storage, model), planned)
-    return results
 
 
 def pick(costs: Mapping[Strategy, StrategyCost], *, hosts: int) -> Strategy:
@@ -191,116 +143,6 @@ def host_numbers(hosts: Sequence[str]) -> tuple[list[str], list[int]]:
     return list(number), [number[host] for host in hosts]
 
 
-def estimate(
-    strategy: Strategy,
-    plans: Sequence[LoadPlan],
-    hosts: Sequence[str],
-    storage: Callable[[ReadItem], StorageInfo],
-    model: CostModel,
-) -> StrategyCost:
-    """The model's cost of ``plans``, already planned for ``strategy``."""
-    world = len(plans)
-    names, host_of = host_numbers(hosts)
-    read_bytes = [0] * world
-    reads = [0] * world
-    host_bytes = [0] * len(names)
-    inter_out = [0] * len(names)
-    inter_in = [0] * len(names)
-    intra = [0] * len(names)
-    rounds = 0
-    exchanged = 0
-
-    def send(source: int, receiver: int, nbytes: int) -> None:
-        nonlocal exchanged
-        exchanged += nbytes
-        a, b = host_of[source], host_of[receiver]
-        if a == b:
-            intra[a] += nbytes
-        else:
-            inter_out[a] += nbytes
-            inter_in[b] += nbytes
-
-    if strategy == "striped":
-        first_item: dict[tuple[str, tuple[int, ...]], ReadItem] = {}
-        for plan in plans:
-            for item in plan.items:
-                first_item.setdefault(
-                    (item.storage_index.fqn, tuple(item.storage_index.offset or ())), item
-                )
-        for rank, plan in enumerate(plans):
-            schedule = plan.storage_data
-            if isinstance(schedule, StripeShare):
-                schedule = schedule.schedule()
-            if not isinstance(schedule, StripeSchedule):
-                continue
-            rounds = schedule.rounds
-            extents = []
-            for part in schedule.parts:
-                info = storage(first_item[part.chunk])
-                itemsize = to_torch_dtype(info.dtype).itemsize
-                row = math.prod(info.shape[1:]) * itemsize if info.shape else info.length
-                nbytes = (part.rows[1] - part.rows[0]) * row
-                read_bytes[rank] += nbytes
-                extents.append((part.round, info.file, info.offset + part.rows[0] * row, nbytes))
-            reads[rank] += _read_calls(extents)
-            for message in schedule.messages:
-                if message.source == rank and message.receiver != rank:
-                    send(rank, message.receiver, sum(slot.nbytes for slot in message.slots))
-        for rank in range(world):
-            host_bytes[host_of[rank]] += read_bytes[rank]
-    else:
-        shared: set[tuple[int, object]] = set()
-        if strategy == "replicated":
-            for rank, plan in enumerate(plans):
-                schedule = plan.storage_data
-                if isinstance(schedule, ReplicatedShare):
-                    schedule = schedule.schedule()
-                if not isinstance(schedule, ReplicatedSchedule):
-                    continue
-                rounds = schedule.rounds
-                for transfer in schedule.transfers:
-                    shared.update((rank, slot.key) for slot in transfer.slots)
-                    if transfer.source != rank:
-                        continue
-                    payload = sum(slot.nbytes for slot in transfer.slots)
-                    read_bytes[rank] += payload
-                    reads[rank] += len(transfer.slots)
-                    for receiver in transfer.receivers:
-                        send(rank, receiver, payload)
-        seen: list[dict[object, int]] = [{} for _ in names]
-        for rank, plan in enumerate(plans):
-            for item in plan.items:
-                key = item_key(item)
-                if (rank, key) in shared:
-                    continue
-                nbytes, calls = _request(item, storage(item))
-                read_bytes[rank] += nbytes
-                reads[rank] += calls
-                seen[host_of[rank]][key] = nbytes
-        for host, boxes in enumerate(seen):
-            host_bytes[host] += sum(boxes.values())
-        if strategy == "replicated":
-            for rank, plan in enumerate(plans):
-                schedule = plan.storage_data
-                if isinstance(schedule, ReplicatedShare):
-                    schedule = schedule.schedule()
-                if isinstance(schedule, ReplicatedSchedule):
-                    for transfer in schedule.transfers:
-                        if transfer.source == rank:
-                            host_bytes[host_of[rank]] += sum(s.nbytes for s in transfer.slots)
-    return timing(
-        strategy,
-        read_bytes,
-        reads,
-        host_bytes,
-        (inter_out, inter_in, intra),
-        exchanged,
-        rounds,
-        host_of=host_of,
-        model=model,
-    )
-
-
 def timing(
     strategy: Strategy,
     read_bytes: Sequence[int],
@@ -312,6 +154,7 @@ def timing(
     *,
     host_of: Sequence[int],
     model: CostModel,
+    received: Sequence[int],
 ) -> StrategyCost:
     """The model's time for a strategy's figures.
 
@@ -326,6 +169,7 @@ def timing(
         rounds: Exchange rounds.
         host_of: Each rank's host index, by rank.
         model: The bandwidths and latencies.
+        received: Bytes each rank receives from other ranks, by rank.
     """
     inter_out, inter_in, intra = traffic
     world, hosts = len(read_bytes), len(host_bytes)
@@ -357,29 +201,9 @@ def timing(
         host_read_bytes=tuple(int(n) for n in host_bytes),
         exchanged_bytes=int(exchanged),
         inter_host_bytes=sum(int(n) for n in inter_out),
+        received_bytes=tuple(int(n) for n in received),
         rounds=int(rounds),
         seconds=storage_seconds + exchange_seconds,
         storage_seconds=storage_seconds,
         exchange_seconds=exchange_seconds,
     )
-
-
-def _read_calls(extents: list[tuple[int, str, int, int]]) -> int:
-    """Read calls for ``(round, file, offset, bytes)`` extents: the engine joins extents of
-    one round that touch in a file, and splits reads at 8 MiB."""
-    calls = 0
-    run_key: tuple[int, str] | None = None
-    run_end = run_bytes = 0
-    for number, file, offset, nbytes in sorted(extents):
-        if (number, file) == run_key and offset == run_end:
-            run_bytes += nbytes
-        else:
-            calls += math.ceil(run_bytes / CHUNK_BYTES)
-            run_key, run_bytes = (number, file), nbytes
-        run_end = offset + nbytes
-    return calls + math.ceil(run_bytes / CHUNK_BYTES)
-
-
-def _request(item: ReadItem, info: StorageInfo) -> tuple[int, int]:
-    """Bytes and read calls the engine spends on one request (runs closer than 16 KiB join)."""
-    return request_cost(info, tuple(item.lengths))

@@ -40,12 +40,12 @@ from hyperckpt._exchange.schedule import rounds_of
 from hyperckpt._exchange.strategy import Strategy, plan_exchange, shared_slices_of
 from hyperckpt._exchange.stripe_columns import row_bytes_of
 from hyperckpt._exchange.stripe_plan import BLOCK_BOXES, cut_stripes, part_rows
-from hyperckpt._exchange.stripes import ROUTED_BASE, ROUTED_PER_ITEM, ChunkKey, StripesTooLarge
+from hyperckpt._exchange.stripes import ChunkKey, StripesTooLarge, routing_limit
 from hyperckpt._planner.gc_hold import without_gc
 from hyperckpt._read.engine import CHUNK_BYTES
 from hyperckpt._read.storage_info import StorageInfo
 
-__all__ = ["choose_exchange", "price", "price_and_plan", "replicated_floor"]
+__all__ = ["choose_exchange", "price", "price_and_plan", "price_plannable", "replicated_floor"]
 
 logger = logging.getLogger("hyperckpt._exchange.costs")
 
@@ -78,7 +78,7 @@ def price_and_plan(
     """
     costs, routed = _price(requests, hosts, model, round_bytes, batch_bytes, ("off", "striped"))
     tried: set[Strategy] = set()
-    if routed > ROUTED_BASE + ROUTED_PER_ITEM * len(requests.rank):
+    if _refusal(requests, routed) is not None:
         # The planner would refuse it after sorting and cutting everything again.
         logger.info("hyperckpt: exchange striped not considered: %d boxes to route", routed)
         tried.add("striped")
@@ -108,6 +108,29 @@ def price_and_plan(
         except StripesTooLarge as err:
             logger.info("hyperckpt: exchange %s not considered: %s", best, err)
     raise AssertionError("'off' always plans")  # pragma: no cover
+
+
+def price_plannable(
+    requests: Requests,
+    hosts: Sequence[str],
+    model: CostModel,
+    *,
+    round_bytes: int,
+    batch_bytes: int,
+) -> tuple[dict[Strategy, StrategyCost], StripesTooLarge | None]:
+    """Every strategy's price, the striped one left out where the planner would refuse
+    it (its routed boxes past :func:`~hyperckpt._exchange.stripes.routing_limit`, counted
+    while pricing), as :func:`price_and_plan` leaves it out; and that refusal."""
+    costs, routed = _price(requests, hosts, model, round_bytes, batch_bytes, STRATEGIES)
+    refused = _refusal(requests, routed)
+    if refused is not None:
+        del costs["striped"]
+    return costs, refused
+
+
+def _refusal(requests: Requests, routed: int) -> StripesTooLarge | None:
+    limit = routing_limit(len(requests.rank))
+    return StripesTooLarge(routed, limit, requests.world) if routed > limit else None
 
 
 def replicated_floor(requests: Requests, hosts: Sequence[str], model: CostModel) -> float:
@@ -195,7 +218,7 @@ def _price(
             figures = _nothing(world, len(names))
         else:
             figures, routed = _striped_routes(requests, host_of, len(names), round_bytes)
-        read, reads, host_bytes, out, into, intra, exchanged, rounds = figures
+        read, reads, host_bytes, out, into, intra, exchanged, rounds, received = figures
         results[strategy] = timing(
             strategy,
             read.tolist(),
@@ -206,18 +229,19 @@ def _price(
             rounds,
             host_of=host_of.tolist(),
             model=model,
+            received=received.tolist(),
         )
     return results, routed
 
 
 #: read bytes by rank, reads by rank, host bytes by host, inter-host out and in, intra-host
-#: bytes by host, exchanged bytes, rounds.
-_Figures = tuple[Ints, Ints, Ints, Ints, Ints, Ints, int, int]
+#: bytes by host, exchanged bytes, rounds, bytes received from other ranks by rank.
+_Figures = tuple[Ints, Ints, Ints, Ints, Ints, Ints, int, int, Ints]
 
 
 def _nothing(world: int, hosts: int) -> _Figures:
     zero_ranks, zero_hosts = np.zeros(world, np.int64), np.zeros(hosts, np.int64)
-    return zero_ranks, zero_ranks, zero_hosts, zero_hosts, zero_hosts, zero_hosts, 0, 0
+    return zero_ranks, zero_ranks, zero_hosts, zero_hosts, zero_hosts, zero_hosts, 0, 0, zero_ranks
 
 
 def _off(r: Requests, host_of: Ints, hosts: int) -> _Figures:
@@ -226,7 +250,7 @@ def _off(r: Requests, host_of: Ints, hosts: int) -> _Figures:
     reads = np.bincount(r.rank, weights=r.calls, minlength=r.world).astype(np.int64)
     host_bytes = _host_union(r, host_of, hosts, np.ones(len(r.rank), dtype=bool))
     zero = np.zeros(hosts, np.int64)
-    return read, reads, host_bytes, zero, zero, zero, 0, 0
+    return read, reads, host_bytes, zero, zero, zero, 0, 0, np.zeros(r.world, np.int64)
 
 
 def _host_union(r: Requests, host_of: Ints, hosts: int, mask: np.ndarray) -> Ints:
@@ -277,6 +301,7 @@ def _replicated(
     out = np.zeros(hosts, np.int64)
     into = np.zeros(hosts, np.int64)
     intra = np.zeros(hosts, np.int64)
+    received = np.zeros(world, np.int64)
     exchanged = 0
     if ordered:
         source = np.asarray(readers, dtype=np.int64)
@@ -292,6 +317,7 @@ def _replicated(
         slice_of, receiver = slice_of[sent], receiver[sent]
         moved = nbytes[slice_of]
         exchanged = int(moved.sum())
+        np.add.at(received, receiver, moved)
         a, b = host_of[source[slice_of]], host_of[receiver]
         across = a != b
         np.add.at(out, a[across], moved[across])
@@ -301,7 +327,7 @@ def _replicated(
     read += np.bincount(r.rank[own], weights=r.nbytes[own], minlength=world).astype(np.int64)
     reads += np.bincount(r.rank[own], weights=r.calls[own], minlength=world).astype(np.int64)
     host_bytes += _host_union(r, host_of, hosts, own)
-    return read, reads, host_bytes, out, into, intra, exchanged, rounds
+    return read, reads, host_bytes, out, into, intra, exchanged, rounds, received
 
 
 def _striped(r: Requests, host_of: Ints, hosts: int, round_bytes: int) -> _Figures:
@@ -410,7 +436,7 @@ def _striped_routes(
             span,
         )
         rounds = max(1, rounds, int(np.max(-(-received // np.maximum(round_bytes, largest)))))
-    figures = (read, reads, host_bytes, out, into, intra, int(received.sum()), rounds)
+    figures = (read, reads, host_bytes, out, into, intra, int(received.sum()), rounds, received)
     return figures, routed
 
 

@@ -27,8 +27,6 @@ from hyperckpt._exchange.requests import ints
 from hyperckpt._exchange.schedule import ALIGN, ItemKey
 from hyperckpt._exchange.stripe_columns import StripeColumns
 from hyperckpt._exchange.stripes import (
-    ROUTED_BASE,
-    ROUTED_PER_ITEM,
     ChunkKey,
     StripeMessage,
     StripePart,
@@ -36,6 +34,7 @@ from hyperckpt._exchange.stripes import (
     StripeSlot,
     StripesTooLarge,
     StripeTotals,
+    routing_limit,
 )
 
 __all__ = [
@@ -272,8 +271,8 @@ def plan_stripe_arrays(
         readers: The ranks that read stripes, in stripe order (all ranks by default).
 
     Raises:
-        StripesTooLarge: The plan would route more boxes than :data:`ROUTED_BASE` +
-            :data:`ROUTED_PER_ITEM` x the read items.
+        StripesTooLarge: The plan would route more boxes than
+            :func:`~hyperckpt._exchange.stripes.routing_limit` allows for the read items.
     """
     c = columns
     world = c.world
@@ -325,7 +324,7 @@ def plan_stripe_arrays(
             - np.searchsorted(np.sort(g_end), g_first, side="right")
         ).sum()
     )
-    limit = ROUTED_BASE + ROUTED_PER_ITEM * c.items
+    limit = routing_limit(c.items)
     if routed > limit:
         raise StripesTooLarge(routed, limit, world)
     # Every request's rows within every part (a box), made a block of parts at a time:

@@ -329,8 +329,8 @@ def plan_stripes(
         readers: The ranks that read stripes, in stripe order (all ranks by default).
 
     Raises:
-        StripesTooLarge: The plan would route more boxes than :data:`ROUTED_BASE` +
-            :data:`ROUTED_PER_ITEM` x the plans' read items.
+        StripesTooLarge: The plan would route more boxes than
+            :func:`~hyperckpt._exchange.stripes.routing_limit` allows for the plans' items.
     """
     plan = plan_stripe_arrays(
         columns_of_plans(plans, chunk_of),

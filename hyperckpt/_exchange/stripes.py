@@ -32,6 +32,7 @@ __all__ = [
     "StripeSlot",
     "StripeTotals",
     "StripesTooLarge",
+    "routing_limit",
 ]
 
 #: A striped plan may route at most ROUTED_BASE + ROUTED_PER_ITEM x (read items of all
@@ -41,6 +42,12 @@ __all__ = [
 #: would make billions (measured at 1,024: docs/benchmarks/simulate_columns.md).
 ROUTED_BASE: Final = 4096
 ROUTED_PER_ITEM: Final = 4
+
+
+def routing_limit(items: int) -> int:
+    """The most boxes a striped plan of ``items`` read items (all ranks) may route: the one
+    rule the planner refuses by and the price leaves striped out by."""
+    return ROUTED_BASE + ROUTED_PER_ITEM * items
 
 
 class StripesTooLarge(ValueError):

@@ -21,13 +21,13 @@ import torch
 from helpers import mismatch, poison_, sample_tensor, write_hf_checkpoint
 from hypothesis import example, given
 from hypothesis import strategies as st
+from reference_pricing import compare
 from sharded_cases import split, write_sharded
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
 import hyperckpt
 from hyperckpt import CostModel, ReadOptions, consolidate, verify
-from hyperckpt._exchange.costs import compare
 from hyperckpt._read.storage_info import StorageInfo
 
 #: Values that break naive checks: NaN passes ``x <= 0``, ``True`` passes ``isinstance(x,

@@ -21,11 +21,11 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from reference_pricing import striped_figures
+from reference_pricing import compare, striped_figures
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
-from hyperckpt._exchange.costs import STRATEGIES, CostModel, compare, pick
+from hyperckpt._exchange.costs import STRATEGIES, CostModel, pick
 from hyperckpt._exchange.pricing import (
     _price,
     _striped,
@@ -122,6 +122,7 @@ def test_the_closed_form_price_matches_the_planned_one(
     assert estimated.host_read_bytes == exact.host_read_bytes
     assert estimated.exchanged_bytes == exact.exchanged_bytes
     assert estimated.inter_host_bytes == exact.inter_host_bytes
+    assert estimated.received_bytes == exact.received_bytes
     assert all(e <= x for e, x in zip(estimated.reads, exact.reads, strict=True))
     assert estimated.rounds <= exact.rounds
     assert estimated.seconds <= exact.seconds + 1e-9
@@ -193,14 +194,14 @@ def test_pricing_counts_the_boxes_the_stripe_planner_routes(
         _, routed = _price(requests, hosts, model, round_bytes, 100, ("striped",))
     columns = columns_of_requests(requests)
     with (
-        mock.patch("hyperckpt._exchange.stripe_plan.ROUTED_BASE", routed),
-        mock.patch("hyperckpt._exchange.stripe_plan.ROUTED_PER_ITEM", 0),
+        mock.patch("hyperckpt._exchange.stripes.ROUTED_BASE", routed),
+        mock.patch("hyperckpt._exchange.stripes.ROUTED_PER_ITEM", 0),
     ):
         plan_stripe_arrays(columns, round_bytes=round_bytes)
     if routed:
         with (
-            mock.patch("hyperckpt._exchange.stripe_plan.ROUTED_BASE", routed - 1),
-            mock.patch("hyperckpt._exchange.stripe_plan.ROUTED_PER_ITEM", 0),
+            mock.patch("hyperckpt._exchange.stripes.ROUTED_BASE", routed - 1),
+            mock.patch("hyperckpt._exchange.stripes.ROUTED_PER_ITEM", 0),
             pytest.raises(StripesTooLarge),
         ):
             plan_stripe_arrays(columns, round_bytes=round_bytes)

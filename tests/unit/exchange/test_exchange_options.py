@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import sample_tensor, write_hf_checkpoint
+from reference_pricing import compare
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
 import hyperckpt
 from hyperckpt import CostModel, HuggingFaceStorageReader
 from hyperckpt._dist.headers import decode_layout, encode_layout
-from hyperckpt._exchange.costs import compare, pick
+from hyperckpt._exchange.costs import pick
 from hyperckpt._exchange.pricing import choose_exchange, price
 from hyperckpt._exchange.requests import requests_of
 from hyperckpt._read.storage_info import StorageInfo

@@ -34,7 +34,7 @@ import hyperckpt
 from hyperckpt import CheckpointError, CheckpointNotFoundError, Fuse, Mapping, Rename, describe
 from hyperckpt._cli import dryrun
 from hyperckpt._cli.main import main
-from hyperckpt._exchange import stripe_plan
+from hyperckpt._exchange import stripes
 from hyperckpt._layout.templates import Template
 from hyperckpt._verify.checksums import read_checksums, write_checksums
 from hyperckpt.testing import encode_file, write_files
@@ -337,8 +337,8 @@ def test_a_plan_for_a_huge_world_skips_a_striped_schedule_past_its_limit(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     sample = hyperckpt.write_sample(tmp_path / "tiny", "tiny")
-    monkeypatch.setattr(stripe_plan, "ROUTED_BASE", 1000)
-    monkeypatch.setattr(stripe_plan, "ROUTED_PER_ITEM", 0)
+    monkeypatch.setattr(stripes, "ROUTED_BASE", 1000)
+    monkeypatch.setattr(stripes, "ROUTED_PER_ITEM", 0)
     status, stdout, _ = _cli("plan", str(sample), "--world", "64", "--layout", "replicate")
     assert status == 0
     assert "striped" not in stdout.split("per exchange")[1]
@@ -362,8 +362,8 @@ def test_empty_tensors_cost_nothing_per_rank_in_a_plan(tmp_path: Path) -> None:
     header = zero_size_header(1000)
     header["w"] = {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]}
     write_files(tmp_path, {"model.safetensors": encode_file(header, bytes(4))})
-    _, plans, _, _ = dryrun.rank_plans(describe(tmp_path), "fsdp", 8)
-    assert sum(len(plan.items) for plan in plans) == 4
+    planned = dryrun.rank_requests_of(describe(tmp_path), "fsdp", 8)
+    assert len(planned.requests.rank) == 4
 
 
 def test_validate_data_holds_one_description_of_many_empty_tensors(tmp_path: Path) -> None:

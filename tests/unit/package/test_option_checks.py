@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import write_hf_checkpoint
+from reference_pricing import compare
 from sharded_cases import split, write_sharded
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
@@ -17,7 +18,6 @@ import hyperckpt
 from hyperckpt import CostModel, consolidate, verify
 from hyperckpt._arguments import Limits, check_number
 from hyperckpt._consolidate.assign import parse_size
-from hyperckpt._exchange.costs import compare
 from hyperckpt._read.storage_info import StorageInfo
 
 
