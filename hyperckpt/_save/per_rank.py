@@ -4,7 +4,8 @@ Every rank writes the boxes the plan gives it into files of its own, named as to
 ``HuggingFaceStorageWriter(save_distributed=True)`` names them,
 ``shard-{rank+1:05d}-model-{k:05d}-of-{K:05d}.safetensors``, each piece stored whole under
 its tensor's name with its place in the whole tensor in ``__metadata__["DCP_SHARDING_INFO"]``
-(``{name: {"saved_offsets": [...]}}``).  A file holds a name once, so a rank holding several
+(``{name: {"saved_offsets": [...]}}``).  A tensor with no elements has no box to write; rank 0
+names it in its first file (an empty piece at the origin), so that it is in the checkpoint.  A file holds a name once, so a rank holding several
 disjoint boxes of one tensor (a ``_StridedShard`` layout) writes its ``k``-th box of each
 tensor into its ``k``-th file; ``K`` is the most boxes of one tensor any rank writes.  The
 union of every rank's files is a torch sharded directory: ``TorchShardedSafetensorsReader``,
@@ -14,10 +15,11 @@ union of every rank's files is a torch sharded directory: ``TorchShardedSafetens
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
-from hyperckpt._consolidate.assign import OutputFile, encode_header
+from hyperckpt._consolidate.assign import OutputFile, OutputTensor, encode_header
 from hyperckpt._layout.model import SHARDING_INFO_KEY
 from hyperckpt._save.plan import BoxWrite, WritePlan
 
@@ -58,6 +60,9 @@ def plan_rank_files(plan: WritePlan, rank: int) -> RankFiles:
     for box in plan.boxes_of(rank):
         pieces[seen[box.tensor]].append(box)
         seen[box.tensor] += 1
+    empty = _empty_tensors(plan) if rank == 0 else []
+    if empty:
+        pieces.setdefault(0, [])
     made: list[OutputFile] = []
     writes: list[BoxWrite] = []
     for k in sorted(pieces):
@@ -71,6 +76,9 @@ def plan_rank_files(plan: WritePlan, rank: int) -> RankFiles:
             entries[box.tensor] = (box.target, sizes, begin, begin + box.nbytes)
             info[box.tensor] = {"saved_offsets": list(_code_sizes(box.target, box.box[0]))}
             begin += box.nbytes
+        for tensor in empty if k == 0 else ():
+            entries[tensor.name] = (tensor.dtype, tensor.source.shape, begin, begin)
+            info[tensor.name] = {"saved_offsets": [0] * len(tensor.source.shape)}
         metadata = {SHARDING_INFO_KEY: json.dumps(info, separators=(",", ":")), "format": "pt"}
         header = encode_header(entries, metadata=metadata)
         base = len(header)
@@ -90,10 +98,18 @@ def plan_rank_files(plan: WritePlan, rank: int) -> RankFiles:
     return RankFiles(tuple(made), tuple(writes))
 
 
+def _empty_tensors(plan: WritePlan) -> list[OutputTensor]:
+    """The tensors without elements, in name order (no box writes them)."""
+    found = [t for f in plan.output.files for t in f.tensors if not math.prod(t.source.shape)]
+    return sorted(found, key=lambda t: t.name)
+
+
 def all_file_names(plan: WritePlan, world: int) -> tuple[str, ...]:
     """Every rank's per-rank file names, sorted (what the report lists)."""
     total = file_count(plan)
     names = set()
+    if _empty_tensors(plan):
+        names.add(f"shard-00001-model-00001-of-{total:05d}.safetensors")
     for rank in range(world):
         seen: defaultdict[str, int] = defaultdict(int)
         for box in plan.boxes_of(rank):

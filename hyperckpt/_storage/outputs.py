@@ -92,7 +92,11 @@ def make_temp_dir(target: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     temp = temp_path(target, uuid.uuid4().hex[:12])
     temp.mkdir(mode=0o755)
-    write_small(temp / MARKER, _MARKER_TEXT.format(name=target.name).encode())
+    try:
+        write_small(temp / MARKER, _MARKER_TEXT.format(name=target.name).encode())
+    except BaseException:
+        remove_tree(temp)  # a full disk: nothing of this run is left behind
+        raise
     return temp
 
 

@@ -367,6 +367,7 @@ def test_save_and_per_rank_save_then_consolidate_write_the_same_bytes(
         "c": torch.arange(10, dtype=torch.int64),
         "d.mask": torch.arange(13) % 2 == 0,
         "emb": sample_tensor((64, 16), torch.float16, seed=3),
+        "empty": torch.zeros(0, 4),
     }
     size = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
     hyperckpt.save(state, tmp_path / "direct", **size)

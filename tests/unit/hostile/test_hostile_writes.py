@@ -318,3 +318,60 @@ def test_names_that_look_like_paths_and_very_long_names_are_written_inside_and_r
     with safe_open(str(out / "model.safetensors"), "pt") as handle:
         assert set(handle.keys()) == set(state)
     assert hyperckpt.verify(out).ok
+
+
+def test_a_per_rank_save_keeps_tensors_without_elements(tmp_path: Path) -> None:
+    """Found by the write-side fuzzer: an empty tensor has no box to write, and per-rank
+    saves used to leave it out (a state of only empty tensors published an empty folder no
+    reader takes).  Rank 0 names each in its first file, as an empty piece at the origin."""
+    state = {"empty": torch.zeros(0, 3), "none": torch.zeros(0), "w": torch.ones(3)}
+    for name, given in (("mixed", state), ("only", {"empty": torch.zeros(0, 3)})):
+        report = hyperckpt.save(given, tmp_path / name, no_dist=True, per_rank=True)
+        assert report.files == ("shard-00001-model-00001-of-00001.safetensors",)
+        layout = hyperckpt.describe(tmp_path / name)
+        assert layout.kind == "torch-sharded"
+        assert {n: t.shape for n, t in layout.tensors.items()} == {
+            n: tuple(t.shape) for n, t in given.items()
+        }
+        back = {n: torch.full_like(t, 9) for n, t in given.items()}
+        hyperckpt.load(back, tmp_path / name)
+        assert all(torch.equal(back[n], given[n]) for n in given)
+
+
+def test_a_full_disk_while_the_temporary_folder_is_made_leaves_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the write-side fuzzer: the folder was made, its marker's write failed
+    (ENOSPC), and the folder stayed.  Every failure after the folder is made removes it."""
+    import errno
+    import os
+
+    def full(*_: object) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)
+    with pytest.raises(OSError, match="No space left"):
+        hyperckpt.save({"w": torch.ones(3)}, tmp_path / "ckpt", no_dist=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_read_only_parent_is_the_operating_systems_to_judge(tmp_path: Path) -> None:
+    """A 0o555 parent: permissions are the operating system's.  Root is not bound by
+    them (as for every program), so the save is written; anyone else gets the system's
+    PermissionError before anything is written."""
+    import os
+
+    parent = tmp_path / "locked"
+    parent.mkdir()
+    parent.chmod(0o555)
+    try:
+        if os.geteuid() == 0:
+            hyperckpt.save({"w": torch.ones(3)}, parent / "ckpt", no_dist=True)
+            assert sorted(p.name for p in parent.iterdir()) == ["ckpt"]
+            assert hyperckpt.verify(parent / "ckpt").ok
+        else:
+            with pytest.raises(PermissionError):
+                hyperckpt.save({"w": torch.ones(3)}, parent / "ckpt", no_dist=True)
+            assert list(parent.iterdir()) == []
+    finally:
+        parent.chmod(0o755)
