@@ -20,8 +20,8 @@ from torch.distributed.checkpoint.planner import LoadPlan
 from torch.distributed.tensor import Placement, Replicate, Shard
 
 from hyperckpt._arguments import DEFAULT_STAGING_BYTES
-from hyperckpt._exchange.costs import CostModel, StrategyCost
-from hyperckpt._exchange.pricing import price_and_plan, price_plannable
+from hyperckpt._exchange.costs import CostModel, StrategyCost, pick
+from hyperckpt._exchange.pricing import price_plannable
 from hyperckpt._exchange.rank_requests import ChunkOrder, rank_requests, requests_of_ranks
 from hyperckpt._exchange.requests import Requests
 from hyperckpt._exchange.strategy import Strategy
@@ -242,9 +242,10 @@ def strategy_costs(
     """What ``exchange="auto"`` would pick for ``planned``, every strategy's price, and
     why striped is left out of them where the planner would refuse it.
 
-    The pick is the load's own (:func:`~hyperckpt._exchange.pricing.price_and_plan`, its
-    routing limit included; ``"off"`` on one host); every strategy is priced in closed
-    form so that the table can show them.
+    The pick is the load's rule (:func:`~hyperckpt._exchange.pricing.price_and_plan`: the
+    fastest strategy the planner takes, its routing limit included, ties to the simpler;
+    ``"off"`` on one host); every strategy is priced in closed form so that the table can
+    show them.
 
     Args:
         planned: What :func:`rank_requests_of` gave.
@@ -260,17 +261,10 @@ def strategy_costs(
         round_bytes=DEFAULT_STAGING_BYTES,
         batch_bytes=BATCH_BYTES,
     )
-    if hosts < 2:
-        return "off", costs, refused
-    picked, _, _ = price_and_plan(
-        planned.requests,
-        names,
-        model,
-        lambda strategy: strategy,
-        round_bytes=DEFAULT_STAGING_BYTES,
-        batch_bytes=BATCH_BYTES,
-    )
-    return picked, costs, refused
+    # The load's rule (price_and_plan): the fastest plannable strategy, ties to the
+    # simpler; "off" on one host.  Its shortcut (striped planned before the replicated
+    # price is made) picks the same, so the three prices made here decide it.
+    return pick(costs, hosts=hosts), costs, refused
 
 
 def plan_load(planned: LayoutRequests, cost: StrategyCost) -> tuple[RankPlan, ...]:

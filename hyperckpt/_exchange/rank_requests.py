@@ -48,12 +48,15 @@ class ChunkOrder:
         infos: Each chunk's storage info, by index in ``table``.
         kinds: Each chunk's (shape, dtype) as a small number, by index in ``table``:
             what a request's cost depends on besides its lengths.
+        at_origin: The index of each tensor's chunk at the origin (offsets all zero), by
+            tensor name: the one chunk of a compact plan's rows.
     """
 
     table: tuple[ChunkKey, ...]
     ids: Mapping[ChunkKey, int]
     infos: tuple[StorageInfo, ...]
     kinds: tuple[int, ...]
+    at_origin: Mapping[str, int]
 
     @classmethod
     def of(cls, storage: Mapping[MetadataIndex, StorageInfo]) -> ChunkOrder:
@@ -63,7 +66,9 @@ class ChunkOrder:
         infos = tuple(named[key] for key in table)
         kind_ids: dict[tuple[object, ...], int] = {}
         kinds = tuple(kind_ids.setdefault((i.shape, i.dtype), len(kind_ids)) for i in infos)
-        return cls(table, {key: number for number, key in enumerate(table)}, infos, kinds)
+        ids = {key: number for number, key in enumerate(table)}
+        at_origin = {name: number for (name, offsets), number in ids.items() if not any(offsets)}
+        return cls(table, ids, infos, kinds, at_origin)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +109,8 @@ def rank_requests(items: Iterable[ReadItem], order: ChunkOrder) -> RankRequests:
         items: The rank's read items, in plan order.
         order: The checkpoint's chunk table (:meth:`ChunkOrder.of` its storage data).
     """
+    if isinstance(items, CompactItems) and items.rows():
+        return _compact_requests(items, order)
     ids, kinds, infos = order.ids, order.kinds, order.infos
     chunk_col: list[int] = []
     boxes: list[tuple[int, ...]] = []
@@ -145,6 +152,56 @@ def rank_requests(items: Iterable[ReadItem], order: ChunkOrder) -> RankRequests:
         lengths=narrowest_ints(lengths_),
         nbytes=narrowest_ints(np.asarray(bytes_col, dtype=np.int64)),
         calls=narrowest_ints(np.asarray(calls_col, dtype=np.int64)),
+    )
+
+
+def _compact_requests(items: CompactItems, order: ChunkOrder) -> RankRequests:
+    """:func:`rank_requests` of a compact plan's rows without a tuple per row: the rows
+    name their tensors' chunks at the origin and share their cuts, so each row is a chunk
+    index and a cut index; each cut's box and each (chunk kind, cut) pair's cost are made
+    once and spread over the rows with numpy."""
+    keys, cuts, _ = items.columns()
+    at_origin, ids = order.at_origin, order.ids
+    cut_of: dict[int, int] = {}
+    boxes: list[tuple[int, ...]] = []
+    chunk_col: list[int] = []
+    which_col: list[int] = []
+    for key, cut in zip(keys, cuts, strict=True):
+        if key is None:  # an item kept whole: a box of its own
+            fqn, origin, storage_offsets, lengths = request_of(cut)  # type: ignore[arg-type]
+            chunk_col.append(ids[fqn, origin or ()])
+            which_col.append(len(boxes))
+            boxes.append((*storage_offsets, *lengths))
+            continue
+        chunk_col.append(at_origin[key])
+        number = cut_of.get(id(cut))
+        if number is None:
+            number = cut_of[id(cut)] = len(boxes)
+            boxes.append((*cut.box.offsets, *cut.lengths))  # type: ignore[union-attr, misc]
+        which_col.append(number)
+    chunk = np.asarray(chunk_col, dtype=np.int64)
+    which = np.asarray(which_col, dtype=np.int64)
+    width = max((len(box) for box in boxes), default=0) // 2
+    table = np.zeros((len(boxes), 2 * width), np.int64)
+    for number, box in enumerate(boxes):
+        ndim = len(box) // 2
+        table[number, :ndim] = box[:ndim]
+        table[number, width : width + ndim] = box[ndim:]
+    # A request's cost depends on its chunk's shape and dtype and on its lengths only.
+    kinds = np.asarray(order.kinds, dtype=np.int64)[chunk] if len(chunk) else chunk
+    pair = kinds * max(1, len(boxes)) + which
+    unique, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
+    nbytes = np.zeros(len(unique), np.int64)
+    calls = np.zeros(len(unique), np.int64)
+    for slot, row in enumerate(first.tolist()):
+        box = boxes[which_col[row]]
+        nbytes[slot], calls[slot] = request_cost(order.infos[chunk_col[row]], box[len(box) // 2 :])
+    return RankRequests(
+        chunk=narrowest_ints(chunk),
+        offsets=narrowest_ints(table[which, :width]),
+        lengths=narrowest_ints(table[which, width:]),
+        nbytes=narrowest_ints(nbytes[inverse.reshape(-1)]),
+        calls=narrowest_ints(calls[inverse.reshape(-1)]),
     )
 
 
