@@ -460,8 +460,9 @@ def _safetensors_names(entries: Iterable[str]) -> list[str]:
     return [name for name in entries if name.endswith(_SUFFIX)]
 
 
-#: How the shards of a Hugging Face checkpoint are named: ``<prefix>-00001-of-00003.safetensors``.
-_SHARD_NAME: Final = re.compile(r"-\d{5}-of-\d{5}\.safetensors$")
+#: How the shards of a Hugging Face checkpoint are named: ``<prefix>-00001-of-00003.safetensors``
+#: (the count is the second group).
+_SHARD_NAME: Final = re.compile(r"-(\d{5})-of-(\d{5})\.safetensors$")
 
 
 def _lone_file(storage: Storage, entries: list[str]) -> str | None:
@@ -470,10 +471,16 @@ def _lone_file(storage: Storage, entries: list[str]) -> str | None:
     index are missing, as after an interrupted save or download), and its header carries no
     sharding information (a torch sharded directory of one file), else ``None``.
 
+    ``model-00001-of-00001.safetensors`` is one shard of one, the whole checkpoint: torch's
+    writer names a one-file save so, and torch's reader reads it without its index.
+
     Its header is read here, and again with the others: one small read.
     """
     names = _safetensors_names(entries)
-    if len(names) != 1 or _SHARD_NAME.search(names[0]):
+    if len(names) != 1:
+        return None
+    shard = _SHARD_NAME.search(names[0])
+    if shard is not None and not (shard.group(1) == shard.group(2) == "00001"):
         return None
     try:
         header = read_header_in(storage, names[0], first=_first_read(storage))

@@ -555,7 +555,8 @@ _READ_RULES: tuple[Rule, ...] = (
          lambda root: describe(write_files(root, {"a.safetensors": encode_file({}),
                                                   "b.safetensors": encode_file({})}))),
     Rule("hf.no_checkpoint", "A Hugging Face directory has an index, a single file's name or "
-         "only one `*.safetensors` file.", _NF,
+         "only one `*.safetensors` file (one shard of several, `model-00001-of-00003.safetensors`, "
+         "is not enough; `model-00001-of-00001.safetensors` is).", _NF,
          r"no \*\.safetensors\.index\.json and no single .* is there",
          _hf({"a.safetensors": encode_file({}), "b.safetensors": encode_file({})})),
     Rule("hf.single_beside_index", "`model.safetensors` beside an index that does not name it "

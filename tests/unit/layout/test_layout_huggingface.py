@@ -341,3 +341,13 @@ def test_one_shard_of_several_without_its_index_is_no_single_file_checkpoint(
     # The same file under a plain name is a checkpoint of its own.
     os.rename(tmp_path / "model-00001-of-00002.safetensors", tmp_path / "weights.safetensors")
     assert list(describe(tmp_path).tensors) == ["w"]
+
+
+def test_one_shard_of_one_without_its_index_is_the_whole_checkpoint(tmp_path: Path) -> None:
+    # torch's writer names a one-file save model-00001-of-00001.safetensors; its reader reads
+    # the folder without the index, and so do we.
+    entry = {"w": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}}
+    write_files(tmp_path, {"model-00001-of-00001.safetensors": encode_file(entry, b"\1\2")})
+    layout = describe(tmp_path)
+    assert list(layout.files) == ["model-00001-of-00001.safetensors"]
+    assert list(layout.tensors) == ["w"]
