@@ -33,7 +33,7 @@ from hyperckpt._exchange.schedule import ReplicatedSchedule
 from hyperckpt._exchange.strategy import Exchange
 from hyperckpt._exchange.stripe_plan import StripeShare
 from hyperckpt._exchange.stripes import ChunkKey, StripeSchedule
-from hyperckpt._layout.directory import huggingface_layout, torch_sharded_layout
+from hyperckpt._layout.directory import describe_directory, torch_sharded_layout
 from hyperckpt._layout.mapping import MappedLayout, Mapping, MappingLike
 from hyperckpt._layout.model import TORCH_SHARDED, CheckpointLayout, Kind
 from hyperckpt._load.exchange_plan import BATCH_BYTES, mark_plan, share_plans
@@ -494,9 +494,14 @@ class HuggingFaceStorageReader(_SafetensorsReader):
     With ``model.safetensors.index.json`` exactly the files of its ``weight_map`` are read,
     nothing else in the directory; the index and the headers must agree tensor by tensor.
     Used as ``dcp.load(state_dict, storage_reader=HuggingFaceStorageReader(path))``.
+
+    A directory of torch's per-rank files (``HuggingFaceStorageWriter(save_distributed=True)``
+    without consolidation: no index, every file carrying ``DCP_SHARDING_INFO``) is detected
+    and read as :class:`TorchShardedSafetensorsReader` reads it, as torch's own reader
+    does: the kind is told as :func:`hyperckpt.describe` tells it.
     """
 
-    _describe = staticmethod(huggingface_layout)
+    _describe = staticmethod(describe_directory)
 
 
 class TorchShardedSafetensorsReader(_SafetensorsReader):

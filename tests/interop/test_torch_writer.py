@@ -97,6 +97,14 @@ def _run_ranks(rank: int, world_size: int, root: str, llama: str) -> list[str]:
         label = f"sharded/ -> {placements}"
         reader = TorchShardedSafetensorsReader(sharded)
         failures += _load_into(label, reader, originals, mesh, placements)
+    # torch's reader reads a save_distributed folder too; ours detects it the same way.
+    failures += _load_into(
+        "sharded/ by HuggingFaceStorageReader -> [Shard(1)]",
+        HuggingFaceStorageReader(sharded),
+        originals,
+        mesh,
+        [Shard(1)],
+    )
     # torch 2.13's consolidation writes 0-d tensors as zeros (the sharded files are right),
     # so the consolidated files are checked against what safetensors reads from them.
     consolidated = _read_all(Path(root))
