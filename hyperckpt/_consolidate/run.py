@@ -45,7 +45,7 @@ from hyperckpt._layout.directory import torch_sharded_layout
 from hyperckpt._layout.model import INDEX_NAME, CheckpointLayout
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
 from hyperckpt._storage.destination import CONSOLIDATE_MARKER as MARKER_NAME
-from hyperckpt._storage.destination import judge
+from hyperckpt._storage.destination import is_checkpoint_file, judge
 from hyperckpt._storage.files import LocalStorage
 from hyperckpt._storage.places import is_remote, local_path, storage_at
 from hyperckpt._storage.protocol import Entry, Storage
@@ -304,14 +304,23 @@ def _dtype_name(dtype: str | torch.dtype) -> str:
 
 
 def _check_places(source: Path, out: Path) -> None:
-    """Refuse an output inside the input (its files would join the input's), or one whose
-    path cannot be resolved (a symlink loop)."""
+    """Refuse the input directory itself as the output (its files would join the input's),
+    an output directly in it under a safetensors file's name (the input would then hold a
+    directory where a file is read), or one whose path cannot be resolved (a symlink loop).
+    A subfolder of the input is an output like any other: its files are no entries of the
+    input, which is read from its own directory alone."""
     src = _resolved(source, "source")
     dst = _resolved(out, "output")
-    if dst == src or src in dst.parents:
+    if dst == src:
         raise ValueError(
-            f"{out}: the output is inside the input directory {source}; its files would "
-            f"become part of the input: choose an output outside it"
+            f"{out}: the output is the input directory {source}; its files would become "
+            f"part of the input: choose another directory (beside it, or a subfolder)"
+        )
+    if dst.parent == src and is_checkpoint_file(dst.name):
+        raise ValueError(
+            f"{out}: the output is inside the input directory {source} under a safetensors "
+            f"file's name, which the input's reader would take for one of its files: name "
+            f"the folder otherwise"
         )
 
 

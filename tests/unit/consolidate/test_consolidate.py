@@ -263,13 +263,25 @@ def test_a_non_empty_output_is_refused_unless_overwrite_which_keeps_other_files(
     assert report.files == ("model.safetensors",)
 
 
-def test_a_sharded_folder_consolidates_into_its_parent_but_not_into_itself(tmp_path: Path) -> None:
-    source, _originals = _many(tmp_path / "step-10")
+def test_a_sharded_folder_consolidates_into_its_parent_and_a_subfolder_but_not_into_itself(
+    tmp_path: Path,
+) -> None:
+    source, originals = _many(tmp_path / "step-10")
     consolidate(source, tmp_path / "step-10")
     assert describe(tmp_path / "step-10").kind == "huggingface"
     assert describe(source).kind == "torch-sharded"
-    with pytest.raises(ValueError, match="inside the input"):
-        consolidate(source, source / "out")
+    # A subfolder of the input (as torch's tests write it) is no part of the input.
+    before = describe(source)
+    consolidate(source, source / "consolidated")
+    assert describe(source).tensors == before.tensors
+    written = load_file(str(source / "consolidated" / "model.safetensors"))
+    assert written.keys() == originals.keys()
+    assert all(mismatch(written[n], t) is None for n, t in originals.items())
+    with pytest.raises(ValueError, match="the output is the input directory"):
+        consolidate(source, source)
+    with pytest.raises(ValueError, match="under a safetensors file's name"):
+        consolidate(source, source / "x.safetensors")
+    assert not (source / "x.safetensors").exists()
 
 
 def test_the_command_consolidates_and_reports_errors_with_exit_codes(
