@@ -103,6 +103,7 @@ RuleId = Literal[
     "save.duplicate_name",
     "save.meta_tensor",
     "save.narrowing",
+    "save.no_file_index",
     "save.not_contiguous",
     "save.not_dense",
     "save.not_shared",

@@ -253,8 +253,9 @@ def _check_header_length(
     why = (
         "one tensor's name is longer than a header can hold"
         if split_by_header
-        else f"the like checkpoint puts {count} tensors in it: drop like= so that files are "
-        f"split by header size too, or give those tensors shorter names"
+        else f"the file assignment given (like= or fqn_to_index_mapping) puts {count} "
+        f"tensors in it: drop it so that files are split by header size too, or give those "
+        f"tensors shorter names"
     )
     raise CheckpointError(
         f"{name}: its header would be {'at least ' if least else ''}{length} bytes, over the "

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from types import MappingProxyType
+from typing import Final
 
 from hyperckpt._format.header import decode_strict_json, read_header
 from hyperckpt._format.preview import preview
@@ -13,7 +15,11 @@ from hyperckpt._layout.model import INDEX_NAME, SINGLE_FILE_NAME, TensorLayout
 from hyperckpt._storage.files import LocalStorage
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
 
-__all__ = ["check_like", "read_like"]
+__all__ = ["MAX_FILE_INDEX", "check_file_indexes", "check_like", "index_assignment", "read_like"]
+
+#: The largest file index of ``fqn_to_index_mapping``: the five digits of
+#: ``model-0000k-of-0000N.safetensors``.
+MAX_FILE_INDEX: Final = 99_999
 
 
 def read_like(path: str | os.PathLike[str]) -> tuple[dict[str, str], bool]:
@@ -88,3 +94,72 @@ def check_like(tensors: Mapping[str, TensorLayout], weight_map: Mapping[str, str
             f"saved separately, or another model)",
             tensor=extra[0],
         )
+
+
+def check_file_indexes(value: object) -> Mapping[str, int] | None:
+    """torch's ``fqn_to_index_mapping`` (tensor name to file index, 1 to
+    :data:`MAX_FILE_INDEX`) checked entry by entry, as a read-only copy; ``None`` stays.
+
+    Raises:
+        TypeError: It is not a mapping of ``str`` to ``int``.
+        ValueError: An index is below 1 or above :data:`MAX_FILE_INDEX`.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise TypeError(
+            f"fqn_to_index_mapping must be a dict of tensor name to file index (1 to N, as "
+            f"torch's HuggingFaceStorageWriter takes it) or None, got {type(value).__name__}"
+        )
+    checked: dict[str, int] = {}
+    for name, index in value.items():
+        if not isinstance(name, str):
+            raise TypeError(
+                f"fqn_to_index_mapping: keys are tensor names (str), got {type(name).__name__} "
+                f"{name!r:.60}"
+            )
+        if not isinstance(index, int) or isinstance(index, bool):
+            raise TypeError(
+                f"fqn_to_index_mapping[{name!r:.200}] must be a file index (int, 1 to N), got "
+                f"{type(index).__name__} {index!r:.60}"
+            )
+        if not 1 <= index <= MAX_FILE_INDEX:
+            raise ValueError(
+                f"fqn_to_index_mapping[{name!r:.200}] is {index}; file indexes run from 1 to "
+                f"{MAX_FILE_INDEX} (model-00001-of-N.safetensors is index 1)"
+            )
+        checked[name] = index
+    if not checked:
+        raise ValueError(
+            "fqn_to_index_mapping is empty; give every tensor a file index, or pass None to "
+            "split files by max_shard_size"
+        )
+    return MappingProxyType(checked)
+
+
+def index_assignment(
+    indexes: Mapping[str, int], names: Iterable[str], *, where: str
+) -> tuple[dict[str, str], bool]:
+    """The weight map that ``fqn_to_index_mapping`` (checked) gives the tensors ``names``, as
+    torch's writer names its files (``where``, the output, for messages): index ``k`` of the highest index ``N`` in the mapping is
+    ``model-0000k-of-0000N.safetensors``, always with an index file.  Names the mapping
+    holds and the tensors lack are not written (torch's writer does the same: a model's
+    index may name more); an index no tensor uses gives no file.
+
+    Raises:
+        CheckpointError: A tensor has no file index, naming the first (torch's writer
+            fails with a ``KeyError`` then).
+    """
+    names = list(names)
+    lacking = sorted(name for name in names if name not in indexes)
+    if lacking:
+        raise CheckpointError(
+            f"{where}: fqn_to_index_mapping has no file index for {len(lacking)} tensor(s) saved: "
+            f"{preview(lacking, 5)}; give every tensor saved a file index (1 to N), or pass "
+            f"None to split files by max_shard_size",
+            path=where,
+            tensor=lacking[0],
+            rule="save.no_file_index",
+        )
+    count = max(indexes.values())
+    return {name: f"model-{indexes[name]:05d}-of-{count:05d}.safetensors" for name in names}, True

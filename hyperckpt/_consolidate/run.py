@@ -6,7 +6,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, cast
@@ -34,6 +34,7 @@ from hyperckpt._consolidate.assign import (
     plan_output,
     read_like,
 )
+from hyperckpt._consolidate.like import check_file_indexes, index_assignment
 from hyperckpt._consolidate.write import (
     MIN_STAGING_BYTES,
     WriteOptions,
@@ -102,6 +103,8 @@ def consolidate(
     thread_count: int | None = None,
     process_group: dist.ProcessGroup | None = None,
     progress: ProgressCallback | None = None,
+    fqn_to_index_mapping: Mapping[str, int] | None = None,
+    num_threads: int | None = None,
 ) -> ConsolidateReport:
     """Turn a torch sharded directory into a Hugging Face checkpoint, every byte exact.
 
@@ -139,6 +142,11 @@ def consolidate(
         progress: Called with a :class:`~hyperckpt.Progress` of this rank's writing (bytes
             and tensors written of those it writes) at a bounded rate from the writer
             threads, and once more when its files are written.
+        fqn_to_index_mapping: Which file holds each tensor, as torch's
+            ``consolidate_safetensors_files`` takes it: tensor name to file index 1 to N,
+            written as ``model-0000k-of-0000N.safetensors`` with an index (instead of the
+            split by ``max_shard_size``; not with ``like``).  Every input tensor needs one.
+        num_threads: torch's name for ``thread_count`` (give one of them).
 
     Returns:
         A :class:`ConsolidateReport`, the same on every rank except ``seconds``.
@@ -165,6 +173,17 @@ def consolidate(
         OSError: The output cannot be written.
     """
     begin = time.perf_counter()
+    indexes = check_file_indexes(fqn_to_index_mapping)
+    if indexes is not None and like is not None:
+        raise ValueError(
+            "like= and fqn_to_index_mapping both say which file holds each tensor: give one"
+        )
+    if num_threads is not None:
+        if thread_count is not None:
+            raise ValueError(
+                "thread_count and num_threads (torch's name for it) are both given: give one"
+            )
+        thread_count = num_threads
     threads = _check_options(
         source,
         output,
@@ -188,12 +207,12 @@ def consolidate(
         limit = parse_size(max_shard_size)
         code = None if dtype is None else output_dtype_code(_dtype_name(dtype))
         layout = torch_sharded_layout(source)
-        plan = plan_output(
-            layout.tensors,
-            max_shard_size=limit,
-            like=None if like is None else read_like(like),
-            dtype=code,
-        )
+        assignment: tuple[dict[str, str], bool] | None = None
+        if indexes is not None:
+            assignment = index_assignment(indexes, layout.tensors, where=str(output))
+        elif like is not None:
+            assignment = read_like(like)
+        plan = plan_output(layout.tensors, max_shard_size=limit, like=assignment, dtype=code)
         for file in plan.files:
             for tensor in file.tensors:
                 check_sub_byte(tensor)

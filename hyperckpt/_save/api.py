@@ -55,6 +55,7 @@ def save(
     timeout: float | None = None,
     per_rank: bool | None = None,
     mapping: MappingLike | None = None,
+    fqn_to_index_mapping: Mapping[str, int] | None = None,
 ) -> SaveReport:
     """Save a state dict of tensors and DTensors (any layout) as a Hugging Face checkpoint.
 
@@ -103,6 +104,10 @@ def save(
             written as ``mlp.experts.{e}.gate_proj.weight`` and ``up_proj`` ``[I, H]``, each
             rank writing the experts it holds.  A rule with no inverse (a rename function)
             is refused (``mapping.not_invertible``).
+        fqn_to_index_mapping: Which file holds each tensor, as torch's writer takes it
+            (tensor name as written to file index 1 to N; see
+            :attr:`SaveOptions.fqn_to_index_mapping`), instead of the split by
+            ``max_shard_size``: keep a model's own file split.
 
     Returns:
         A :class:`SaveReport`, the same on every rank except ``seconds``.
@@ -132,6 +137,7 @@ def save(
                 timeout=timeout,
                 per_rank=per_rank,
                 mapping=mapping,
+                fqn_to_index_mapping=fqn_to_index_mapping,
             )
         )
         return built[0]

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections import abc
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from hyperckpt._arguments import DEFAULT_STAGING_BYTES, Limits, check_flag, check_number
 from hyperckpt._consolidate.assign import DEFAULT_MAX_SHARD_SIZE, output_dtype_code, parse_size
+from hyperckpt._consolidate.like import check_file_indexes
 from hyperckpt._layout.mapping import Mapping, as_mapping
 from hyperckpt._save.ranks import DEFAULT_TIMEOUT
 
@@ -66,6 +68,12 @@ class SaveOptions:
         staging_bytes: Most bytes of buffers per rank for column slices exchanged between
             ranks so that each writes whole row bands (4096 to 1 TiB, default 256 MiB):
             its bands, the message it receives and the one it sends, a third each.
+        fqn_to_index_mapping: Which file holds each tensor, by torch's spelling: tensor
+            name (as written) to file index ``k``, 1 to N, written as
+            ``model-0000k-of-0000N.safetensors`` (N the highest index) with an index file;
+            ``max_shard_size`` then plays no part.  A model's own split is kept by passing
+            its index's ``weight_map`` turned into indexes.  ``None`` (the default): files
+            are split by ``max_shard_size``.  Stored as a read-only copy.
     """
 
     max_shard_size: int = DEFAULT_MAX_SHARD_SIZE
@@ -79,6 +87,7 @@ class SaveOptions:
     per_rank: bool = False
     mapping: Mapping | None = None
     staging_bytes: int = DEFAULT_STAGING_BYTES
+    fqn_to_index_mapping: abc.Mapping[str, int] | None = None
 
     def __post_init__(self) -> None:
         """Check every field; store sizes, dtypes and mappings in their one form.
@@ -101,6 +110,8 @@ class SaveOptions:
         mapping: object = self.mapping
         if mapping is not None and not isinstance(mapping, Mapping):
             object.__setattr__(self, "mapping", as_mapping(mapping))
+        indexes = check_file_indexes(self.fqn_to_index_mapping)
+        object.__setattr__(self, "fqn_to_index_mapping", indexes)
 
 
 def one_save_options(options: object, **keywords: object) -> SaveOptions:

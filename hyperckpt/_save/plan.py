@@ -12,7 +12,7 @@ spread evenly.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +24,7 @@ from hyperckpt._consolidate.assign import (
     assign_ranks,
     plan_output,
 )
+from hyperckpt._consolidate.like import index_assignment
 from hyperckpt._format.header import DTYPES
 from hyperckpt._layout.model import TensorLayout
 from hyperckpt._read.dtype_policy import is_widening
@@ -107,6 +108,7 @@ def plan_writes(
     dtype: str | None,
     refuse_narrowing: bool,
     path: str,
+    file_indexes: Mapping[str, int] | None = None,
 ) -> WritePlan:
     """The files, header writers and box writers of a save.
 
@@ -117,6 +119,8 @@ def plan_writes(
         dtype: A code of ``CONVERTIBLE`` to write float tensors as, or ``None``.
         refuse_narrowing: Refuse a ``dtype`` that would lose values of some tensor.
         path: The checkpoint path, for messages.
+        file_indexes: torch's ``fqn_to_index_mapping`` (checked): which file holds each
+            tensor, instead of the split by ``max_shard_size``.
 
     Raises:
         CheckpointError: ``dtype`` narrows a tensor and ``refuse_narrowing`` is set
@@ -140,7 +144,8 @@ def plan_writes(
     # Data starts on a page (HEADER_ALIGN): tensors of whole pages (most weights) then start
     # on pages, and so do the boxes of their row splits, which direct I/O writes whole,
     # without page-cache ends (a buffered write into a file waits for every direct write to it).
-    output = plan_output(layouts, max_shard_size=max_shard_size, dtype=dtype)
+    like = None if file_indexes is None else index_assignment(file_indexes, layouts, where=path)
+    output = plan_output(layouts, max_shard_size=max_shard_size, like=like, dtype=dtype)
     where = {t.name: (f.name, t.start, t.dtype) for f in output.files for t in f.tensors}
     # Boxes one rank holds are its own; then every box several ranks hold, largest first
     # across all tensors (ties in state-dict then row-major order), goes to its holder with

@@ -195,6 +195,7 @@ def stage(
             dtype=built.dtype,
             refuse_narrowing=built.refuse_narrowing,
             path=where,
+            file_indexes=built.fqn_to_index_mapping,
         )
     except FAILURES as err:
         failure = err

@@ -41,7 +41,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from hyperckpt._arguments import check_callable, check_path
+from hyperckpt._arguments import THREADS, check_callable, check_flag, check_number, check_path
 from hyperckpt._layout.mapping import MappingLike
 from hyperckpt._read.tracker import ProgressCallback
 from hyperckpt._save.options import SaveOptions, one_save_options
@@ -60,9 +60,32 @@ class HuggingFaceStorageWriter(StorageWriter):
     plain tensors) is written right, or refused on every rank before a byte is written.
     The options are those of :func:`hyperckpt.save`.
 
+    torch's own arguments are taken in torch's order, so a call to torch's writer works
+    unchanged (``docs/torch-compat.md`` lists what differs):
+
+    * ``fqn_to_index_mapping``: which file holds each tensor (see
+      :attr:`SaveOptions.fqn_to_index_mapping`);
+    * ``save_distributed=True`` without ``enable_consolidation``: each rank writes its own
+      files (``per_rank=True``), torch's ``shard-0000r-model-0000k-of-0000K.safetensors``;
+    * ``enable_consolidation=True``: the consolidated Hugging Face files are written at
+      ``path`` straight from the ranks' memory, with no ``sharded/`` folder and no second
+      pass (torch writes ``path/sharded/`` first, then consolidates it);
+      ``save_distributed=False``, torch's rank-0 full state dict, needs nothing: every
+      layout is written right;
+    * ``thread_count_consolidation``: the threads of that consolidation, so with
+      ``enable_consolidation`` it is the thread count of this write (``thread_count``, the
+      threads of torch's sharded files, which are not written, is then not used).
+
     Args:
         path: The checkpoint directory to create (``checkpoint_id`` of ``dcp.save``
             replaces it when given).
+        fqn_to_index_mapping: torch's: tensor name (as written) to file index, 1 to N.
+        thread_count: See :func:`hyperckpt.save`.
+        save_distributed: torch's: with ``enable_consolidation`` off, ``per_rank=True``.
+        enable_consolidation: torch's: write consolidated files (what this writer always
+            writes unless ``per_rank``).
+        thread_count_consolidation: torch's: with ``enable_consolidation``, the threads
+            to write with.
         process_group: Must be the group passed to ``dcp.save`` (default: the default group).
         options: A :class:`~hyperckpt.SaveOptions`, as in :func:`hyperckpt.save` (the
             keywords below set its fields; one given both ways is a ``ValueError``).
@@ -72,7 +95,6 @@ class HuggingFaceStorageWriter(StorageWriter):
         keep_aliases: See :func:`hyperckpt.save`.
         overwrite: See :func:`hyperckpt.save`.
         audit: See :func:`hyperckpt.save`.
-        thread_count: See :func:`hyperckpt.save`.
         progress: See :func:`hyperckpt.save`.
         timeout: See :func:`hyperckpt.save`.
         per_rank: See :func:`hyperckpt.save`: for storage the ranks do not share, each
@@ -90,6 +112,11 @@ class HuggingFaceStorageWriter(StorageWriter):
     def __init__(
         self,
         path: str | os.PathLike[str],
+        fqn_to_index_mapping: Mapping[str, int] | None = None,
+        thread_count: int | None = None,
+        save_distributed: bool | None = None,
+        enable_consolidation: bool | None = None,
+        thread_count_consolidation: int | None = None,
         *,
         process_group: dist.ProcessGroup | None = None,
         options: SaveOptions | None = None,
@@ -99,7 +126,6 @@ class HuggingFaceStorageWriter(StorageWriter):
         keep_aliases: bool | None = None,
         overwrite: bool | None = None,
         audit: bool | None = None,
-        thread_count: int | None = None,
         progress: ProgressCallback | None = None,
         timeout: float | None = None,
         per_rank: bool | None = None,
@@ -108,8 +134,16 @@ class HuggingFaceStorageWriter(StorageWriter):
         super().__init__()
         check_path("path", path)
         self.path = local_path("path", path, writes=True)
+        per_rank, thread_count = _torch_arguments(
+            save_distributed,
+            enable_consolidation,
+            thread_count_consolidation,
+            per_rank=per_rank,
+            thread_count=thread_count,
+        )
         self._options = one_save_options(
             options,
+            fqn_to_index_mapping=fqn_to_index_mapping,
             max_shard_size=max_shard_size,
             dtype=None if dtype is None else str(dtype),
             refuse_narrowing=refuse_narrowing,
@@ -218,3 +252,42 @@ class HuggingFaceStorageWriter(StorageWriter):
     def report(self) -> object:
         """The last save's :class:`~hyperckpt.SaveReport` (after ``dcp.save`` returned)."""
         return None if self._staged is None else self._staged.report()
+
+
+def _torch_arguments(
+    save_distributed: object,
+    enable_consolidation: object,
+    thread_count_consolidation: object,
+    *,
+    per_rank: bool | None,
+    thread_count: int | None,
+) -> tuple[bool | None, int | None]:
+    """``per_rank`` and ``thread_count`` once torch's ``save_distributed``,
+    ``enable_consolidation`` and ``thread_count_consolidation`` are read (see the class).
+
+    Raises:
+        TypeError: A flag is not a ``bool``.
+        ValueError: ``per_rank`` contradicts them.
+    """
+    for name, value in (
+        ("save_distributed", save_distributed),
+        ("enable_consolidation", enable_consolidation),
+    ):
+        if value is not None:
+            check_flag(name, value)
+    torch_per_rank = bool(save_distributed) and not enable_consolidation
+    if save_distributed is not None or enable_consolidation is not None:
+        if per_rank is not None and per_rank != torch_per_rank:
+            raise ValueError(
+                f"per_rank={per_rank} contradicts save_distributed={save_distributed}, "
+                f"enable_consolidation={enable_consolidation} (torch's spelling of "
+                f"per_rank={torch_per_rank}): give one spelling"
+            )
+        per_rank = torch_per_rank if torch_per_rank else per_rank
+    if thread_count_consolidation is not None:
+        threads = int(
+            check_number("thread_count_consolidation", thread_count_consolidation, THREADS)
+        )
+        if enable_consolidation:
+            thread_count = threads
+    return per_rank, thread_count

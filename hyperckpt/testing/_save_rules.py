@@ -117,6 +117,9 @@ SAVE_RULES: tuple[_Entry, ...] = (
      r"the ranks' pieces must tile it exactly", _overlap),
     ("save.narrowing", "With `refuse_narrowing`, `dtype=` never rounds a wider tensor.",
      r"would narrow it", _save({"w": _T}, dtype="bf16", refuse_narrowing=True)),
+    ("save.no_file_index", "With `fqn_to_index_mapping`, every tensor saved has a file index "
+     "(torch's writer raises a `KeyError`).", r"has no file index for 1 tensor",
+     _save({"w": _T, "b": torch.ones(2)}, fqn_to_index_mapping={"w": 1})),
     ("save.not_shared", "Every rank sees the directory rank 0 created (shared storage); "
      "otherwise save with `per_rank=True` (`hyperckpt.save` or the writer).",
      r"the ranks do not share this storage", _not_shared),

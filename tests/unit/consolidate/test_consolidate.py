@@ -367,9 +367,15 @@ def test_long_strided_runs_are_read_straight_into_place_in_batches(tmp_path: Pat
     )
 
 
-@pytest.mark.parametrize("max_shard_size", [None, "3KB"])
+#: Files 2 and 4 of 4, by torch's file indexes (1 and 3 unused).
+_INDEXES = {"a.weight": 2, "b.bias": 4, "c": 2, "d.mask": 4, "emb": 4, "empty": 2}
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"max_shard_size": "3KB"}, {"fqn_to_index_mapping": _INDEXES}]
+)
 def test_save_and_per_rank_save_then_consolidate_write_the_same_bytes(
-    tmp_path: Path, max_shard_size: str | None
+    tmp_path: Path, options: dict[str, object]
 ) -> None:
     """One Hugging Face writer: the same tensors and options (defaults included) give
     byte-identical files from ``save`` and from ``save(per_rank=True)`` + ``consolidate``."""
@@ -381,13 +387,18 @@ def test_save_and_per_rank_save_then_consolidate_write_the_same_bytes(
         "emb": sample_tensor((64, 16), torch.float16, seed=3),
         "empty": torch.zeros(0, 4),
     }
-    size = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
-    hyperckpt.save(state, tmp_path / "direct", **size)
+    hyperckpt.save(state, tmp_path / "direct", **options)  # type: ignore[arg-type]
     hyperckpt.save(state, tmp_path / "sharded", per_rank=True)
-    hyperckpt.consolidate(tmp_path / "sharded", tmp_path / "consolidated", **size)
+    hyperckpt.consolidate(tmp_path / "sharded", tmp_path / "consolidated", **options)  # type: ignore[arg-type]
     direct = sorted(p.name for p in (tmp_path / "direct").iterdir())
-    if max_shard_size is None:
+    if not options:
         assert direct == ["model.safetensors"]
+    elif "fqn_to_index_mapping" in options:
+        assert direct == [
+            "model-00002-of-00004.safetensors",
+            "model-00004-of-00004.safetensors",
+            "model.safetensors.index.json",
+        ]
     else:
         assert "model.safetensors.index.json" in direct
         assert len(direct) > 2
@@ -395,3 +406,26 @@ def test_save_and_per_rank_save_then_consolidate_write_the_same_bytes(
     for name in direct:
         ours = (tmp_path / "direct" / name).read_bytes()
         assert ours == (tmp_path / "consolidated" / name).read_bytes(), name
+
+
+def test_consolidate_takes_torchs_arguments_and_refuses_them_given_twice(tmp_path: Path) -> None:
+    source, originals = _many(tmp_path)
+    indexes = {name: 1 + n % 2 for n, name in enumerate(sorted(originals))}
+    # torch's consolidate_safetensors_files(input_dir, output_dir, fqn_to_index_mapping, num_threads)
+    report = consolidate(source, tmp_path / "out", fqn_to_index_mapping=indexes, num_threads=2)
+    assert report.files == ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
+    with safe_open(tmp_path / "out" / report.files[0], "pt") as f:
+        for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+            assert indexes[name] == 1
+            assert mismatch(f.get_tensor(name), originals[name]) is None
+    with pytest.raises(TypeError, match=r"fqn_to_index_mapping\['big'\] must be a file index"):
+        consolidate(source, tmp_path / "o2", fqn_to_index_mapping={**indexes, "big": None})
+    with pytest.raises(ValueError, match="num_threads"):
+        consolidate(source, tmp_path / "o2", thread_count=2, num_threads=2)
+    with pytest.raises(ValueError, match="give one"):
+        consolidate(source, tmp_path / "o2", like=tmp_path / "out", fqn_to_index_mapping=indexes)
+    partial = {k: v for k, v in indexes.items() if k != "big"}
+    with pytest.raises(CheckpointError, match="no file index for 1 tensor") as err:
+        consolidate(source, tmp_path / "o2", fqn_to_index_mapping=partial)
+    assert err.value.tensor == "big"
+    assert not (tmp_path / "o2").exists()
