@@ -79,7 +79,12 @@ def plan_rank_files(plan: WritePlan, rank: int) -> RankFiles:
         for tensor in empty if k == 0 else ():
             entries[tensor.name] = (tensor.dtype, tensor.source.shape, begin, begin)
             info[tensor.name] = {"saved_offsets": [0] * len(tensor.source.shape)}
-        metadata = {SHARDING_INFO_KEY: json.dumps(info, separators=(",", ":")), "format": "pt"}
+        # torch's writer's three keys; its readers read only DCP_SHARDING_INFO.
+        metadata = {
+            SHARDING_INFO_KEY: json.dumps(info, separators=(",", ":")),
+            "format": "pt",
+            "DCP_VERSION": "1.0",
+        }
         header = encode_header(entries, metadata=metadata)
         base = len(header)
         made.append(OutputFile(name, header, (), base + begin))

@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from helpers import mismatch, poison_, run_ranks
+from safetensors import safe_open
 from test_save_ranks import LAYOUTS, _held, _meshes, _original
 
 import hyperckpt
@@ -73,6 +74,9 @@ def test_torchs_arguments_in_torchs_order_save_what_hyperckpt_save_writes(tmp_pa
         assert (step / name).read_bytes() == (alone / name).read_bytes(), name
     # torch's per-rank file names, one set per rank.
     assert all(p.name.startswith("shard-0000") for p in sharded.iterdir())
+    for file in sharded.iterdir():  # torch's writer's keys, DCP_SHARDING_INFO per rank
+        with safe_open(file, "pt") as opened:
+            assert set(opened.metadata()) == {"DCP_SHARDING_INFO", "DCP_VERSION", "format"}
     assert hyperckpt.describe(sharded).kind == "torch-sharded"
     for label, reader in {
         "torch's reader, consolidated": dcp.HuggingFaceStorageReader(str(step)),
