@@ -98,9 +98,9 @@ class _SafetensorsReader(FileSystemReader):
     def __init__(
         self,
         path: str | os.PathLike[str],
+        thread_count: int | None = None,
         *,
         options: ReadOptions | None = None,
-        thread_count: int | None = None,
         staging_bytes: int | None = None,
         exchange: Exchange | None = None,
         process_group: dist.ProcessGroup | None = None,
@@ -120,9 +120,9 @@ class _SafetensorsReader(FileSystemReader):
 
         Args:
             path: The checkpoint directory.
-            options: The options as one :class:`~hyperckpt.ReadOptions`.
             thread_count: Reads in flight per rank; by default the host's cores shared among
-                its ranks, at most 8.
+                its ranks, at most 8 (second, as in torch's reader).
+            options: The options as one :class:`~hyperckpt.ReadOptions`.
             staging_bytes: Staging memory in bytes, all read threads together; also the most
                 bytes exchanged per round.
             exchange: How ranks share the reading: ``"auto"`` (the default, the cost
