@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import statistics
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scale import build
+from scale import build, scratch_root
 
 #: (ranks, hosts, layout) rows; the first two are the issue's targets.
 ROWS = ((8, 1, "fsdp"), (64, 8, "fsdp"), (64, 8, "fsdp-tp"), (64, 8, "hsdp"))
@@ -128,17 +127,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/bench_plan"))
     args = parser.parse_args(argv)
-    root = args.root or Path(tempfile.mkdtemp(prefix="dsv3-"))
-    try:
+    with scratch_root(parser, args.root, keep=args.keep) as root:
         if not (root / "model.safetensors.index.json").exists():
             build(root)
         files = len(list(root.glob("*.safetensors")))
         tensors = len(json.loads((root / "model.safetensors.index.json").read_text())["weight_map"])
         rows = measure(root, args.repeats)
         report(rows, args.out, args.repeats, (tensors, files))
-    finally:
-        if not args.keep:
-            shutil.rmtree(root, ignore_errors=True)
     return 0
 
 

@@ -26,6 +26,7 @@ the source tree.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import gc
 import json
@@ -41,7 +42,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -348,17 +349,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="cProfile one describe")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    root = args.root or Path(tempfile.mkdtemp(prefix="hyperckpt-dsv3-", dir="/tmp"))
+    with scratch_root(parser, args.root, keep=args.keep) as root:
+        run(root, repeats=args.repeats, worlds=args.worlds, profile=args.profile)
+    return 0
+
+
+@contextlib.contextmanager
+def scratch_root(
+    parser: argparse.ArgumentParser, given: Path | None, *, keep: bool
+) -> Iterator[Path]:
+    """The checkpoint folder of a benchmark run: ``--root`` (made if missing, never inside
+    the source tree) or a fresh one under /tmp, removed afterwards unless ``keep``."""
+    root = given or Path(tempfile.mkdtemp(prefix="hyperckpt-dsv3-", dir="/tmp"))
     root.mkdir(parents=True, exist_ok=True)
     source = Path(__file__).resolve().parent.parent
     if source in root.resolve().parents or root.resolve() == source:
         parser.error(f"--root {root} is inside the source tree; use /tmp")
     try:
-        run(root, repeats=args.repeats, worlds=args.worlds, profile=args.profile)
+        yield root
     finally:
-        if not args.keep:
+        if not keep:
             shutil.rmtree(root, ignore_errors=True)
-    return 0
 
 
 if __name__ == "__main__":
