@@ -13,7 +13,12 @@ that ``except Exception`` misses; :func:`hyperckpt.load` raises :class:`Checkpoi
 
 from __future__ import annotations
 
-from hyperckpt._consolidate import ConsolidateReport, consolidate
+from hyperckpt._consolidate import (
+    ConsolidateReport,
+    consolidate,
+    consolidate_safetensors_files,
+    consolidate_safetensors_files_on_every_rank,
+)
 from hyperckpt._exchange.costs import CostModel
 from hyperckpt._format.header import FileHeader, TensorEntry
 from hyperckpt._layout.mapping import (
@@ -78,6 +83,8 @@ __all__ = [
     "VerifyReport",
     "__version__",
     "consolidate",
+    "consolidate_safetensors_files",
+    "consolidate_safetensors_files_on_every_rank",
     "describe",
     "load",
     "release_pinned_memory",

@@ -52,7 +52,7 @@ from hyperckpt._storage.places import is_remote, local_path, storage_at
 from hyperckpt._storage.protocol import Entry, Storage
 from hyperckpt.errors import CheckpointError
 
-__all__ = ["MARKER_NAME", "STAGING_BYTES", "ConsolidateReport", "consolidate"]
+__all__ = ["MARKER_NAME", "STAGING_BYTES", "ConsolidateReport", "consolidate", "run"]
 
 logger = logging.getLogger("hyperckpt")
 
@@ -172,7 +172,6 @@ def consolidate(
             be called.
         OSError: The output cannot be written.
     """
-    begin = time.perf_counter()
     indexes = check_file_indexes(fqn_to_index_mapping)
     if indexes is not None and like is not None:
         raise ValueError(
@@ -184,6 +183,40 @@ def consolidate(
                 "thread_count and num_threads (torch's name for it) are both given: give one"
             )
         thread_count = num_threads
+    return run(
+        source,
+        output,
+        max_shard_size=max_shard_size,
+        like=like,
+        dtype=dtype,
+        overwrite=overwrite,
+        staging_bytes=staging_bytes,
+        thread_count=thread_count,
+        process_group=process_group,
+        progress=progress,
+        indexes=indexes,
+    )
+
+
+def run(
+    source: str | os.PathLike[str],
+    output: str | os.PathLike[str],
+    *,
+    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+    like: str | os.PathLike[str] | None = None,
+    dtype: str | torch.dtype | None = None,
+    overwrite: bool = False,
+    staging_bytes: int = DEFAULT_STAGING_BYTES,
+    thread_count: int | None = None,
+    process_group: dist.ProcessGroup | None = None,
+    progress: ProgressCallback | None = None,
+    indexes: Mapping[str, int] | None = None,
+    alone: bool = False,
+) -> ConsolidateReport:
+    """:func:`consolidate` with ``fqn_to_index_mapping`` checked (``indexes``); ``alone``:
+    in this process only, whether or not a process group is initialized (torch's
+    ``consolidate_safetensors_files``, called from one rank)."""
+    begin = time.perf_counter()
     threads = _check_options(
         source,
         output,
@@ -195,9 +228,18 @@ def consolidate(
         process_group=process_group,
         progress=progress,
     )
-    group = process_group if distributed() else None
-    rank = dist.get_rank(group) if distributed() else 0
-    world = dist.get_world_size(group) if distributed() else 1
+    together = distributed() and not alone
+    group = process_group if together else None
+    rank = dist.get_rank(group) if together else 0
+    world = dist.get_world_size(group) if together else 1
+
+    def share(failure: BaseException | None, value: object = None) -> list[object]:
+        if not together:
+            if failure is not None:
+                raise failure
+            return [value]
+        return agree(failure, group, _failed, value=value)
+
     out = Path(output)
     storage = LocalStorage(out)
     layout: CheckpointLayout | None = None
@@ -220,7 +262,7 @@ def consolidate(
             _check_places(Path(source), out)
     except _FAILURES as err:
         failure = err
-    agree(failure, group, _failed)
+    share(failure)
     assert layout is not None
     assert plan is not None
     if rank == 0:
@@ -229,7 +271,7 @@ def consolidate(
             _prepare(storage, local, layout, overwrite=overwrite)
         except _FAILURES as err:
             failure = err
-    agree(failure, group, _failed)
+    share(failure)
 
     owners = assign_ranks(plan.files, world)
     mine = [file for file, owner in zip(plan.files, owners, strict=True) if owner == rank]
@@ -247,16 +289,16 @@ def consolidate(
         tracker.finish()
     except _FAILURES as err:
         failure = err
-    agree(failure, group, _failed)
+    share(failure)
     if rank == 0:
         try:
             _commit(storage, plan)
         except _FAILURES as err:
             failure = err
-    agree(failure, group, _failed)
+    share(failure)
     written = cast(
         list[tuple[int, int]],
-        agree(None, group, _failed, value=(sum(f.size for f in mine), staged)),
+        share(None, (sum(f.size for f in mine), staged)),
     )
     report = ConsolidateReport(
         output=str(out),
@@ -437,6 +479,4 @@ def _failed(failure: Failure) -> Exception:
         return TypeError(text)
     if failure.kind == "RuntimeError":
         return RuntimeError(text)
-    if failure.kind == "TypeError":
-        return TypeError(text)
     return OSError(text)

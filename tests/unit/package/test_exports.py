@@ -45,6 +45,8 @@ PUBLIC = [
     "VerifyReport",
     "__version__",
     "consolidate",
+    "consolidate_safetensors_files",
+    "consolidate_safetensors_files_on_every_rank",
     "describe",
     "load",
     "write_sample",
