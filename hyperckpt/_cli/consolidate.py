@@ -51,6 +51,14 @@ def add_parser(commands: Any, common: argparse.ArgumentParser) -> None:
         "--dtype", help="write float tensors in this dtype: bf16, fp16, fp32 or fp64"
     )
     parser.add_argument(
+        "--file-name",
+        default="model.safetensors",
+        metavar="NAME",
+        help="the one file's name, of which a split's files and index are named "
+        "(adapter_model.safetensors for PEFT, diffusion_pytorch_model.safetensors for "
+        "diffusers; default model.safetensors)",
+    )
+    parser.add_argument(
         "--overwrite",
         action="store_true",
         help="replace the safetensors files and index already in OUTPUT (others are kept)",
@@ -81,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
             max_shard_size=args.max_shard_size,
             like=args.like,
             dtype=args.dtype,
+            file_name=args.file_name,
             overwrite=args.overwrite,
             staging_bytes=args.staging_bytes,
             thread_count=args.threads,

@@ -27,7 +27,7 @@ from hyperckpt._consolidate.headers import (
     entry_bound,
     least_bytes,
 )
-from hyperckpt._consolidate.like import check_like, read_like
+from hyperckpt._consolidate.like import check_like, index_name, read_like, shard_name
 from hyperckpt._consolidate.options import (
     CONVERTIBLE,
     DEFAULT_MAX_SHARD_SIZE,
@@ -36,7 +36,7 @@ from hyperckpt._consolidate.options import (
 )
 from hyperckpt._format.header import DTYPES, MAX_HEADER_LENGTH, ByteSpan
 from hyperckpt._layout.index import MAX_INDEX_BYTES
-from hyperckpt._layout.model import INDEX_NAME, SINGLE_FILE_NAME, TensorLayout
+from hyperckpt._layout.model import SINGLE_FILE_NAME, TensorLayout
 from hyperckpt.errors import CheckpointError
 
 __all__ = [
@@ -105,8 +105,9 @@ class OutputPlan:
     Attributes:
         files: The files to write, in name order.
         weight_map: Tensor name to file name, sorted by tensor name.
-        indexed: Whether ``model.safetensors.index.json`` is written (several files, or a
-            ``like`` checkpoint that has an index).
+        indexed: Whether the index is written (several files, a mapping of file indexes,
+            or a ``like`` checkpoint that has an index).
+        index_name: The index's file name (``model.safetensors.index.json``).
         total_size: Bytes of tensor data in all files (the index's ``metadata.total_size``).
         total_parameters: Elements of all tensors (the index's
             ``metadata.total_parameters``, as transformers 5 writes it).
@@ -116,6 +117,7 @@ class OutputPlan:
     files: tuple[OutputFile, ...]
     weight_map: Mapping[str, str]
     indexed: bool
+    index_name: str
     total_size: int
     total_parameters: int
     converted: tuple[str, ...]
@@ -139,13 +141,14 @@ def plan_output(
     max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
     like: tuple[Mapping[str, str], bool] | None = None,
     dtype: str | None = None,
+    file_name: str = SINGLE_FILE_NAME,
 ) -> OutputPlan:
     """Decide the output files of a consolidation: names, tensors, headers, offsets.
 
     Without ``like``, tensors are dealt in name order with Hugging Face's greedy rule: a
     file takes tensors until the next would pass ``max_shard_size``; a tensor larger than
-    that gets a file of its own.  One file is named ``model.safetensors``; several are
-    ``model-0000i-of-0000N.safetensors`` with an index.
+    that gets a file of its own.  One file is named ``file_name``; several are
+    ``<stem>-0000i-of-0000N.safetensors`` with an index ``<file_name>.index.json``.
 
     Args:
         tensors: The input's tensors (a validated layout's ``tensors``).
@@ -153,6 +156,8 @@ def plan_output(
         like: A checkpoint's weight map and whether it has an index (:func:`read_like`):
             reproduce its file names and assignment instead.
         dtype: A code of :data:`CONVERTIBLE` to write float tensors as, or ``None``.
+        file_name: The one file's name (checked), of which the split's and the index's
+            names are made (``like``'s names are its own).
 
     Raises:
         CheckpointError: ``like`` lacks some of the tensors or names tensors the input
@@ -176,24 +181,25 @@ def plan_output(
         )
         indexed = len(shards) > 1
         if not indexed:
-            groups = {SINGLE_FILE_NAME: shards[0] if shards else []}
+            groups = {file_name: shards[0] if shards else []}
         else:
             groups = {
-                f"model-{n + 1:05d}-of-{len(shards):05d}.safetensors": names
-                for n, names in enumerate(shards)
+                shard_name(file_name, n + 1, len(shards)): names for n, names in enumerate(shards)
             }
     weight_map = dict(sorted((name, file) for file, names in groups.items() for name in names))
     total_size = sum(sizes.values())
     total_parameters = sum(math.prod(t.shape) for t in tensors.values())
     # Refused from the names alone when they are too long already, before JSON is built.
-    for file_name, names in groups.items():
+    for group_file, names in groups.items():
         least = HEADER_BASE + least_bytes(names)
-        _check_header_length(file_name, least, len(names), split_by_header=like is None, least=True)
+        _check_header_length(
+            group_file, least, len(names), split_by_header=like is None, least=True
+        )
     if indexed:
         least = least_bytes(weight_map) + least_bytes(weight_map.values())
-        _check_index_length(least, len(weight_map), least=True)
+        _check_index_length(index_name(file_name), least, len(weight_map), least=True)
         index = _index_bytes(weight_map, total_size, total_parameters)
-        _check_index_length(len(index), len(weight_map))
+        _check_index_length(index_name(file_name), len(index), len(weight_map))
     files = tuple(
         _output_file(file, [(name, out_dtype[name], tensors[name]) for name in names])
         for file, names in sorted(groups.items())
@@ -205,6 +211,7 @@ def plan_output(
         files=files,
         weight_map=MappingProxyType(weight_map),
         indexed=indexed,
+        index_name=index_name(file_name),
         total_size=total_size,
         total_parameters=total_parameters,
         converted=tuple(sorted(n for n, t in tensors.items() if out_dtype[n] != t.dtype)),
@@ -266,16 +273,16 @@ def _check_header_length(
     )
 
 
-def _check_index_length(length: int, count: int, *, least: bool = False) -> None:
-    """Refuse an index of ``length`` bytes (or at least that many) over the limit hyperckpt
-    reads (an index cannot be split)."""
+def _check_index_length(name: str, length: int, count: int, *, least: bool = False) -> None:
+    """Refuse an index ``name`` of ``length`` bytes (or at least that many) over the limit
+    hyperckpt reads (an index cannot be split)."""
     if length > MAX_INDEX_BYTES:
         raise CheckpointError(
-            f"{INDEX_NAME}: would be {'at least ' if least else ''}{length} bytes, over the "
+            f"{name}: would be {'at least ' if least else ''}{length} bytes, over the "
             f"{MAX_INDEX_BYTES}-byte limit of an index, so describe would refuse the "
             f"checkpoint written: the names of its {count} tensors are too long together "
             f"for one index; give the tensors shorter names",
-            path=INDEX_NAME,
+            path=name,
             rule="output.index_too_big",
         )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -15,11 +16,61 @@ from hyperckpt._layout.model import INDEX_NAME, SINGLE_FILE_NAME, TensorLayout
 from hyperckpt._storage.files import LocalStorage
 from hyperckpt.errors import CheckpointError, CheckpointNotFoundError
 
-__all__ = ["MAX_FILE_INDEX", "check_file_indexes", "check_like", "index_assignment", "read_like"]
+__all__ = [
+    "MAX_FILE_INDEX",
+    "check_file_indexes",
+    "check_file_name",
+    "check_like",
+    "index_assignment",
+    "index_name",
+    "read_like",
+    "shard_name",
+]
 
 #: The largest file index of ``fqn_to_index_mapping``: the five digits of
 #: ``model-0000k-of-0000N.safetensors``.
 MAX_FILE_INDEX: Final = 99_999
+#: A ``file_name=``: a plain name of at most 128 characters before ``.safetensors``, not
+#: hidden (temporaries start with a dot).
+_FILE_NAME: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\.safetensors")
+#: Names a reader would take for something else: a shard of a split, or a per-rank file.
+_TAKEN: Final = re.compile(r"shard-.*|.*-\d{5}-of-\d{5}\.safetensors")
+
+
+def check_file_name(value: object) -> str:
+    """``file_name=`` checked: the one file's name, from which a split's file names
+    (``<stem>-0000k-of-0000N.safetensors``) and its index (``<name>.index.json``) are made,
+    as transformers, diffusers (``diffusion_pytorch_model.safetensors``) and PEFT
+    (``adapter_model.safetensors``) name theirs.
+
+    Raises:
+        TypeError: It is not a ``str``.
+        ValueError: It is not a plain name ending in ``.safetensors``, or it is a name of a
+            shard of a split or of torch's per-rank files.
+    """
+    if not isinstance(value, str):
+        raise TypeError(
+            f"file_name must be a file name such as 'adapter_model.safetensors', got "
+            f"{type(value).__name__}"
+        )
+    if _FILE_NAME.fullmatch(value) is None or _TAKEN.fullmatch(value) is not None:
+        raise ValueError(
+            f"file_name {value!r:.200} is refused: give a plain file name ending in "
+            f".safetensors (letters, digits, '_', '-', '.'; not starting with a dot or "
+            f"'shard-', at most 128 characters before the suffix, not itself a split's "
+            f"'-0000k-of-0000N' name), e.g. 'adapter_model.safetensors'"
+        )
+    return value
+
+
+def shard_name(file_name: str, number: int, count: int) -> str:
+    """File ``number`` of ``count`` of a split whose one file would be ``file_name``."""
+    return f"{file_name.removesuffix('.safetensors')}-{number:05d}-of-{count:05d}.safetensors"
+
+
+def index_name(file_name: str) -> str:
+    """The index of a split whose one file would be ``file_name``."""
+    return f"{file_name}.index.json"
 
 
 def read_like(path: str | os.PathLike[str]) -> tuple[dict[str, str], bool]:
@@ -138,7 +189,11 @@ def check_file_indexes(value: object) -> Mapping[str, int] | None:
 
 
 def index_assignment(
-    indexes: Mapping[str, int], names: Iterable[str], *, where: str
+    indexes: Mapping[str, int],
+    names: Iterable[str],
+    *,
+    where: str,
+    file_name: str = SINGLE_FILE_NAME,
 ) -> tuple[dict[str, str], bool]:
     """The weight map that ``fqn_to_index_mapping`` (checked) gives the tensors ``names``, as
     torch's writer names its files (``where``, the output, for messages): index ``k`` of the highest index ``N`` in the mapping is
@@ -162,4 +217,4 @@ def index_assignment(
             rule="save.no_file_index",
         )
     count = max(indexes.values())
-    return {name: f"model-{indexes[name]:05d}-of-{count:05d}.safetensors" for name in names}, True
+    return {name: shard_name(file_name, indexes[name], count) for name in names}, True

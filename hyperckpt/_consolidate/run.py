@@ -34,7 +34,7 @@ from hyperckpt._consolidate.assign import (
     plan_output,
     read_like,
 )
-from hyperckpt._consolidate.like import check_file_indexes, index_assignment
+from hyperckpt._consolidate.like import check_file_indexes, check_file_name, index_assignment
 from hyperckpt._consolidate.write import (
     MIN_STAGING_BYTES,
     WriteOptions,
@@ -43,7 +43,7 @@ from hyperckpt._consolidate.write import (
 )
 from hyperckpt._dist.agreement import Failure, agree, distributed
 from hyperckpt._layout.directory import torch_sharded_layout
-from hyperckpt._layout.model import INDEX_NAME, CheckpointLayout
+from hyperckpt._layout.model import SINGLE_FILE_NAME, CheckpointLayout
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
 from hyperckpt._storage.destination import CONSOLIDATE_MARKER as MARKER_NAME
 from hyperckpt._storage.destination import is_checkpoint_file, judge
@@ -105,6 +105,7 @@ def consolidate(
     progress: ProgressCallback | None = None,
     fqn_to_index_mapping: Mapping[str, int] | None = None,
     num_threads: int | None = None,
+    file_name: str = SINGLE_FILE_NAME,
 ) -> ConsolidateReport:
     """Turn a torch sharded directory into a Hugging Face checkpoint, every byte exact.
 
@@ -147,6 +148,9 @@ def consolidate(
             written as ``model-0000k-of-0000N.safetensors`` with an index (instead of the
             split by ``max_shard_size``; not with ``like``).  Every input tensor needs one.
         num_threads: torch's name for ``thread_count`` (give one of them).
+        file_name: The one file's name instead of ``model.safetensors`` (a split's files
+            and index are named after it), as :func:`hyperckpt.save` takes it; not with
+            ``like``, whose names are its own.
 
     Returns:
         A :class:`ConsolidateReport`, the same on every rank except ``seconds``.
@@ -177,6 +181,11 @@ def consolidate(
         raise ValueError(
             "like= and fqn_to_index_mapping both say which file holds each tensor: give one"
         )
+    if like is not None and check_file_name(file_name) != SINGLE_FILE_NAME:
+        raise ValueError(
+            f"like= names the output files as its checkpoint does, and file_name={file_name!r} "
+            f"names them otherwise: give one"
+        )
     if num_threads is not None:
         if thread_count is not None:
             raise ValueError(
@@ -195,6 +204,7 @@ def consolidate(
         process_group=process_group,
         progress=progress,
         indexes=indexes,
+        file_name=file_name,
     )
 
 
@@ -211,12 +221,15 @@ def run(
     process_group: dist.ProcessGroup | None = None,
     progress: ProgressCallback | None = None,
     indexes: Mapping[str, int] | None = None,
+    file_name: str = SINGLE_FILE_NAME,
     alone: bool = False,
 ) -> ConsolidateReport:
-    """:func:`consolidate` with ``fqn_to_index_mapping`` checked (``indexes``); ``alone``:
+    """:func:`consolidate` with ``fqn_to_index_mapping`` checked (``indexes``) and
+    ``file_name`` unchecked; ``alone``:
     in this process only, whether or not a process group is initialized (torch's
     ``consolidate_safetensors_files``, called from one rank)."""
     begin = time.perf_counter()
+    check_file_name(file_name)
     threads = _check_options(
         source,
         output,
@@ -251,10 +264,14 @@ def run(
         layout = torch_sharded_layout(source)
         assignment: tuple[dict[str, str], bool] | None = None
         if indexes is not None:
-            assignment = index_assignment(indexes, layout.tensors, where=str(output))
+            assignment = index_assignment(
+                indexes, layout.tensors, where=str(output), file_name=file_name
+            )
         elif like is not None:
             assignment = read_like(like)
-        plan = plan_output(layout.tensors, max_shard_size=limit, like=assignment, dtype=code)
+        plan = plan_output(
+            layout.tensors, max_shard_size=limit, like=assignment, dtype=code, file_name=file_name
+        )
         for file in plan.files:
             for tensor in file.tensors:
                 check_sub_byte(tensor)
@@ -462,7 +479,7 @@ def _check_no_input(
 def _commit(output: Storage, plan: OutputPlan) -> None:
     """Write the index (when there is one) atomically, then drop the marker."""
     if plan.indexed:
-        output.write_atomically(INDEX_NAME, [plan.index_bytes()])
+        output.write_atomically(plan.index_name, [plan.index_bytes()])
     output.remove(MARKER_NAME)
     output.sync()
 

@@ -56,6 +56,7 @@ def save(
     per_rank: bool | None = None,
     mapping: MappingLike | None = None,
     fqn_to_index_mapping: Mapping[str, int] | None = None,
+    file_name: str | None = None,
 ) -> SaveReport:
     """Save a state dict of tensors and DTensors (any layout) as a Hugging Face checkpoint.
 
@@ -108,6 +109,9 @@ def save(
             (tensor name as written to file index 1 to N; see
             :attr:`SaveOptions.fqn_to_index_mapping`), instead of the split by
             ``max_shard_size``: keep a model's own file split.
+        file_name: The one file's name instead of ``model.safetensors`` (a split's files
+            and index are named after it): ``"adapter_model.safetensors"`` for a PEFT
+            adapter, ``"diffusion_pytorch_model.safetensors"`` for diffusers.
 
     Returns:
         A :class:`SaveReport`, the same on every rank except ``seconds``.
@@ -138,6 +142,7 @@ def save(
                 per_rank=per_rank,
                 mapping=mapping,
                 fqn_to_index_mapping=fqn_to_index_mapping,
+                file_name=file_name,
             )
         )
         return built[0]

@@ -15,8 +15,9 @@ from typing import Any, Final
 
 from hyperckpt._arguments import DEFAULT_STAGING_BYTES, Limits, check_flag, check_number
 from hyperckpt._consolidate.assign import DEFAULT_MAX_SHARD_SIZE, output_dtype_code, parse_size
-from hyperckpt._consolidate.like import check_file_indexes
+from hyperckpt._consolidate.like import check_file_indexes, check_file_name
 from hyperckpt._layout.mapping import Mapping, as_mapping
+from hyperckpt._layout.model import SINGLE_FILE_NAME
 from hyperckpt._save.ranks import DEFAULT_TIMEOUT
 
 __all__ = ["DEFAULT_MAX_SHARD_SIZE", "SaveOptions", "one_save_options"]
@@ -74,6 +75,11 @@ class SaveOptions:
             ``max_shard_size`` then plays no part.  A model's own split is kept by passing
             its index's ``weight_map`` turned into indexes.  ``None`` (the default): files
             are split by ``max_shard_size``.  Stored as a read-only copy.
+        file_name: The one file's name (default ``model.safetensors``); a split is
+            ``<stem>-0000k-of-0000N.safetensors`` with ``<file_name>.index.json``, as
+            transformers derives them: ``adapter_model.safetensors`` for a PEFT adapter,
+            ``diffusion_pytorch_model.safetensors`` for a diffusers model.  Not with
+            ``per_rank`` (torch's per-rank files keep torch's names).
     """
 
     max_shard_size: int = DEFAULT_MAX_SHARD_SIZE
@@ -88,6 +94,7 @@ class SaveOptions:
     mapping: Mapping | None = None
     staging_bytes: int = DEFAULT_STAGING_BYTES
     fqn_to_index_mapping: abc.Mapping[str, int] | None = None
+    file_name: str = SINGLE_FILE_NAME
 
     def __post_init__(self) -> None:
         """Check every field; store sizes, dtypes and mappings in their one form.
@@ -112,6 +119,13 @@ class SaveOptions:
             object.__setattr__(self, "mapping", as_mapping(mapping))
         indexes = check_file_indexes(self.fqn_to_index_mapping)
         object.__setattr__(self, "fqn_to_index_mapping", indexes)
+        check_file_name(self.file_name)
+        if self.per_rank and self.file_name != SINGLE_FILE_NAME:
+            raise ValueError(
+                f"file_name={self.file_name!r} names Hugging Face files, and per_rank "
+                f"(save_distributed) writes torch's per-rank files, which keep torch's "
+                f"names: drop one (consolidate the per-rank files with file_name=)"
+            )
 
 
 def one_save_options(options: object, **keywords: object) -> SaveOptions:

@@ -26,7 +26,7 @@ from hyperckpt._consolidate.assign import (
 )
 from hyperckpt._consolidate.like import index_assignment
 from hyperckpt._format.header import DTYPES
-from hyperckpt._layout.model import TensorLayout
+from hyperckpt._layout.model import SINGLE_FILE_NAME, TensorLayout
 from hyperckpt._read.dtype_policy import is_widening
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._save.boxes import Box, MergedTensor
@@ -109,6 +109,7 @@ def plan_writes(
     refuse_narrowing: bool,
     path: str,
     file_indexes: Mapping[str, int] | None = None,
+    file_name: str = SINGLE_FILE_NAME,
 ) -> WritePlan:
     """The files, header writers and box writers of a save.
 
@@ -121,6 +122,7 @@ def plan_writes(
         path: The checkpoint path, for messages.
         file_indexes: torch's ``fqn_to_index_mapping`` (checked): which file holds each
             tensor, instead of the split by ``max_shard_size``.
+        file_name: The one file's name (checked), of which a split's names are made.
 
     Raises:
         CheckpointError: ``dtype`` narrows a tensor and ``refuse_narrowing`` is set
@@ -144,8 +146,14 @@ def plan_writes(
     # Data starts on a page (HEADER_ALIGN): tensors of whole pages (most weights) then start
     # on pages, and so do the boxes of their row splits, which direct I/O writes whole,
     # without page-cache ends (a buffered write into a file waits for every direct write to it).
-    like = None if file_indexes is None else index_assignment(file_indexes, layouts, where=path)
-    output = plan_output(layouts, max_shard_size=max_shard_size, like=like, dtype=dtype)
+    like = (
+        None
+        if file_indexes is None
+        else index_assignment(file_indexes, layouts, where=path, file_name=file_name)
+    )
+    output = plan_output(
+        layouts, max_shard_size=max_shard_size, like=like, dtype=dtype, file_name=file_name
+    )
     where = {t.name: (f.name, t.start, t.dtype) for f in output.files for t in f.tensors}
     # Boxes one rank holds are its own; then every box several ranks hold, largest first
     # across all tensors (ties in state-dict then row-major order), goes to its holder with

@@ -196,6 +196,7 @@ def stage(
             refuse_narrowing=built.refuse_narrowing,
             path=where,
             file_indexes=built.fqn_to_index_mapping,
+            file_name=built.file_name,
         )
     except FAILURES as err:
         failure = err
@@ -303,7 +304,7 @@ def commit(staged: Staged, *, overwrite: bool) -> None:
     try:
         output = staged.plan.output
         if output.indexed and not staged.per_rank:
-            files.write_small(staged.temp / "model.safetensors.index.json", output.index_bytes())
+            files.write_small(staged.temp / output.index_name, output.index_bytes())
         files.publish(staged.temp, staged.target, overwrite=overwrite)
         staged.published = True
     except BaseException:

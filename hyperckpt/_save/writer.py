@@ -103,6 +103,8 @@ class HuggingFaceStorageWriter(StorageWriter):
             consolidate`` them.
         mapping: See :func:`hyperckpt.save`: the mapping runs backwards, so
             ``mapping="qwen3-moe"`` writes fused experts as ``mlp.experts.{e}.*_proj.weight``.
+        file_name: See :func:`hyperckpt.save`: ``"adapter_model.safetensors"`` for a PEFT
+            adapter.
 
     Raises:
         ValueError: An option is malformed, or given both as a keyword and in ``options``.
@@ -130,6 +132,7 @@ class HuggingFaceStorageWriter(StorageWriter):
         timeout: float | None = None,
         per_rank: bool | None = None,
         mapping: MappingLike | None = None,
+        file_name: str | None = None,
     ) -> None:
         super().__init__()
         check_path("path", path)
@@ -154,6 +157,7 @@ class HuggingFaceStorageWriter(StorageWriter):
             timeout=timeout,
             per_rank=per_rank,
             mapping=mapping,
+            file_name=file_name,
         )
         self._group = process_group
         check_callable("progress", progress)

@@ -9,7 +9,7 @@ Each case draws, from one seed:
   tied aliases) under names with quotes, non-ASCII, path-like parts and 2 kB lengths, and
   now and then a hostile value (a sparse or meta tensor, a string, a module instead of a
   state dict);
-* **options**: ``max_shard_size``, ``dtype``, ``thread_count``, ``overwrite``,
+* **options**: ``max_shard_size``, ``dtype``, ``thread_count``, ``overwrite``, ``file_name``,
   ``per_rank``, ``audit`` and ``progress``, valid and not;
 * a **fault**: none, a full disk (every ``pwrite`` past a drawn byte count fails with
   ``ENOSPC``), or — in a child process — ``SIGKILL`` at a drawn moment of the save.
@@ -200,6 +200,21 @@ def _options(rng: random.Random) -> dict[str, object]:
             options[flag] = rng.choice([True, False] * 4 + ["yes"])
     if rng.random() < 0.2:
         options["progress"] = rng.choice([lambda _: None, 3, _stop])
+    if rng.random() < 0.2:
+        good = [
+            "adapter_model.safetensors",
+            "diffusion_pytorch_model.safetensors",
+            "w.v2.safetensors",
+        ]
+        bad = [
+            "../x.safetensors",
+            ".x.safetensors",
+            "x",
+            "shard-1.safetensors",
+            "a/b.safetensors",
+            3,
+        ]
+        options["file_name"] = rng.choice(good * 2 + bad + ["x-00001-of-00002.safetensors"])
     return options
 
 

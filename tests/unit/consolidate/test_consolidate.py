@@ -372,7 +372,15 @@ _INDEXES = {"a.weight": 2, "b.bias": 4, "c": 2, "d.mask": 4, "emb": 4, "empty": 
 
 
 @pytest.mark.parametrize(
-    "options", [{}, {"max_shard_size": "3KB"}, {"fqn_to_index_mapping": _INDEXES}]
+    "options",
+    [
+        {},
+        {"max_shard_size": "3KB"},
+        {"fqn_to_index_mapping": _INDEXES},
+        {"file_name": "adapter_model.safetensors"},
+        {"file_name": "diffusion_pytorch_model.safetensors", "max_shard_size": "3KB"},
+        {"file_name": "weights.v2.safetensors", "fqn_to_index_mapping": _INDEXES},
+    ],
 )
 def test_save_and_per_rank_save_then_consolidate_write_the_same_bytes(
     tmp_path: Path, options: dict[str, object]
@@ -391,17 +399,21 @@ def test_save_and_per_rank_save_then_consolidate_write_the_same_bytes(
     hyperckpt.save(state, tmp_path / "sharded", per_rank=True)
     hyperckpt.consolidate(tmp_path / "sharded", tmp_path / "consolidated", **options)  # type: ignore[arg-type]
     direct = sorted(p.name for p in (tmp_path / "direct").iterdir())
-    if not options:
-        assert direct == ["model.safetensors"]
+    stem = str(options.get("file_name", "model.safetensors")).removesuffix(".safetensors")
+    index = f"{stem}.safetensors.index.json"
+    if set(options) <= {"file_name"}:
+        assert direct == [f"{stem}.safetensors"]
     elif "fqn_to_index_mapping" in options:
         assert direct == [
-            "model-00002-of-00004.safetensors",
-            "model-00004-of-00004.safetensors",
-            "model.safetensors.index.json",
+            f"{stem}-00002-of-00004.safetensors",
+            f"{stem}-00004-of-00004.safetensors",
+            index,
         ]
     else:
-        assert "model.safetensors.index.json" in direct
+        assert index in direct
         assert len(direct) > 2
+        assert all(name.startswith(f"{stem}-0000") for name in direct if name != index)
+    assert describe(tmp_path / "direct").tensors.keys() == state.keys()
     assert sorted(p.name for p in (tmp_path / "consolidated").iterdir()) == direct
     for name in direct:
         ours = (tmp_path / "direct" / name).read_bytes()
@@ -429,3 +441,48 @@ def test_consolidate_takes_torchs_arguments_and_refuses_them_given_twice(tmp_pat
         consolidate(source, tmp_path / "o2", fqn_to_index_mapping=partial)
     assert err.value.tensor == "big"
     assert not (tmp_path / "o2").exists()
+
+
+def test_a_file_name_is_checked_by_every_writer_and_the_command_takes_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, originals = _many(tmp_path)
+    refused = [
+        "model",  # no suffix
+        "../model.safetensors",
+        "sub/model.safetensors",
+        ".hidden.safetensors",
+        "shard-00001-model.safetensors",  # a per-rank file's name
+        "model-00001-of-00002.safetensors",  # a split's shard
+        "m" * 129 + ".safetensors",
+        "",
+    ]
+    for name in refused:
+        with pytest.raises(ValueError, match=r"file_name .* is refused"):
+            consolidate(source, tmp_path / "o", file_name=name)
+        with pytest.raises(ValueError, match=r"file_name .* is refused"):
+            hyperckpt.save({"w": torch.ones(2)}, tmp_path / "s", file_name=name)
+        with pytest.raises(ValueError, match=r"file_name .* is refused"):
+            hyperckpt.HuggingFaceStorageWriter(tmp_path / "s", file_name=name)
+    with pytest.raises(TypeError, match="file_name must be a file name"):
+        consolidate(source, tmp_path / "o", file_name=Path("a.safetensors"))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="per_rank"):
+        hyperckpt.save(
+            {"w": torch.ones(2)}, tmp_path / "s", per_rank=True, file_name="a.safetensors"
+        )
+    consolidate(source, tmp_path / "like")
+    with pytest.raises(ValueError, match="give one"):
+        consolidate(source, tmp_path / "o", like=tmp_path / "like", file_name="a.safetensors")
+    assert not (tmp_path / "o").exists()
+    assert not (tmp_path / "s").exists()
+    out = tmp_path / "out"
+    command = ["consolidate", str(source), str(out), "--file-name", "adapter_model.safetensors"]
+    assert main([*command, "--max-shard-size", "2000"]) == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert "adapter_model.safetensors.index.json" in names
+    assert all(n.startswith("adapter_model") for n in names)
+    layout = describe(out)
+    assert layout.tensors.keys() == originals.keys()
+    capsys.readouterr()
+    assert main(["consolidate", str(source), str(tmp_path / "o"), "--file-name", "x"]) == 2
+    assert "file_name 'x' is refused" in capsys.readouterr().err
