@@ -13,7 +13,13 @@ from collections import abc
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from hyperckpt._arguments import DEFAULT_STAGING_BYTES, Limits, check_flag, check_number
+from hyperckpt._arguments import (
+    DEFAULT_STAGING_BYTES,
+    THREADS,
+    Limits,
+    check_flag,
+    check_number,
+)
 from hyperckpt._consolidate.assign import DEFAULT_MAX_SHARD_SIZE, output_dtype_code, parse_size
 from hyperckpt._consolidate.like import check_file_indexes, check_file_name
 from hyperckpt._layout.mapping import Mapping, as_mapping
@@ -26,8 +32,6 @@ __all__ = ["DEFAULT_MAX_SHARD_SIZE", "SaveOptions", "one_save_options"]
 _TIMEOUT: Final = Limits(1, 7 * 86400, integer=False, unit="seconds")
 #: What ``staging_bytes`` accepts: a page to 1 TiB.
 _STAGING: Final = Limits(4096, 2**40, unit="bytes")
-#: What ``thread_count`` accepts.
-_THREADS: Final = Limits(1, 1024, unit="threads")
 #: A keyword's name where it differs from the field it sets.
 _FIELD_OF: Final = {"thread_count": "threads"}
 
@@ -110,7 +114,7 @@ class SaveOptions:
             object.__setattr__(self, "dtype", output_dtype_code(str(dtype)))
         for name in ("refuse_narrowing", "keep_aliases", "overwrite", "audit", "per_rank"):
             check_flag(name, getattr(self, name))
-        object.__setattr__(self, "threads", check_number("thread_count", self.threads, _THREADS))
+        object.__setattr__(self, "threads", check_number("thread_count", self.threads, THREADS))
         staging = check_number("staging_bytes", self.staging_bytes, _STAGING)
         object.__setattr__(self, "staging_bytes", staging)
         object.__setattr__(self, "timeout", float(check_number("timeout", self.timeout, _TIMEOUT)))

@@ -8,13 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+import transformers
 from helpers import mismatch, poison_
 from safetensors import safe_open
 from tiny_models import MAX_SHARD_SIZE, save_tiny_llama
 
 import hyperckpt
-
-transformers = pytest.importorskip("transformers")
 
 
 @pytest.mark.parametrize("tied", [True, False])
