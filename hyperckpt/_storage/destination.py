@@ -108,8 +108,8 @@ def judge(
         replaces: What ``overwrite`` replaces, for the refusal's message.
 
     Raises:
-        CheckpointError: A link to nothing or a loop, something other than a directory
-            (``output.not_directory``); a directory holding other files without
+        CheckpointError: A link to nothing or a loop, something other than a directory,
+            a path through a file (``output.not_directory``); a directory holding other files without
             ``overwrite`` (``output.not_empty``); a directory, FIFO or device under a
             checkpoint file's name or the marker's (``output.not_regular``).
         OSError: The destination cannot be examined (permissions).
@@ -119,6 +119,13 @@ def judge(
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
         return Destination(given, path, exists=False)
+    except NotADirectoryError as err:
+        raise CheckpointError(
+            f"{given}: a name on this path before its last is a file, not a directory, so "
+            f"no directory can be made there: choose a path whose parents are directories",
+            path=str(given),
+            rule="output.not_directory",
+        ) from err
     where = Destination(given, path, exists=True)
     if not stat.S_ISDIR(mode):
         kind = "a regular file" if stat.S_ISREG(mode) else "not a directory (a FIFO, a device)"

@@ -221,11 +221,11 @@ def test_a_file_or_a_dangling_link_at_the_destination_is_refused_even_with_overw
     plain.write_bytes(b"not a directory")
     dangling = tmp_path / "dangling"
     dangling.symlink_to(tmp_path / "nowhere")
-    for out in (plain, dangling):
+    for out in (plain, dangling, plain / "ckpt"):  # the last through a file
         with pytest.raises(CheckpointError) as err:
             _write_with(writer, _state(), out, overwrite=True)
         assert err.value.rule in ("output.not_directory", "output.not_regular"), err.value.rule
-        assert str(out) in str(err.value)
+        assert str(plain if out.parent == plain else out) in str(err.value)
     assert plain.read_bytes() == b"not a directory"
     assert not (tmp_path / "nowhere").exists()
 
