@@ -52,7 +52,7 @@ from hyperckpt._storage.places import is_remote, local_path, storage_at
 from hyperckpt._storage.protocol import Entry, Storage
 from hyperckpt.errors import CheckpointError
 
-__all__ = ["MARKER_NAME", "STAGING_BYTES", "ConsolidateReport", "consolidate", "run"]
+__all__ = ["MARKER_NAME", "STAGING_BYTES", "ConsolidateReport", "consolidate"]
 
 logger = logging.getLogger("hyperckpt")
 
@@ -106,6 +106,7 @@ def consolidate(
     fqn_to_index_mapping: Mapping[str, int] | None = None,
     num_threads: int | None = None,
     file_name: str = SINGLE_FILE_NAME,
+    _alone: bool = False,
 ) -> ConsolidateReport:
     """Turn a torch sharded directory into a Hugging Face checkpoint, every byte exact.
 
@@ -151,6 +152,8 @@ def consolidate(
         file_name: The one file's name instead of ``model.safetensors`` (a split's files
             and index are named after it), as :func:`hyperckpt.save` takes it; not with
             ``like``, whose names are its own.
+        _alone: Run in this process only, whether or not a process group is initialized
+            (:func:`hyperckpt.consolidate_safetensors_files`, torch's one-process call).
 
     Returns:
         A :class:`ConsolidateReport`, the same on every rank except ``seconds``.
@@ -176,12 +179,14 @@ def consolidate(
             be called.
         OSError: The output cannot be written.
     """
+    begin = time.perf_counter()
     indexes = check_file_indexes(fqn_to_index_mapping)
+    check_file_name(file_name)
     if indexes is not None and like is not None:
         raise ValueError(
             "like= and fqn_to_index_mapping both say which file holds each tensor: give one"
         )
-    if like is not None and check_file_name(file_name) != SINGLE_FILE_NAME:
+    if like is not None and file_name != SINGLE_FILE_NAME:
         raise ValueError(
             f"like= names the output files as its checkpoint does, and file_name={file_name!r} "
             f"names them otherwise: give one"
@@ -192,44 +197,6 @@ def consolidate(
                 "thread_count and num_threads (torch's name for it) are both given: give one"
             )
         thread_count = num_threads
-    return run(
-        source,
-        output,
-        max_shard_size=max_shard_size,
-        like=like,
-        dtype=dtype,
-        overwrite=overwrite,
-        staging_bytes=staging_bytes,
-        thread_count=thread_count,
-        process_group=process_group,
-        progress=progress,
-        indexes=indexes,
-        file_name=file_name,
-    )
-
-
-def run(
-    source: str | os.PathLike[str],
-    output: str | os.PathLike[str],
-    *,
-    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
-    like: str | os.PathLike[str] | None = None,
-    dtype: str | torch.dtype | None = None,
-    overwrite: bool = False,
-    staging_bytes: int = DEFAULT_STAGING_BYTES,
-    thread_count: int | None = None,
-    process_group: dist.ProcessGroup | None = None,
-    progress: ProgressCallback | None = None,
-    indexes: Mapping[str, int] | None = None,
-    file_name: str = SINGLE_FILE_NAME,
-    alone: bool = False,
-) -> ConsolidateReport:
-    """:func:`consolidate` with ``fqn_to_index_mapping`` checked (``indexes``) and
-    ``file_name`` unchecked; ``alone``:
-    in this process only, whether or not a process group is initialized (torch's
-    ``consolidate_safetensors_files``, called from one rank)."""
-    begin = time.perf_counter()
-    check_file_name(file_name)
     threads = _check_options(
         source,
         output,
@@ -241,7 +208,7 @@ def run(
         process_group=process_group,
         progress=progress,
     )
-    together = distributed() and not alone
+    together = distributed() and not _alone
     group = process_group if together else None
     rank = dist.get_rank(group) if together else 0
     world = dist.get_world_size(group) if together else 1

@@ -9,8 +9,7 @@ from collections.abc import Mapping
 
 import torch.distributed as dist
 
-from hyperckpt._consolidate.like import check_file_indexes
-from hyperckpt._consolidate.run import ConsolidateReport, run
+from hyperckpt._consolidate.run import ConsolidateReport, consolidate
 
 __all__ = ["consolidate_safetensors_files", "consolidate_safetensors_files_on_every_rank"]
 
@@ -31,12 +30,12 @@ def consolidate_safetensors_files(
     Raises:
         The errors of :func:`hyperckpt.consolidate`.
     """
-    return run(
+    return consolidate(
         input_dir,
         output_dir,
-        thread_count=num_threads,
-        indexes=check_file_indexes(fqn_to_index_mapping),
-        alone=True,
+        fqn_to_index_mapping=fqn_to_index_mapping,
+        num_threads=num_threads,
+        _alone=True,
     )
 
 
@@ -55,10 +54,10 @@ def consolidate_safetensors_files_on_every_rank(
     Raises:
         The errors of :func:`hyperckpt.consolidate`, on every rank when any rank fails.
     """
-    return run(
+    return consolidate(
         input_dir,
         output_dir,
-        thread_count=num_threads,
+        fqn_to_index_mapping=fqn_to_index_mapping,
+        num_threads=num_threads,
         process_group=process_group,
-        indexes=check_file_indexes(fqn_to_index_mapping),
     )
