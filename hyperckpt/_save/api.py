@@ -55,6 +55,7 @@ def save(
     timeout: float | None = None,
     per_rank: bool | None = None,
     mapping: MappingLike | None = None,
+    config: object = None,
     fqn_to_index_mapping: Mapping[str, int] | None = None,
     file_name: str | None = None,
 ) -> SaveReport:
@@ -104,7 +105,15 @@ def save(
             run backwards: fused experts ``mlp.experts.gate_up_proj`` ``[E, 2I, H]`` are
             written as ``mlp.experts.{e}.gate_proj.weight`` and ``up_proj`` ``[I, H]``, each
             rank writing the experts it holds.  A rule with no inverse (a rename function)
-            is refused (``mapping.not_invertible``).
+            is refused (``mapping.not_invertible``).  ``mapping=()`` keeps the state dict's
+            names.
+        config: The model's transformers config (``model.config``, its ``config.json`` as a
+            dict, or its ``model_type``).  Without ``mapping``, it names the files as
+            ``save_pretrained`` does: a Mixtral, Qwen2/3-MoE, DeepSeek-V3 (...) model's fused
+            experts are written per expert, under the Hub's names (the report's ``mapping``
+            and ``renamed`` say so); a model type whose Hub checkpoints keep the in-memory
+            names keeps them.  Without either, fused experts are written as held and a
+            warning says how to choose.
         fqn_to_index_mapping: Which file holds each tensor, as torch's writer takes it
             (tensor name as written to file index 1 to N; see
             :attr:`SaveOptions.fqn_to_index_mapping`), instead of the split by
@@ -141,6 +150,7 @@ def save(
                 timeout=timeout,
                 per_rank=per_rank,
                 mapping=mapping,
+                config=config,
                 fqn_to_index_mapping=fqn_to_index_mapping,
                 file_name=file_name,
             )

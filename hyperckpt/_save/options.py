@@ -23,6 +23,7 @@ from hyperckpt._arguments import (
 from hyperckpt._consolidate.assign import DEFAULT_MAX_SHARD_SIZE, output_dtype_code, parse_size
 from hyperckpt._consolidate.like import check_file_indexes, check_file_name
 from hyperckpt._layout.mapping import Mapping, as_mapping
+from hyperckpt._layout.mapping.presets import hub_preset
 from hyperckpt._layout.model import SINGLE_FILE_NAME
 from hyperckpt._save.ranks import DEFAULT_TIMEOUT
 
@@ -69,7 +70,14 @@ class SaveOptions:
             ``save_distributed`` spelling), for storage the ranks do not share.
         mapping: The mapping a load of the checkpoint would use, run backwards to name the
             saved tensors (fused experts saved per expert), or ``None``; a preset's name is
-            accepted and stored as its :class:`~hyperckpt.Mapping`.
+            accepted and stored as its :class:`~hyperckpt.Mapping`.  ``()``, the empty
+            mapping, keeps the state dict's names whatever ``config`` says.
+        config: The model's transformers config (``model.config``), its ``config.json`` as a
+            dict, or its ``model_type``; stored as the ``model_type``.  With no ``mapping``,
+            it picks the names ``save_pretrained`` writes: a model type whose Hub
+            checkpoints hold one tensor per expert (``mixtral``, ``qwen2_moe``,
+            ``qwen3_moe``, ``deepseek_v3``, ...: :data:`HUB_PRESETS`) has its fused experts
+            saved per expert; any other keeps its names.
         staging_bytes: Most bytes of buffers per rank for column slices exchanged between
             ranks so that each writes whole row bands (4096 to 1 TiB, default 256 MiB):
             its bands, the message it receives and the one it sends, a third each.
@@ -99,6 +107,7 @@ class SaveOptions:
     staging_bytes: int = DEFAULT_STAGING_BYTES
     fqn_to_index_mapping: abc.Mapping[str, int] | None = None
     file_name: str = SINGLE_FILE_NAME
+    config: str | None = None
 
     def __post_init__(self) -> None:
         """Check every field; store sizes, dtypes and mappings in their one form.
@@ -123,6 +132,7 @@ class SaveOptions:
             object.__setattr__(self, "mapping", as_mapping(mapping))
         indexes = check_file_indexes(self.fqn_to_index_mapping)
         object.__setattr__(self, "fqn_to_index_mapping", indexes)
+        object.__setattr__(self, "config", _model_type(self.config))
         check_file_name(self.file_name)
         if self.per_rank and self.file_name != SINGLE_FILE_NAME:
             raise ValueError(
@@ -130,6 +140,51 @@ class SaveOptions:
                 f"(save_distributed) writes torch's per-rank files, which keep torch's "
                 f"names: drop one (consolidate the per-rank files with file_name=)"
             )
+
+
+    def names(self) -> Mapping | None:
+        """The mapping that names the saved tensors: ``mapping`` when given, else the Hub's
+        for ``config``'s model type (see :data:`HUB_PRESETS`), else ``None`` (as held)."""
+        if self.mapping is not None or self.config is None:
+            return self.mapping
+        preset = hub_preset(self.config)
+        return None if preset is None else Mapping.preset(preset)
+
+
+def _model_type(config: object) -> str | None:
+    """``config``'s ``model_type``: of a transformers config, a ``config.json`` dict, or a
+    string that is one.
+
+    Raises:
+        TypeError: ``config`` is none of those, or its ``model_type`` is not a string.
+        ValueError: The ``model_type`` is empty or not one line of printable text.
+    """
+    if config is None or isinstance(config, str):
+        model_type: object = config
+    elif isinstance(config, abc.Mapping):
+        model_type = config.get("model_type")
+    elif hasattr(config, "model_type"):
+        model_type = config.model_type
+    else:
+        raise TypeError(
+            f"config must be a transformers config (model.config), its config.json as a dict "
+            f"or a model_type string, not {type(config).__name__}"
+        )
+    if model_type is None:
+        if config is None:
+            return None
+        raise TypeError(
+            f"config ({type(config).__name__}) has no model_type: pass model.config, the "
+            f"parsed config.json of a transformers model, or mapping= itself"
+        )
+    if not isinstance(model_type, str):
+        raise TypeError(f"config's model_type must be a string, not {type(model_type).__name__}")
+    if not model_type or len(model_type) > 200 or not model_type.isprintable():
+        raise ValueError(
+            f"config's model_type {model_type[:200]!r} is not a model type (a short name "
+            f"such as 'mixtral')"
+        )
+    return model_type
 
 
 def one_save_options(options: object, **keywords: object) -> SaveOptions:

@@ -35,6 +35,7 @@ import torch.distributed as dist
 
 from hyperckpt._arguments import check_callable
 from hyperckpt._exchange.rounds import transfer_device
+from hyperckpt._layout.mapping import Mapping as NameMapping
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
 from hyperckpt._save.bands import Band, ColumnCosts, plan_bands
 from hyperckpt._save.boxes import LocalTensor, TensorSummary
@@ -70,6 +71,10 @@ class SaveReport:
         converted: Tensors written in another dtype than held, sorted.
         exchanged: Tensors whose column slices the ranks exchanged so that each wrote
             whole row bands (:mod:`hyperckpt._save.bands`), sorted.
+        mapping: The name of the mapping that named the saved tensors (a preset's, given as
+            ``mapping=`` or picked by ``config=``; ``""`` for an unnamed one), ``None``
+            when the state dict's names were written as held.
+        renamed: The state dict's tensors written under other names by the mapping, sorted.
         bytes_written: Bytes each rank wrote (boxes and headers), by rank.
         audit_seconds: Seconds each rank spent re-reading its boxes, by rank (0 when off).
         seconds: Wall time on this rank, in seconds.
@@ -86,6 +91,8 @@ class SaveReport:
     bytes_written: tuple[int, ...]
     audit_seconds: tuple[float, ...]
     seconds: float
+    mapping: str | None = None
+    renamed: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -103,6 +110,8 @@ class Staged:
     bytes_written: tuple[int, ...] = ()
     audit_seconds: tuple[float, ...] = ()
     published: bool = field(default=False)
+    mapping: str | None = None
+    renamed: tuple[str, ...] = ()
 
     @property
     def rank(self) -> int:
@@ -129,6 +138,8 @@ class Staged:
             bytes_written=self.bytes_written,
             audit_seconds=self.audit_seconds,
             seconds=time.perf_counter() - self.begin,
+            mapping=self.mapping,
+            renamed=self.renamed,
         )
 
 
@@ -159,6 +170,8 @@ def stage(
     summaries: list[TensorSummary] = []
     held: dict[str, LocalTensor] = {}
     built: SaveOptions | None = None
+    names: NameMapping | None = None
+    renamed: tuple[str, ...] = ()
     try:
         built = options()
         check_callable("progress", progress)
@@ -173,8 +186,13 @@ def stage(
         try:
             flat_dict = dict(state_dict) if flat else flatten(state_dict, path=where)
             summaries, held = summarize(flat_dict, path=where)
-            if built.mapping is not None:
-                summaries, held = remap(built.mapping, summaries, held, path=where)
+            names = built.names()
+            if names is not None and names.rules:
+                kept = {s.name for s in summaries}
+                summaries, held = remap(names, summaries, held, path=where)
+                renamed = tuple(sorted(kept - {s.name for s in summaries}))
+            elif built.mapping is None and built.config is None and rank == 0:
+                _warn_fused(summaries)
             if built.keep_aliases:
                 summaries = unalias(summaries)
         except FAILURES as err:
@@ -226,7 +244,16 @@ def stage(
     target = Path(published_at)  # where a symlink given as the path leads
     temp = files.temp_path(target, suffix)
     staged = Staged(
-        target, temp, plan, tuple(dropped), begin, ranks, built.per_rank, publishes=rank == 0
+        target,
+        temp,
+        plan,
+        tuple(dropped),
+        begin,
+        ranks,
+        built.per_rank,
+        publishes=rank == 0,
+        mapping=None if names is None or not names.rules else names.name,
+        renamed=renamed,
     )
     if built.per_rank:
         rank_files = plan_rank_files(plan, rank)
@@ -293,6 +320,25 @@ def stage(
     staged.bytes_written = tuple(w for w, _ in facts)
     staged.audit_seconds = tuple(s for _, s in facts)
     return staged
+
+
+def _warn_fused(summaries: list[TensorSummary]) -> None:
+    """Say so when fused transformers-5 experts are saved as held: most MoE models' Hub
+    checkpoints hold one tensor per expert, the names ``save_pretrained`` writes."""
+    fused = [
+        s.name
+        for s in summaries
+        if s.name.endswith((".experts.gate_up_proj", ".experts.down_proj")) and len(s.shape) == 3
+    ]
+    if fused:
+        logger.warning(
+            "hyperckpt: %d fused expert tensor(s) such as %r are saved under the state dict's "
+            "names; save_pretrained writes one tensor per expert for most MoE models: pass "
+            "config=model.config (or mapping=) to write the Hub's names, or mapping=() to keep "
+            "these names without this warning",
+            len(fused),
+            fused[0],
+        )
 
 
 def commit(staged: Staged, *, overwrite: bool) -> None:

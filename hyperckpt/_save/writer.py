@@ -103,6 +103,8 @@ class HuggingFaceStorageWriter(StorageWriter):
             consolidate`` them.
         mapping: See :func:`hyperckpt.save`: the mapping runs backwards, so
             ``mapping="qwen3-moe"`` writes fused experts as ``mlp.experts.{e}.*_proj.weight``.
+        config: See :func:`hyperckpt.save`: ``config=model.config`` writes the names
+            ``save_pretrained`` writes.
         file_name: See :func:`hyperckpt.save`: ``"adapter_model.safetensors"`` for a PEFT
             adapter.
 
@@ -132,6 +134,7 @@ class HuggingFaceStorageWriter(StorageWriter):
         timeout: float | None = None,
         per_rank: bool | None = None,
         mapping: MappingLike | None = None,
+        config: object = None,
         file_name: str | None = None,
     ) -> None:
         super().__init__()
@@ -157,6 +160,7 @@ class HuggingFaceStorageWriter(StorageWriter):
             timeout=timeout,
             per_rank=per_rank,
             mapping=mapping,
+            config=config,
             file_name=file_name,
         )
         self._group = process_group

@@ -4,7 +4,8 @@ Each rank holds half the experts of ``gate_up_proj`` ``[E, 2I, H]`` and ``down_p
 ``[E, H, I]`` (``Shard(0)``, FSDP's layout); the save writes ``experts.{e}.gate_proj``,
 ``up_proj`` and ``down_proj`` per expert, each rank only its own experts' bytes.  The files
 are checked with ``safetensors.safe_open``, then loaded back with the same mapping into
-poisoned shards.
+poisoned shards.  The DCP writer given the model's ``config`` and no mapping writes the
+same bytes.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from helpers import device_mesh, mismatch, poison_, run_ranks, sample_tensor
 from safetensors import safe_open
 from torch.distributed.device_mesh import DeviceMesh
@@ -58,6 +61,14 @@ def _rank(rank: int, world: int, root: str) -> tuple[int, tuple[int, ...]]:
     for name, tensor in back.items():
         assert isinstance(tensor, DTensor)
         assert mismatch(tensor.full_tensor(), full[name]) is None, name
+    # No mapping given: the model's config picks the same names, through dcp.save too.
+    writer = hyperckpt.HuggingFaceStorageWriter(
+        Path(root) / "by-config", config={"model_type": "qwen3_moe"}
+    )
+    dcp.save(state, storage_writer=writer)
+    dist.barrier()
+    by_config = (Path(root) / "by-config" / "model.safetensors").read_bytes()
+    assert by_config == (Path(root) / "ckpt" / "model.safetensors").read_bytes()
     return report.tensors, report.bytes_written
 
 

@@ -10,7 +10,7 @@ Each case draws, from one seed:
   now and then a hostile value (a sparse or meta tensor, a string, a module instead of a
   state dict);
 * **options**: ``max_shard_size``, ``dtype``, ``thread_count``, ``overwrite``, ``file_name``,
-  ``per_rank``, ``audit`` and ``progress``, valid and not;
+  ``config``, ``per_rank``, ``audit`` and ``progress``, valid and not;
 * a **fault**: none, a full disk (every ``pwrite`` past a drawn byte count fails with
   ``ENOSPC``), or — in a child process — ``SIGKILL`` at a drawn moment of the save.
 
@@ -215,6 +215,10 @@ def _options(rng: random.Random) -> dict[str, object]:
             3,
         ]
         options["file_name"] = rng.choice(good * 2 + bad + ["x-00001-of-00002.safetensors"])
+    if rng.random() < 0.15:  # model types whose Hub names match none of the drawn names
+        good_configs: list[object] = ["llama", {"model_type": "qwen3_moe"}, "gpt_oss"]
+        bad_configs: list[object] = [{}, 3, "", "a\nb", {"model_type": 5}, "x" * 300, object()]
+        options["config"] = rng.choice(good_configs * 2 + bad_configs)
     return options
 
 

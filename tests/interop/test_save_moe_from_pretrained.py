@@ -65,3 +65,46 @@ def test_fused_experts_saved_per_expert_load_back_bit_exact_with_from_pretrained
     theirs = tmp_path / "theirs"
     model.save_pretrained(theirs)
     assert _names(theirs) == names
+
+
+@pytest.mark.parametrize("name", ["qwen3-moe", "qwen2-moe", "mixtral"])
+def test_a_moe_model_saved_with_its_config_has_save_pretrained_names_and_loads_back(
+    tmp_path: Path, name: str
+) -> None:
+    """No mapping given: ``config=model.config`` picks the names ``save_pretrained`` writes."""
+    from transformers import AutoModelForCausalLM
+
+    model = _model(name)
+    state = model.state_dict()
+    ours = tmp_path / "ours"
+    report = hyperckpt.save(state, ours, config=model.config)
+    model.config.save_pretrained(ours)
+    theirs = tmp_path / "theirs"
+    model.save_pretrained(theirs)
+    assert _names(ours) == _names(theirs)
+    assert report.mapping == ("mixtral" if name == "mixtral" else "qwen2-moe")
+    assert {n for n in report.renamed if ".experts." in n} == {
+        n for n in state if n.endswith(("experts.gate_up_proj", "experts.down_proj"))
+    }
+    loaded = AutoModelForCausalLM.from_pretrained(ours, dtype=state["lm_head.weight"].dtype)
+    back = loaded.state_dict()
+    assert back.keys() == state.keys()
+    assert not [key for key, value in state.items() if not torch.equal(back[key], value)]
+
+
+def test_the_model_types_saved_per_expert_are_the_ones_transformers_converts() -> None:
+    """HUB_PRESETS against transformers' own table of conversion patterns, both ways: a model
+    type transformers starts converting (or stops) fails here, not in a user's save."""
+    from transformers import conversion_mapping
+
+    from hyperckpt._layout.mapping.presets import HUB_PRESETS
+
+    pattern = {"mixtral": "mixtral", "qwen2-moe": "qwen2_moe"}
+    table = conversion_mapping._MODEL_TO_CONVERSION_PATTERN
+    theirs = {
+        model_type: target
+        for model_type, target in table.items()
+        if target in pattern.values() and model_type.islower()  # class names are not types
+    }
+    theirs.update({"mixtral": "mixtral", "qwen2_moe": "qwen2_moe"})
+    assert {t: pattern[p] for t, p in HUB_PRESETS.items()} == theirs

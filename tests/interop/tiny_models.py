@@ -41,8 +41,10 @@ def save_tiny_llama(directory: Path, *, tied: bool, seed: int = 0) -> dict[str, 
 
 
 def tiny_moe(name: str, *, seed: int) -> torch.nn.Module:
-    """A transformers-5 MoE model with fused experts: ``"qwen3-moe"`` or ``"mixtral"``, 2
-    layers of 3 experts (``gate_up_proj`` ``[3, 12, 16]``), its weights drawn from ``seed``."""
+    """A transformers-5 MoE model with fused experts: ``"qwen3-moe"``, ``"qwen2-moe"`` (a
+    shared expert beside the routed ones) or ``"mixtral"``, 2 layers of 3 experts
+    (``gate_up_proj`` ``[3, 12, 16]``), its weights drawn from ``seed``."""
+    import transformers
     from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     common = {
@@ -63,4 +65,13 @@ def tiny_moe(name: str, *, seed: int) -> torch.nn.Module:
             **common, moe_intermediate_size=6, num_experts=3, mlp_only_layers=[]
         )
         return Qwen3MoeForCausalLM(config)
+    if name == "qwen2-moe":
+        qwen2 = transformers.Qwen2MoeConfig(
+            **common,
+            moe_intermediate_size=6,
+            num_experts=3,
+            shared_expert_intermediate_size=8,
+            intermediate_size=8,
+        )
+        return transformers.Qwen2MoeForCausalLM(qwen2)
     return MixtralForCausalLM(MixtralConfig(**common, intermediate_size=6, num_local_experts=3))

@@ -10,7 +10,7 @@ from hyperckpt._layout.mapping.fuse import Fuse
 from hyperckpt._layout.mapping.names import AddPrefix, Replace, StripPrefix
 from hyperckpt._layout.mapping.rule import Rule
 
-__all__ = ["PRESETS"]
+__all__ = ["HUB_PRESETS", "PRESETS", "hub_preset"]
 
 
 def _experts(gate: str, up: str, down: str, *, before: tuple[Rule, ...] = ()) -> tuple[Rule, ...]:
@@ -63,3 +63,27 @@ PRESETS: Final[abc.Mapping[str, tuple[Rule, ...]]] = MappingProxyType(
         "strip-model-prefix": (StripPrefix("model."),),
     }
 )
+
+
+_QWEN2_STYLE: Final = (
+    "qwen2_moe qwen3_moe qwen3_next qwen3_omni_moe qwen3_omni_moe_thinker qwen3_omni_moe_text "
+    "deepseek_v2 deepseek_v3 deepseek_v32 dots1 ernie4_5_moe glm4_moe glm4_moe_lite "
+    "glm4v_moe glm_moe_dsa hunyuan_v1_moe flex_olmo olmoe longcat_flash solar_open mellum "
+    "afmoe beam sarvam_mla exaone_moe cohere2_moe"
+)
+
+#: The preset whose reverse writes the Hub's names, by a transformers config's
+#: ``model_type``: the model types whose in-memory fused experts transformers 5 (5.25)
+#: converts back to one tensor per expert in ``save_pretrained``.  A model type not here
+#: (``gpt_oss`` among them, whose Hub checkpoints hold the fused tensors) keeps its names.
+HUB_PRESETS: Final[abc.Mapping[str, str]] = MappingProxyType(
+    {
+        **dict.fromkeys(("mixtral", "minimax", "minimax_m2"), "mixtral"),
+        **dict.fromkeys(_QWEN2_STYLE.split(), "qwen2-moe"),
+    }
+)
+
+
+def hub_preset(model_type: str) -> str | None:
+    """The preset naming ``model_type``'s tensors as its Hub checkpoints do, or ``None``."""
+    return HUB_PRESETS.get(model_type)

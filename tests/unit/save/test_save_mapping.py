@@ -356,3 +356,102 @@ def test_a_concatenation_of_columns_is_saved_column_by_column(tmp_path: Path) ->
     with safe_open(str(tmp_path / "ckpt" / "model.safetensors"), "pt") as f:
         assert mismatch(f.get_tensor("x.a"), fused[:, :2]) is None
         assert mismatch(f.get_tensor("x.b"), fused[:, 2:]) is None
+
+
+class _Config:
+    """Stands for a transformers config: an object with a ``model_type``."""
+
+    def __init__(self, model_type: object) -> None:
+        self.model_type = model_type
+
+
+def _saved_names(root: Path) -> list[str]:
+    with safe_open(str(root / "model.safetensors"), "pt") as f:
+        return sorted(f.keys())
+
+
+@pytest.mark.parametrize(
+    ("config", "preset", "names"),
+    [
+        (_Config("mixtral"), "mixtral", ("w1", "w3", "w2")),
+        ({"model_type": "qwen3_moe", "hidden_size": 5}, "qwen2-moe", None),
+        ("deepseek_v3", "qwen2-moe", None),
+        ("minimax", "mixtral", ("w1", "w3", "w2")),
+    ],
+)
+def test_config_picks_the_hub_names_for_its_model_type_and_the_report_says_so(
+    tmp_path: Path, config: object, preset: str, names: tuple[str, str, str] | None
+) -> None:
+    state = _fused()
+    report = hyperckpt.save(state, tmp_path / "ckpt", config=config)
+    expected = _expected(state, *(names or ("gate_proj", "up_proj", "down_proj")))
+    if preset == "mixtral":
+        expected = {n.replace(".mlp.", ".block_sparse_moe."): t for n, t in expected.items()}
+    assert _saved_names(tmp_path / "ckpt") == sorted(expected)
+    assert report.mapping == preset
+    renamed = [f"{M}.experts.down_proj", f"{M}.experts.gate_up_proj"]
+    assert list(report.renamed) == renamed + ([f"{M}.gate.weight"] if names else [])
+    # The same through the DCP writer, which takes the same option.
+    import torch.distributed.checkpoint as dcp
+
+    writer = hyperckpt.HuggingFaceStorageWriter(tmp_path / "dcp", config=config)
+    dcp.save(state, storage_writer=writer, no_dist=True)
+    assert _saved_names(tmp_path / "dcp") == sorted(expected)
+
+
+def test_a_model_type_with_fused_hub_names_and_an_explicit_choice_keep_the_names(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    state = _fused()
+    held = sorted(state)
+    for n, (config, mapping) in enumerate([("gpt_oss", None), ("mixtral", ())]):
+        with caplog.at_level("WARNING", logger="hyperckpt"):
+            report = hyperckpt.save(state, tmp_path / f"c{n}", config=config, mapping=mapping)
+        assert _saved_names(tmp_path / f"c{n}") == held
+        assert (report.mapping, report.renamed) == (None, ())
+    assert not caplog.records  # a config, or mapping=(), is a choice: nothing to warn of
+    # An explicit mapping wins over the config's.
+    report = hyperckpt.save(state, tmp_path / "m", config="mixtral", mapping="qwen3-moe")
+    assert report.mapping == "qwen3-moe"
+    assert f"{M}.experts.0.gate_proj.weight" in _saved_names(tmp_path / "m")
+
+
+def test_fused_experts_saved_without_config_or_mapping_keep_their_names_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    state = _fused()
+    with caplog.at_level("WARNING", logger="hyperckpt"):
+        report = hyperckpt.save(state, tmp_path / "ckpt")
+    assert _saved_names(tmp_path / "ckpt") == sorted(state)
+    assert report.mapping is None
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "2 fused expert tensor(s)" in warning
+    assert "config=model.config" in warning
+    assert "mapping=()" in warning
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hyperckpt"):
+        hyperckpt.save({"w": torch.ones(3)}, tmp_path / "plain")
+    assert not caplog.records  # nothing fused: nothing to say
+
+
+@pytest.mark.parametrize(
+    ("config", "error", "match"),
+    [
+        (3, TypeError, "config must be a transformers config"),
+        ({}, TypeError, r"config \(dict\) has no model_type"),
+        (_Config(None), TypeError, r"config \(_Config\) has no model_type"),
+        ({"model_type": 5}, TypeError, "model_type must be a string, not int"),
+        ("", ValueError, "is not a model type"),
+        ("a\nb", ValueError, "is not a model type"),
+        ("x" * 300, ValueError, "is not a model type"),
+    ],
+)
+def test_a_config_without_a_model_type_is_refused_before_anything_is_written(
+    tmp_path: Path, config: object, error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        hyperckpt.save(_fused(), tmp_path / "ckpt", config=config)
+    with pytest.raises(error, match=match):
+        hyperckpt.SaveOptions(config=config)
+    assert not (tmp_path / "ckpt").exists()
+    assert hyperckpt.SaveOptions(config=_Config("llama")).config == "llama"
