@@ -23,11 +23,14 @@ import concurrent.futures
 import json
 import platform
 import resource
+import sys
 import time
 from collections.abc import Callable
 from importlib import metadata
+from pathlib import Path
 
-from hyperckpt.testing.s3server import CREDENTIALS, LocalS3
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # test helpers
+from s3server import CREDENTIALS, LocalS3
 
 _BUCKET = "bench"
 _KEY = "blob"

@@ -1,7 +1,7 @@
 """Describe and load a checkpoint from a bucket, against downloading it first, and the server's limit.
 
 One process, the local S3-compatible server (moto, a child process on 127.0.0.1, objects
-held in memory and shared with each GET: :mod:`hyperckpt.testing.s3server`), a Llama-like
+held in memory and shared with each GET: :mod:`s3server`), a Llama-like
 bf16 checkpoint of ``--mib`` MiB in ``--files`` files with an index.  Each row is run
 ``--repeat`` times, interleaved with the others; the median and the best are kept, with
 the client's CPU time (``time.process_time``) and the server's (``/proc``).
@@ -40,6 +40,7 @@ import os
 import platform
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -52,7 +53,9 @@ from safetensors.torch import save_file
 from torch.distributed.checkpoint import HuggingFaceStorageReader as TorchReader
 
 import hyperckpt
-from hyperckpt.testing.s3server import LocalS3
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # test helpers
+from s3server import LocalS3
 
 _BUCKET = "bench"
 _PREFIX = "llama"

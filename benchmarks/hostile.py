@@ -1,6 +1,6 @@
 """Hostile headers: time and peak memory of ``describe`` per class, per byte of input.
 
-For each JSON bomb of :mod:`hyperckpt.testing._hostile` (tiny tokens, unterminated strings of
+For each JSON bomb of :mod:`hostile_cases` (tiny tokens, unterminated strings of
 escaped quotes, backslash runs, deep nesting, long number lists), placed in a header, in
 ``DCP_SHARDING_INFO`` and in the index, and for a valid header of about the same size, it
 writes a checkpoint under a temporary directory and measures ``describe`` once: wall time
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 import tracemalloc
@@ -28,7 +29,9 @@ from pathlib import Path
 from hyperckpt import CheckpointError, describe
 from hyperckpt._format.budget import count_tokens
 from hyperckpt.testing import encode_file, write_files
-from hyperckpt.testing._hostile import BOMB_KINDS, json_bomb
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # test helpers
+from hostile_cases import BOMB_KINDS, json_bomb
 
 _U8 = {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}
 

@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import platform
+import sys
 import tempfile
 import time
 import tracemalloc
@@ -34,7 +35,9 @@ import torch
 from hyperckpt import CheckpointError, consolidate, describe, verify
 from hyperckpt._format.header import MAX_HEADER_LENGTH
 from hyperckpt.testing import encode_file, write_files
-from hyperckpt.testing._hostile import make_hostile_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # test helpers
+from hostile_cases import make_hostile_file
 
 _U8 = {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}
 _INDEX = "model.safetensors.index.json"

@@ -14,7 +14,7 @@ __all__ = [
 
 #: The stable id of every rule a refusal can name, as ``stage.what``: the catalogue the type
 #: checker sees.  Each has an entry (what it checks, an example refusal) in
-#: ``hyperckpt.testing.rules`` and a row in ``docs/rules.md``; a test keeps the three equal.
+#: ``tests/rule_catalogue.py`` and a row in ``docs/rules.md``; a test keeps the three equal.
 RuleId = Literal[
     "checksums.not_regular",
     "checksums.too_big",

@@ -20,8 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 import pytest
-
-from hyperckpt.testing.s3server import LocalS3
+from s3server import LocalS3
 
 __all__ = ["FaultProxy", "s3_env", "s3_server"]
 

@@ -141,7 +141,6 @@ class SaveOptions:
                 f"names: drop one (consolidate the per-rank files with file_name=)"
             )
 
-
     def names(self) -> Mapping | None:
         """The mapping that names the saved tensors: ``mapping`` when given, else the Hub's
         for ``config``'s model type (see :data:`HUB_PRESETS`), else ``None`` (as held)."""

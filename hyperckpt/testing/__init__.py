@@ -30,7 +30,7 @@ What is here:
   (a missing file, an index disagreeing with the files, a tensor in two files, ...) and
   :func:`sharded_faults` (a removed, shifted or duplicated piece), each naming the id of
   the rule it breaks; the rules and their messages are catalogued in
-  :mod:`hyperckpt.testing.rules`.
+  ``docs/rules.md``.
 """
 
 from __future__ import annotations

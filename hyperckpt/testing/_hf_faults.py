@@ -32,7 +32,7 @@ class HuggingFaceFault:
     """A valid Hugging Face checkpoint with one directory rule broken.
 
     Attributes:
-        rule: The id of the broken rule (see :data:`hyperckpt.testing.rules.RULES`).
+        rule: The id of the broken rule (see ``docs/rules.md``).
         files: Every file to write, index included, by name.
         description: What was changed.
     """

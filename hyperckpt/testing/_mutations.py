@@ -21,7 +21,7 @@ class FileFault:
     """A valid file with exactly one rule broken.
 
     Attributes:
-        rule: The id of the broken rule (see :data:`hyperckpt.testing.rules.RULES`).
+        rule: The id of the broken rule (see ``docs/rules.md``).
         data: The faulty file's bytes.
         description: What was changed, for failure messages.
     """

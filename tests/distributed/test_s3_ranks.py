@@ -17,11 +17,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from helpers import device_mesh, mismatch, poison_, run_ranks, sample_tensor, write_hf_checkpoint
+from s3server import LocalS3
 from torch.distributed.tensor import Placement, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from hyperckpt import HuggingFaceStorageReader
-from hyperckpt.testing.s3server import LocalS3
 
 pytestmark = pytest.mark.distributed
 

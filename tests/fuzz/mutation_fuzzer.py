@@ -44,17 +44,7 @@ from fuzz_harness import MEMORY_BASE, MEMORY_PER_BYTE, FuzzFailure
 from fuzz_harness import Hang as _Hang
 from fuzz_harness import alarm as _alarm
 from fuzz_harness import peak_rss as _peak_rss
-from safetensors import safe_open
-from torch.distributed.checkpoint.api import CheckpointException
-
-from hyperckpt import (
-    CheckpointError,
-    describe,
-)
-from hyperckpt._format.header import DTYPES
-from hyperckpt._load.readers import reader_for
-from hyperckpt._read.dtypes import to_torch_dtype, to_torch_shape
-from hyperckpt.testing._hostile import (
+from hostile_cases import (
     BOMB_KINDS,
     CHANGE_KINDS,
     NOT_REGULAR_KINDS,
@@ -66,6 +56,16 @@ from hyperckpt.testing._hostile import (
     staircase_tiling,
     tiled_shard_files,
 )
+from safetensors import safe_open
+from torch.distributed.checkpoint.api import CheckpointException
+
+from hyperckpt import (
+    CheckpointError,
+    describe,
+)
+from hyperckpt._format.header import DTYPES
+from hyperckpt._load.readers import reader_for
+from hyperckpt._read.dtypes import to_torch_dtype, to_torch_shape
 
 logger = logging.getLogger("mutation_fuzzer")
 

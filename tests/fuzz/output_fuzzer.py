@@ -2,7 +2,7 @@
 
 Each case builds a torch sharded directory of tensors with random names (quotes,
 backslashes, non-ASCII, long), then draws from each third-round class of
-``hyperckpt/testing/_hostile.py``:
+``tests/hostile_cases.py``:
 
 * class 4: a header limit far below the format's (so splitting by header size is
   exercised on small files), and random ``max_shard_size``;
@@ -43,12 +43,7 @@ import torch
 from fuzz_harness import FuzzFailure
 from fuzz_harness import Hang as _Hang
 from fuzz_harness import alarm as _alarm
-from safetensors import safe_open
-
-from hyperckpt import CheckpointError, consolidate, describe, verify
-from hyperckpt._consolidate import assign, run
-from hyperckpt.testing import write_files
-from hyperckpt.testing._hostile import (
+from hostile_cases import (
     ESCAPE_KINDS,
     HOSTILE_FILE_KINDS,
     NOT_REGULAR_KINDS,
@@ -59,6 +54,11 @@ from hyperckpt.testing._hostile import (
     named_shard_files,
     trap_output,
 )
+from safetensors import safe_open
+
+from hyperckpt import CheckpointError, consolidate, describe, verify
+from hyperckpt._consolidate import assign, run
+from hyperckpt.testing import write_files
 
 logger = logging.getLogger("output_fuzzer")
 

@@ -1,7 +1,7 @@
 """A seeded fuzzer for the surfaces after the readers: mapping, consolidate, verify, plan, CLI.
 
 Each case draws one hostile class of the third round (issue 21) and a member of it from
-:mod:`hyperckpt.testing._hostile_surfaces`, builds a small checkpoint around it, runs it
+:mod:`surface_cases`, builds a small checkpoint around it, runs it
 through the public API and through the ``hyperckpt`` command (in this process), and
 checks the outcome:
 
@@ -54,12 +54,7 @@ from fuzz_harness import Hang as _Hang
 from fuzz_harness import alarm as _alarm
 from fuzz_harness import peak_rss as _peak_rss
 from safetensors.torch import save_file
-
-import hyperckpt
-from hyperckpt import CheckpointError, Mapping, Rename, describe
-from hyperckpt._cli.main import main
-from hyperckpt.testing import encode_file, write_files
-from hyperckpt.testing._hostile_surfaces import (
+from surface_cases import (
     ERROR_MODEL_KINDS,
     EXPERT_INDEX_KINDS,
     FORGING_KINDS,
@@ -71,6 +66,11 @@ from hyperckpt.testing._hostile_surfaces import (
     size_text,
     zero_size_header,
 )
+
+import hyperckpt
+from hyperckpt import CheckpointError, Mapping, Rename, describe
+from hyperckpt._cli.main import main
+from hyperckpt.testing import encode_file, write_files
 
 logger = logging.getLogger("surface_fuzzer")
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
+from rule_catalogue import RULES
 from safetensors import safe_open
 
 from hyperckpt import CheckpointError
@@ -21,7 +22,6 @@ from hyperckpt.testing import (
     file_of,
     safetensors_files,
 )
-from hyperckpt.testing.rules import RULES
 
 RULE = {rule.id: rule for rule in RULES}
 NAME = "model.safetensors"

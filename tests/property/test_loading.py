@@ -12,6 +12,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from hypothesis import example, given
 from hypothesis import strategies as st
+from rule_catalogue import RULES
 
 from hyperckpt import (
     CheckpointError,
@@ -34,7 +35,6 @@ from hyperckpt.testing import (
     torch_sharded_checkpoint,
     torch_sharded_checkpoints,
 )
-from hyperckpt.testing.rules import RULES
 
 RULE = {rule.id: rule for rule in RULES}
 

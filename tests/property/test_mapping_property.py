@@ -26,6 +26,7 @@ import torch
 from helpers import draw_placement, mismatch, poison_, sample_tensor, write_hf_checkpoint
 from hypothesis import given
 from hypothesis import strategies as st
+from rule_catalogue import RULES
 from safetensors.torch import save_file
 from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.tensor import Placement, Replicate
@@ -43,7 +44,6 @@ from hyperckpt._planner.region_items import read_items
 from hyperckpt._planner.regions import local_regions
 from hyperckpt._read.boxes import narrow
 from hyperckpt._read.engine import ReadEngine
-from hyperckpt.testing.rules import RULES
 
 DTYPES = [torch.float32, torch.bfloat16, torch.int16, torch.uint8, torch.float64]
 

@@ -24,6 +24,19 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from hostile_cases import (
+    BOMB_KINDS,
+    CHANGE_KINDS,
+    NOT_REGULAR_KINDS,
+    change_file,
+    grid_tiling,
+    json_bomb,
+    make_not_regular,
+    many_files_index,
+    staircase_columns,
+    staircase_tiling,
+    tiled_shard_files,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.distributed.checkpoint.api import CheckpointException
@@ -48,19 +61,6 @@ from hyperckpt._layout.model import Piece
 from hyperckpt._layout.problems import find_problems
 from hyperckpt._verify.checksums import write_checksums
 from hyperckpt.testing import encode_file, write_files
-from hyperckpt.testing._hostile import (
-    BOMB_KINDS,
-    CHANGE_KINDS,
-    NOT_REGULAR_KINDS,
-    change_file,
-    grid_tiling,
-    json_bomb,
-    make_not_regular,
-    many_files_index,
-    staircase_columns,
-    staircase_tiling,
-    tiled_shard_files,
-)
 
 INDEX = "model.safetensors.index.json"
 SHARD = "shard-00001-model-00001-of-00001.safetensors"

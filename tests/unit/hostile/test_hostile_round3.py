@@ -1,6 +1,6 @@
 """Hostile input, third round: what hyperckpt reads besides headers, and what it writes.
 
-Each class is tested from its generator in ``hyperckpt/testing/_hostile.py`` (every member,
+Each class is tested from its generator in ``tests/hostile_cases.py`` (every member,
 not only the example that found it): the outcome is a typed ``CheckpointError`` (or the
 documented refusal of a non-empty output) or a correct result; nothing hangs (the per-test
 timeout), nothing outside the output is written, and no input is removed.
@@ -16,13 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from safetensors import safe_open
-
-from hyperckpt import CheckpointChangedError, CheckpointError, consolidate, describe, verify
-from hyperckpt._consolidate import assign, run
-from hyperckpt._consolidate.run import MARKER_NAME
-from hyperckpt.testing import write_files
-from hyperckpt.testing._hostile import (
+from hostile_cases import (
     ESCAPE_KINDS,
     HOSTILE_FILE_KINDS,
     NOT_REGULAR_KINDS,
@@ -34,6 +28,12 @@ from hyperckpt.testing._hostile import (
     tiled_shard_files,
     trap_output,
 )
+from safetensors import safe_open
+
+from hyperckpt import CheckpointChangedError, CheckpointError, consolidate, describe, verify
+from hyperckpt._consolidate import assign, run
+from hyperckpt._consolidate.run import MARKER_NAME
+from hyperckpt.testing import write_files
 
 INDEX = "model.safetensors.index.json"
 

@@ -1,7 +1,7 @@
 """Hostile input, third round: the surfaces after the readers held to the readers' standard.
 
 Mapping, consolidation, verification, the cost model and the command line, each class of
-gap tested as a class (members drawn from :mod:`hyperckpt.testing._hostile_surfaces`):
+gap tested as a class (members drawn from :mod:`surface_cases`):
 
 * class 3, exceptions outside the error model: every example is refused with a
   ``CheckpointError`` (or a ``ValueError``/``TypeError`` naming the argument) or handled,
@@ -29,16 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
-
-import hyperckpt
-from hyperckpt import CheckpointError, CheckpointNotFoundError, Fuse, Mapping, Rename, describe
-from hyperckpt._cli import dryrun
-from hyperckpt._cli.main import main
-from hyperckpt._exchange import stripes
-from hyperckpt._layout.templates import Template
-from hyperckpt._verify.checksums import read_checksums, write_checksums
-from hyperckpt.testing import encode_file, write_files
-from hyperckpt.testing._hostile_surfaces import (
+from surface_cases import (
     EXPERT_INDEX_KINDS,
     FORGING_KINDS,
     SIZE_KINDS,
@@ -49,6 +40,15 @@ from hyperckpt.testing._hostile_surfaces import (
     size_text,
     zero_size_header,
 )
+
+import hyperckpt
+from hyperckpt import CheckpointError, CheckpointNotFoundError, Fuse, Mapping, Rename, describe
+from hyperckpt._cli import dryrun
+from hyperckpt._cli.main import main
+from hyperckpt._exchange import stripes
+from hyperckpt._layout.templates import Template
+from hyperckpt._verify.checksums import read_checksums, write_checksums
+from hyperckpt.testing import encode_file, write_files
 
 # ---- helpers -------------------------------------------------------------------------
 

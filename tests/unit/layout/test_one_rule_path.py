@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rule_catalogue import RULES, Rule
 
 from hyperckpt._layout.directory import describe_directory as describe
 from hyperckpt._layout.problems import find_problems
@@ -23,7 +24,6 @@ from hyperckpt.testing import (
     torch_sharded_checkpoints,
     write_files,
 )
-from hyperckpt.testing.rules import RULES, Rule
 
 INDEX = "model.safetensors.index.json"
 _ENTRY = {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}

@@ -10,10 +10,10 @@ from typing import cast, get_args
 
 import pytest
 import torch.distributed as dist
+from rule_catalogue import RULES, Rule, provoke
 
 import hyperckpt
 from hyperckpt.errors import RULE_IDS, CheckpointError, RuleId
-from hyperckpt.testing.rules import RULES, Rule, provoke
 
 PACKAGE = Path(hyperckpt.__file__).parent
 IDS = {rule.id for rule in RULES}

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from rule_catalogue import RULES, Rule, provoke, render_rules_page
 
 from hyperckpt.errors import CheckpointError
 from hyperckpt.testing import FILE_FAULT_RULES, HF_FAULT_RULES
-from hyperckpt.testing.rules import RULES, Rule, provoke, render_rules_page
 
 PAGE = Path(__file__).resolve().parents[3] / "docs" / "rules.md"
-REGENERATE = "python -m hyperckpt.testing.rules docs/rules.md"
+REGENERATE = "python tests/rule_catalogue.py docs/rules.md"
 
 
 @pytest.fixture(scope="module")

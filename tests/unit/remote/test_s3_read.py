@@ -16,12 +16,12 @@ import torch
 import torch.distributed.checkpoint as dcp
 from helpers import mismatch, poison_, sample_tensor, write_hf_checkpoint
 from s3faults import FaultProxy
+from s3server import LocalS3
 from safetensors import safe_open
 
 import hyperckpt
 from hyperckpt import CheckpointChangedError, CheckpointError, CheckpointNotFoundError
 from hyperckpt._storage.remote import RemoteSettings, S3Storage
-from hyperckpt.testing.s3server import LocalS3
 
 _names = (f"bucket{n}" for n in itertools.count())
 

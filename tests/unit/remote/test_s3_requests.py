@@ -15,6 +15,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from helpers import mismatch, poison_, sample_tensor, write_hf_checkpoint
 from s3faults import FaultProxy
+from s3server import LocalS3
 from safetensors import safe_open
 
 import hyperckpt
@@ -23,7 +24,6 @@ from hyperckpt._format.header import read_header_in
 from hyperckpt._read import remote as remote_reads
 from hyperckpt._read.remote import REMOTE_CHUNK_BYTES, REMOTE_MIN_GET, get_size
 from hyperckpt._storage.remote import RemoteSettings, S3Storage
-from hyperckpt.testing.s3server import LocalS3
 
 _names = (f"requests{n}" for n in itertools.count())
 

@@ -1,6 +1,6 @@
 """The save rules of the catalogue (``save.*``): each with a state dict or step breaking it.
 
-Imported by :mod:`hyperckpt.testing.rules`; each trigger saves into the fresh path it is
+Imported by :mod:`rule_catalogue`; each trigger saves into the fresh path it is
 given (which does not exist yet) and raises the rule's error.
 """
 
