@@ -139,7 +139,7 @@ def main() -> int:
             for name, case in cases.items():
                 spent, result = _time(case)
                 seconds[name].append(spent)
-                if isinstance(result, hyperckpt.VerifyReport):
+                if isinstance(result, hyperckpt.types.VerifyReport):
                     assert result.ok(), "the generated checkpoint verifies"
                     assert {f.name: f.sha256 for f in result.files} == reference
                     assert result.bytes_read == total

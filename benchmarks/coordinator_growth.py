@@ -24,13 +24,13 @@ from placed_requests import placed_requests
 from simulate_columns import BATCH_BYTES
 from simulate_scale import MODELS, RANKS_PER_HOST, synthetic_layout
 
-from hyperckpt import CostModel
 from hyperckpt._arguments import DEFAULT_STAGING_BYTES
 from hyperckpt._cli.dryrun import hosts_of
 from hyperckpt._exchange.pricing import price_and_plan
 from hyperckpt._exchange.stripe_plan import chunk_table, plan_stripe_arrays
 from hyperckpt._exchange.stripe_shares import cut_shares
 from hyperckpt._planner.gc_hold import without_gc
+from hyperckpt.types import CostModel
 
 
 def main() -> None:

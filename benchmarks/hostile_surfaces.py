@@ -188,7 +188,7 @@ def main_(argv: list[str] | None = None) -> None:
             raise KeyError(name)
 
         _row("rename function raising KeyError", 0,
-             _measure(lambda: Mapping((hyperckpt.Rename(raising),)).apply(describe(single)), trace=False))  # fmt: skip
+             _measure(lambda: Mapping((hyperckpt.mapping.Rename(raising),)).apply(describe(single)), trace=False))  # fmt: skip
         # class 7: forged lines and checksum round trips
         forged = root / "forged"
         forged.mkdir()

@@ -23,7 +23,6 @@ import torch
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
-from hyperckpt import CheckpointLayout
 from hyperckpt._cli.dryrun import mesh_shape, placements_for
 from hyperckpt._exchange.rank_requests import RankRequests
 from hyperckpt._exchange.requests import KeyTable, Requests, request_cost
@@ -34,6 +33,7 @@ from hyperckpt._format.header import DTYPES
 from hyperckpt._layout.model import Piece, TensorLayout
 from hyperckpt._planner.regions import DTENSOR, FSDP, Order, RegionMaker, fsdp_order_applies
 from hyperckpt._read.storage_info import StorageInfo
+from hyperckpt.types import CheckpointLayout
 
 Ints = np.ndarray
 

@@ -1,4 +1,4 @@
-"""One rank's DCP planning at scale: torch's ``DefaultLoadPlanner`` against ``hyperckpt.LoadPlanner``.
+"""One rank's DCP planning at scale: torch's ``DefaultLoadPlanner`` against ``hyperckpt.SafetensorsLoadPlanner``.
 
 No data: every tensor of the checkpoint (Llama-3-70B or DeepSeek-V3, from the published
 shapes, as in ``simulate_scale.py``) becomes a DTensor whose local tensor lives on the
@@ -139,7 +139,7 @@ def storage_of(
 
 
 def reader_setup(
-    planner: hyperckpt.LoadPlanner, items: object, storage: dict[object, StorageInfo]
+    planner: hyperckpt.SafetensorsLoadPlanner, items: object, storage: dict[object, StorageInfo]
 ) -> int:
     """What ``read_data`` does with a plan before its first read, without files: the
     chunks by key, the dtype policy, each item or row resolved and routed, the staging
@@ -201,7 +201,7 @@ def plan_held(
     storage: dict[object, StorageInfo],
     repeat: int = 1,
 ) -> tuple[float, float, list[object], int]:
-    """CPU seconds of ``hyperckpt.LoadPlanner``'s local plan as ``hyperckpt.load`` makes it:
+    """CPU seconds of ``hyperckpt.SafetensorsLoadPlanner``'s local plan as ``hyperckpt.load`` makes it:
     checked and planned before the DCP call (``plan_ahead``: every strided DTensor checked
     in the pass that plans), handed out by DCP's set-up and ``create_local_plan``, as
     compact items (rows; ``hyperckpt.load``'s plans stay on their rank),
@@ -220,7 +220,7 @@ def plan_held(
     items: list[object] = []
     jobs = 0
     for walk in (False, True) * repeat:
-        planner = hyperckpt.LoadPlanner()
+        planner = hyperckpt.SafetensorsLoadPlanner()
         planner.compact_items = True
         gc.collect()
         begin = time.process_time()
@@ -297,7 +297,9 @@ def measure(model: str, layout: str, world: int, rank: int, files: int, repeat: 
         theirs, torch_s, torch_peak, torch_steps = plan(
             DefaultLoadPlanner, state, md, storage, repeat
         )
-        ours, ours_s, ours_peak, _ = plan(hyperckpt.LoadPlanner, state, md, repeat=repeat)
+        ours, ours_s, ours_peak, _ = plan(
+            hyperckpt.SafetensorsLoadPlanner, state, md, repeat=repeat
+        )
         held_s, setup_s, made, jobs = plan_held(state, md, storage, repeat)
     finally:
         dist.destroy_process_group()

@@ -32,7 +32,6 @@ import numpy as np
 from placed_requests import placed_requests, placed_tensors, rank_columns, rank_items
 from torch.distributed.checkpoint.planner import LoadPlan
 
-from hyperckpt import CheckpointLayout, CostModel
 from hyperckpt._arguments import DEFAULT_STAGING_BYTES
 from hyperckpt._cli.dryrun import hosts_of, mesh_shape
 from hyperckpt._exchange.pricing import price, price_and_plan
@@ -45,6 +44,7 @@ from hyperckpt._exchange.stripe_shares import cut_shares
 from hyperckpt._exchange.stripes import StripesTooLarge
 from hyperckpt._planner.gc_hold import without_gc
 from hyperckpt._read.storage_info import StorageInfo
+from hyperckpt.types import CheckpointLayout, CostModel
 
 BATCH_BYTES = 4 * 2**20
 #: Ranks whose DCP read items are built to simulate torch's plan exchange.

@@ -40,7 +40,6 @@ from types import MappingProxyType
 
 from scale import deepseek_v3_tensors
 
-from hyperckpt import CheckpointLayout, CostModel, Piece, TensorLayout
 from hyperckpt._arguments import DEFAULT_STAGING_BYTES
 from hyperckpt._cli.dryrun import hosts_of, load_plans
 from hyperckpt._exchange.costs import STRATEGIES, StrategyCost, pick
@@ -54,6 +53,7 @@ from hyperckpt._exchange.stripes import StripeSchedule
 from hyperckpt._format.header import DTYPES
 from hyperckpt._load.readers import BATCH_BYTES
 from hyperckpt._planner.gc_hold import without_gc
+from hyperckpt.types import CheckpointLayout, CostModel, Piece, TensorLayout
 
 # The planned price (plan every strategy, read the cost off the schedules) lives in the
 # tests as the oracle the closed form is checked against; this row shows it side by side.

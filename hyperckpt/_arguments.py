@@ -143,7 +143,7 @@ def check_type(name: str, value: object, kinds: type | tuple[type, ...], what: s
         name: The option.
         value: What the caller gave.
         kinds: The types allowed (include ``type(None)`` to allow ``None``).
-        what: The types allowed, for the message (``"a hyperckpt.CostModel or None"``).
+        what: The types allowed, for the message (``"a hyperckpt.types.CostModel or None"``).
 
     Raises:
         TypeError: ``value`` is of another type.

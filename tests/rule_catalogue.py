@@ -691,7 +691,7 @@ _READ_RULES: tuple[Rule, ...] = (
          r"two tensors end up named",
          _mapped({"a": _expert([2]), "model.a": _expert([2])}, "strip-model-prefix")),
     Rule("load.shape_mismatch", "A destination has the checkpoint tensor's shape; a larger one "
-         "means a shard file is probably missing (`hyperckpt.load`, `hyperckpt.LoadPlanner`).", _E,
+         "means a shard file is probably missing (`hyperckpt.load`, `hyperckpt.SafetensorsLoadPlanner`).", _E,
          r"a shard file is probably missing \(the one holding", _shape_larger),
     Rule("checksums.not_regular", "A checksum file is a regular file (never a FIFO or device; "
          "opened without blocking).", _E, r"not a regular file", _checksums_fifo),

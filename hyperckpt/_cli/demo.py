@@ -275,7 +275,7 @@ def format_report(report: DemoReport) -> str:
         lines.append(
             "torch's own reader loads _StridedShard weights into the wrong rows without an "
             "error;\nhyperckpt's readers read each region into the local rows that hold it, "
-            "with or without planner=hyperckpt.LoadPlanner()."
+            "with or without planner=hyperckpt.SafetensorsLoadPlanner()."
         )
     saved = demo_save.save_lines(
         report.saves, _TITLES, lambda values: _per_rank(values, scale), unit
@@ -392,7 +392,7 @@ def _rank_main(
         shape = tuple(mesh.shape)
         if layout == "fsdp-tp" and planner is None:
             cases += [
-                _skipped(layout, c, shape, "pending: needs hyperckpt.LoadPlanner")
+                _skipped(layout, c, shape, "pending: needs hyperckpt.SafetensorsLoadPlanner")
                 for c in _CHECKPOINTS
             ]
             continue
@@ -471,7 +471,7 @@ def _hyperckpt_planner() -> Callable[[], LoadPlanner] | None:
     """hyperckpt's region-aware planner, once the package provides it."""
     import hyperckpt
 
-    factory = getattr(hyperckpt, "LoadPlanner", None)
+    factory = getattr(hyperckpt, "SafetensorsLoadPlanner", None)
     return factory if callable(factory) else None
 
 

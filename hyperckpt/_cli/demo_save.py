@@ -116,7 +116,7 @@ def save_back(layout: str, state: Mapping[str, DTensor], path: Path) -> SaveCase
         writer = hyperckpt.HuggingFaceStorageWriter(path, max_shard_size=MAX_SHARD_SIZE)
         dcp_save(dict(state), storage_writer=writer)
         saved = writer.report
-        assert isinstance(saved, hyperckpt.SaveReport)
+        assert isinstance(saved, hyperckpt.types.SaveReport)
         report = saved
     seconds = time.perf_counter() - begin
     rank = torch.distributed.get_rank()

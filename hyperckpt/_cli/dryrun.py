@@ -250,7 +250,7 @@ def strategy_costs(
     Args:
         planned: What :func:`rank_requests_of` gave.
         hosts: Hosts the ranks span (contiguous blocks of ranks).
-        model: Bandwidths and latencies; :class:`~hyperckpt.CostModel` defaults if ``None``.
+        model: Bandwidths and latencies; :class:`~hyperckpt.types.CostModel` defaults if ``None``.
     """
     model = model or CostModel()
     names = hosts_of(planned.requests.world, hosts)

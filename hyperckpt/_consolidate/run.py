@@ -141,7 +141,7 @@ def consolidate(
         thread_count: Tensors written at the same time per rank, 1 to 1024 (default: up
             to 4); fewer when ``staging_bytes`` gives each less than 4 KiB.
         process_group: The ranks taking part; the default group when initialized.
-        progress: Called with a :class:`~hyperckpt.Progress` of this rank's writing (bytes
+        progress: Called with a :class:`~hyperckpt.types.Progress` of this rank's writing (bytes
             and tensors written of those it writes) at a bounded rate from the writer
             threads, and once more when its files are written.
         fqn_to_index_mapping: Which file holds each tensor, as torch's

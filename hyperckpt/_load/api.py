@@ -28,7 +28,7 @@ from hyperckpt._load.options import ReadOptions, keyword_options, one_options
 from hyperckpt._load.readers import reader_for
 from hyperckpt._load.tied import check_tied, untied_error, untied_keys
 from hyperckpt._planner.gc_hold import without_gc
-from hyperckpt._planner.load_planner import LoadPlanner
+from hyperckpt._planner.load_planner import SafetensorsLoadPlanner
 from hyperckpt._planner.tied import Difference, differences, tied_groups, with_scratch
 from hyperckpt._read.dtype_policy import Conversion, DtypePolicy, enforce
 from hyperckpt._read.tracker import ProgressCallback
@@ -103,7 +103,7 @@ def load(
     The directory's kind is detected and the checkpoint validated from its headers first,
     so problems surface as our typed errors (inside ``dcp.load`` torch keeps only their
     text); shapes are compared key by key.  Then ``dcp.load`` runs with the matching reader
-    and :class:`~hyperckpt.LoadPlanner`, which loads ``_StridedShard`` DTensors (FSDP2 over
+    and :class:`~hyperckpt.SafetensorsLoadPlanner`, which loads ``_StridedShard`` DTensors (FSDP2 over
     tensor parallelism, packed weights) into the right rows.  Every rank of the process
     group must call this; ranks may pass different keys (pipeline stages, experts), but
     the ranks of each DTensor's mesh must all pass that DTensor's key.
@@ -121,7 +121,7 @@ def load(
         options: Every reading option as one :class:`~hyperckpt.ReadOptions`.
         process_group: The ranks taking part; the default group by default (the field
             ``options.process_group``).
-        planner: A DCP load planner; :class:`~hyperckpt.LoadPlanner` by default.
+        planner: A DCP load planner; :class:`~hyperckpt.SafetensorsLoadPlanner` by default.
         allow_missing: State-dict keys the checkpoint may lack, left untouched and listed
             in :attr:`LoadReport.skipped`.  Typically tied weights:
             ``allow_missing={"lm_head.weight"}``; each key named here must share storage
@@ -134,7 +134,7 @@ def load(
         dtype_policy: Which dtype conversions are allowed, checked for every key before
             anything is read: ``"convert"`` (any, the default), ``"exact"`` (none) or
             ``"no-narrowing"`` (only widening ones; the table is in ``docs/data-checks.md``).
-        progress: Called with this rank's :class:`~hyperckpt.Progress` at most ten times
+        progress: Called with this rank's :class:`~hyperckpt.types.Progress` at most ten times
             a second and once at the end (see the readers).
         mapping: From checkpoint names to the state dict's keys: renames, prefixes and
             fused tensors (a :class:`~hyperckpt.Mapping`, a rule, a dict, a function, or a
@@ -199,13 +199,13 @@ def load(
     # Each tied key but one reads into a scratch copy: compared after the load.
     destinations = with_scratch(wanted, groups)
     if planner is None:
-        planner = LoadPlanner()
+        planner = SafetensorsLoadPlanner()
     # Described, validated and mapped above: read_metadata reads no header and maps nothing.
     reader = reader_for(layout.kind)(path, options=options, layout=mapped)
     # A planner whose global step and finish leave the plans as they are never needs the
     # items on the coordinator: they stay on their rank (see prepare_local_plan).
     reader._items_stay = _leaves_plans_alone(planner)
-    if isinstance(planner, LoadPlanner):
+    if isinstance(planner, SafetensorsLoadPlanner):
         # Plans that stay on their rank need no ReadItem objects until the reader walks them.
         planner.compact_items = reader._items_stay
         # Checked and planned here, so a DTensor that cannot be matched raises our typed
@@ -247,7 +247,7 @@ def load(
         except CheckpointException as err:
             raise _translate(err, process_group) from err
         finally:
-            if isinstance(planner, LoadPlanner):
+            if isinstance(planner, SafetensorsLoadPlanner):
                 # A planner the caller passed plans later plain dcp.load calls as before.
                 planner.forget_load()
     untied = untied_keys(state_dict, wanted, skipped)

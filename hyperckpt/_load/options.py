@@ -83,12 +83,12 @@ class ReadOptions:
             ``"per-host"`` reads them on the lowest rank of each host; ``"every-rank"`` on
             every rank.
         cost_model: Bandwidths (bytes per second) and latencies (seconds) that
-            ``exchange="auto"`` assumes; ``None`` is :class:`hyperckpt.CostModel`'s
+            ``exchange="auto"`` assumes; ``None`` is :class:`hyperckpt.types.CostModel`'s
             defaults, which describe a network file system.
         dtype_policy: Which dtype conversions a load may make, checked for every read item
             before any byte is read: ``"convert"`` (any, the default), ``"exact"`` (none)
             or ``"no-narrowing"`` (only conversions that keep every value).
-        progress: Called with a :class:`hyperckpt.Progress` of this rank's read at most ten
+        progress: Called with a :class:`hyperckpt.types.Progress` of this rank's read at most ten
             times a second and once at the end, one call at a time; ``None`` for no calls.
         mapping: From checkpoint names to the state dict's (renames, prefixes, fused
             tensors), applied to the metadata so each rank still reads only its own bytes;
@@ -103,7 +103,7 @@ class ReadOptions:
             ``exchange``, ``dtype_policy``, ``header_reads`` or mapping preset; the message
             names the field.
         TypeError: A number that is not an int (``True``, ``2.0``, ``"4"``), a
-            ``cost_model`` that is not a :class:`hyperckpt.CostModel`, a ``progress`` that
+            ``cost_model`` that is not a :class:`hyperckpt.types.CostModel`, a ``progress`` that
             cannot be called, a ``process_group`` that is not a ``ProcessGroup``, or a
             ``mapping`` of none of the kinds a mapping can be given as.
     """
@@ -135,7 +135,7 @@ class ReadOptions:
         object.__setattr__(self, name, value)
 
 
-_COST_MODEL: Final = "a hyperckpt.CostModel or None"
+_COST_MODEL: Final = "a hyperckpt.types.CostModel or None"
 _GROUP: Final = "a torch.distributed.ProcessGroup or None"
 _FIELDS: Final = tuple(field.name for field in dataclasses.fields(ReadOptions))
 _DEFAULTS: Final = ReadOptions()

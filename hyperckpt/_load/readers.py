@@ -131,13 +131,13 @@ class _SafetensorsReader(FileSystemReader):
             process_group: The group ``dcp.load`` was given; ``None``: the default group.
             dtype_policy: Which dtype conversions a load may make: ``"convert"`` (the
                 default), ``"exact"`` or ``"no-narrowing"``.
-            progress: Called with a :class:`~hyperckpt.Progress` of this rank's read.
+            progress: Called with a :class:`~hyperckpt.types.Progress` of this rank's read.
             mapping: From checkpoint names to the state dict's (a
                 :class:`~hyperckpt.Mapping`, a rule, a dict, a function or a preset's name
                 such as ``"qwen3-moe"``).
             header_reads: Who reads the headers: ``"auto"`` (the default), ``"once"``,
                 ``"per-host"`` or ``"every-rank"``.
-            cost_model: What ``exchange="auto"`` assumes (a :class:`hyperckpt.CostModel`).
+            cost_model: What ``exchange="auto"`` assumes (a :class:`hyperckpt.types.CostModel`).
             layout: The checkpoint already described and mapped (with this reader's
                 ``mapping``) for the next load, as :func:`hyperckpt.load` hands it over:
                 the next ``read_metadata`` of ``path`` uses it instead of reading the
@@ -147,7 +147,7 @@ class _SafetensorsReader(FileSystemReader):
             ValueError: An option's value is refused (see :class:`~hyperckpt.ReadOptions`),
                 or an option is given two ways (the message names both).
             TypeError: ``options`` is not a :class:`~hyperckpt.ReadOptions`, ``layout`` not
-                a :class:`~hyperckpt.MappedLayout`, or an option's type is wrong.
+                a :class:`~hyperckpt.mapping.MappedLayout`, or an option's type is wrong.
         """
         check_path("path", path)
         super().__init__(path)
@@ -166,7 +166,9 @@ class _SafetensorsReader(FileSystemReader):
         )
         #: Every option of this reader's loads, validated (the engine reads it too).
         self.options: ReadOptions = one_options(options, given)
-        check_type("layout", layout, (MappedLayout, type(None)), "a hyperckpt.MappedLayout or None")
+        check_type(
+            "layout", layout, (MappedLayout, type(None)), "a hyperckpt.mapping.MappedLayout or None"
+        )
         self.last_conversions: tuple[Conversion, ...] = ()
         self.mapped = None
         self.layout = None
@@ -299,7 +301,7 @@ class _SafetensorsReader(FileSystemReader):
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         """Read this rank's sub-boxes into the planner's destinations and commit them.
 
-        With a planner other than :class:`hyperckpt.LoadPlanner` (the plain ``dcp.load``
+        With a planner other than :class:`hyperckpt.SafetensorsLoadPlanner` (the plain ``dcp.load``
         call), the reads of ``_StridedShard`` DTensors are first re-planned region by region
         (see :mod:`hyperckpt._planner.plain_call`), or the load refused before any read.
         """

@@ -4,7 +4,7 @@ torch's ``DefaultLoadPlanner`` describes every DTensor's local tensor as one box
 global tensor starting at its first element.  Under ``_StridedShard`` (packed weights such
 as ``gate_up_proj`` under tensor parallelism, FSDP2 over tensor parallelism) the local rows
 are several boxes, so the default plan reads the wrong rows without any error.
-:class:`LoadPlanner` plans such tensors region by region (see :mod:`hyperckpt._planner.regions`)
+:class:`SafetensorsLoadPlanner` plans such tensors region by region (see :mod:`hyperckpt._planner.regions`)
 and everything else exactly as the default planner does.
 """
 
@@ -46,33 +46,33 @@ from hyperckpt._planner.shapes import shape_mismatch
 from hyperckpt._torch_internals import init_state_dict, local_tensor, mesh_and_placements
 from hyperckpt.errors import CheckpointError
 
-__all__ = ["LoadPlanner", "StridedLayout", "resolves_in_place", "strided_regions"]
+__all__ = ["SafetensorsLoadPlanner", "StridedLayout", "resolves_in_place", "strided_regions"]
 
 #: Exact types that DCP's lookup returns as they are when asked at the origin.
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
-#: How to read ``_StridedShard`` placements; see :class:`LoadPlanner`.
+#: How to read ``_StridedShard`` placements; see :class:`SafetensorsLoadPlanner`.
 StridedLayout = Literal["auto", "dtensor", "fsdp"]
 _ORDERS: tuple[Order, ...] = (FSDP, DTENSOR)
 
 
 def resolves_in_place(planner: DcpLoadPlanner) -> bool:
-    """Whether ``planner`` is a :class:`LoadPlanner` whose destinations are found as this
+    """Whether ``planner`` is a :class:`SafetensorsLoadPlanner` whose destinations are found as this
     module finds them and whose commit does nothing (torch's): a reader may then take a
     compact row's destination from the state dict itself (``resolve_tensor`` would return
     the same memory) and skip its commit.  A subclass that changes any of the four steps
     gets every item resolved and committed through it."""
     cls = type(planner)
     return (
-        isinstance(planner, LoadPlanner)
-        and cls.lookup_tensor is LoadPlanner.lookup_tensor  # type: ignore[attr-defined]
+        isinstance(planner, SafetensorsLoadPlanner)
+        and cls.lookup_tensor is SafetensorsLoadPlanner.lookup_tensor  # type: ignore[attr-defined]
         and cls.resolve_tensor is DefaultLoadPlanner.resolve_tensor
         and cls.transform_tensor is DefaultLoadPlanner.transform_tensor  # type: ignore[attr-defined]
         and cls.commit_tensor is DefaultLoadPlanner.commit_tensor
     )
 
 
-class LoadPlanner(DefaultLoadPlanner):
+class SafetensorsLoadPlanner(DefaultLoadPlanner):
     """``DefaultLoadPlanner`` that loads ``_StridedShard`` DTensors into the right rows.
 
     For every DTensor with a ``_StridedShard`` placement, the planner computes the disjoint
@@ -87,7 +87,7 @@ class LoadPlanner(DefaultLoadPlanner):
     ``full_tensor()`` is then wrong too).  For such tensors the ranks of the mesh agree on
     one layout with one small all-reduce per tensor (see ``strided_layout``).
 
-    Use as ``dcp.load(state_dict, storage_reader=..., planner=hyperckpt.LoadPlanner())``.
+    Use as ``dcp.load(state_dict, storage_reader=..., planner=hyperckpt.SafetensorsLoadPlanner())``.
 
     Args:
         flatten_state_dict: As for ``DefaultLoadPlanner``.
@@ -232,8 +232,8 @@ class LoadPlanner(DefaultLoadPlanner):
         self._ahead = None
         cls = type(self)
         own_steps = (
-            cls.set_up_planner is LoadPlanner.set_up_planner
-            and cls.create_local_plan is LoadPlanner.create_local_plan
+            cls.set_up_planner is SafetensorsLoadPlanner.set_up_planner
+            and cls.create_local_plan is SafetensorsLoadPlanner.create_local_plan
         )
         with without_gc():
             flat, meta = flat_state_dict(state_dict)
@@ -320,7 +320,7 @@ class LoadPlanner(DefaultLoadPlanner):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Ahead:
-    """A plan :meth:`LoadPlanner.plan_ahead` made, and what it was made for.
+    """A plan :meth:`SafetensorsLoadPlanner.plan_ahead` made, and what it was made for.
 
     Attributes:
         metadata: The metadata it was planned against (the set-up's must be this object).

@@ -8,7 +8,7 @@ put wrong rows in place without an error, or fail half-way on uneven sizes.
 
 The reader first sees the planner in ``read_data``, before it reads a byte: there
 :func:`replan` finds every ``_StridedShard`` DTensor of the planner's state dict, plans its
-reads region by region exactly as :class:`hyperckpt.LoadPlanner` would, and swaps them in.
+reads region by region exactly as :class:`hyperckpt.SafetensorsLoadPlanner` would, and swaps them in.
 A planner whose destinations it cannot resolve the same way (not a ``DefaultLoadPlanner``)
 is refused with the fix named.  When every rank of the reader's group takes part (the
 coordinator handed each a schedule, empty unless replicated slices are broadcast),
@@ -31,7 +31,7 @@ from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from torch.distributed.checkpoint.planner import LoadPlanner as DcpLoadPlanner
 
 from hyperckpt._dist import agreement
-from hyperckpt._planner.load_planner import LoadPlanner, strided_regions
+from hyperckpt._planner.load_planner import SafetensorsLoadPlanner, strided_regions
 from hyperckpt._planner.region_items import read_items
 from hyperckpt.errors import CheckpointError
 
@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 #: What the message of a refusal tells the user to do.
 FIX = (
-    "load with dcp.load(..., planner=hyperckpt.LoadPlanner()), or with hyperckpt.load(), "
+    "load with dcp.load(..., planner=hyperckpt.SafetensorsLoadPlanner()), or with hyperckpt.load(), "
     "which uses it"
 )
 
@@ -83,7 +83,7 @@ def plan_to_read(
     Raises:
         CheckpointError: :func:`replan` refused, on this rank or (with ``exchange``) any.
     """
-    if isinstance(planner, LoadPlanner):
+    if isinstance(planner, SafetensorsLoadPlanner):
         return plan, exchange is not None
     if exchange is None:
         return replan(plan, planner, metadata).plan, False
@@ -103,12 +103,12 @@ def plan_to_read(
 
 
 def replan(plan: LoadPlan, planner: DcpLoadPlanner, metadata: Metadata) -> Replanned:
-    """Correct the reads a planner other than :class:`hyperckpt.LoadPlanner` made for
+    """Correct the reads a planner other than :class:`hyperckpt.SafetensorsLoadPlanner` made for
     ``_StridedShard`` DTensors.
 
     Every rank of each such DTensor's mesh must call this at the same time (a DTensor whose
     layout depends on the ranks' local shapes costs one all-reduce over its mesh, as in
-    :class:`hyperckpt.LoadPlanner`).
+    :class:`hyperckpt.SafetensorsLoadPlanner`).
 
     Args:
         plan: This rank's final plan, as ``read_data`` receives it.
@@ -125,7 +125,7 @@ def replan(plan: LoadPlan, planner: DcpLoadPlanner, metadata: Metadata) -> Repla
             ``_StridedShard`` DTensor other than region by region; raised before any read.
     """
     state = getattr(planner, "state_dict", None)
-    if isinstance(planner, LoadPlanner) or not isinstance(state, Mapping):
+    if isinstance(planner, SafetensorsLoadPlanner) or not isinstance(state, Mapping):
         return Replanned(plan, ())
     asked: dict[str, list[ReadItem]] = {}
     for item in plan.items:
@@ -159,7 +159,7 @@ def replan(plan: LoadPlan, planner: DcpLoadPlanner, metadata: Metadata) -> Repla
         items.extend(right)
     logger.info(
         "hyperckpt: re-planned the reads of %d _StridedShard DTensor(s) the load planner "
-        "would have put in the wrong rows (%s); pass planner=hyperckpt.LoadPlanner() to plan "
+        "would have put in the wrong rows (%s); pass planner=hyperckpt.SafetensorsLoadPlanner() to plan "
         "them so from the start",
         len(replaced),
         ", ".join(sorted(replaced)[:5]),

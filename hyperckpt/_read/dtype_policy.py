@@ -321,7 +321,7 @@ def plan_conversions(
     """Check a rank's read items against ``policy`` before any byte is read.
 
     The destination dtypes come from the planner's state dict (``DefaultLoadPlanner`` and
-    :class:`hyperckpt.LoadPlanner` keep it), so nothing is resolved early.  The policy is
+    :class:`hyperckpt.SafetensorsLoadPlanner` keep it), so nothing is resolved early.  The policy is
     asked once per pair of (stored, destination) dtypes; only tensors that convert are
     kept for the report.  The rows of a compact plan are read as rows (no ``ReadItem``
     made), their chunks found by key in ``names`` (see :func:`hyperckpt._read.rows.row_chunks`).
@@ -335,7 +335,7 @@ def plan_conversions(
         if policy != "convert":
             raise CheckpointError(
                 f"{where}: dtype_policy={policy!r} needs a load planner that keeps its state "
-                f"dict (DefaultLoadPlanner, hyperckpt.LoadPlanner); "
+                f"dict (DefaultLoadPlanner, hyperckpt.SafetensorsLoadPlanner); "
                 f"{type(planner).__name__} does not",
                 path=where,
             )

@@ -80,7 +80,7 @@ def resolve(
             f"{fqn}: the planner's destination has shape {list(target.shape)} but the read "
             f"covers {list(lengths)} of {info.file}; the load planner and the checkpoint "
             f"disagree (for DTensors with _StridedShard placements, FSDP2 over tensor "
-            f"parallelism: load with planner=hyperckpt.LoadPlanner())",
+            f"parallelism: load with planner=hyperckpt.SafetensorsLoadPlanner())",
             path=info.file,
             tensor=fqn,
         )

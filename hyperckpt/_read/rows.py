@@ -2,7 +2,7 @@
 
 Under :func:`hyperckpt.load` the planner hands the reader its items as rows (see
 :mod:`hyperckpt._planner.compact`): one (tensor key, cut) per tensor stored whole.  When the
-planner finds destinations as :class:`hyperckpt.LoadPlanner` does and commits nothing
+planner finds destinations as :class:`hyperckpt.SafetensorsLoadPlanner` does and commits nothing
 (:func:`~hyperckpt._planner.load_planner.resolves_in_place`), a row whose destination is a
 contiguous CPU tensor of the stored dtype, shaped as the cut, goes straight to the byte
 range it reads in place: its destination is the state dict's tensor (a DTensor's local

@@ -89,7 +89,7 @@ def save(
             before publishing (off by default: a device read costing about as much as
             the write; see :class:`~hyperckpt.SaveOptions`).
         thread_count: Boxes written at the same time per rank (default up to 4).
-        progress: Called with a :class:`~hyperckpt.Progress` of this rank's writing.
+        progress: Called with a :class:`~hyperckpt.types.Progress` of this rank's writing.
         no_dist: Save from this process alone, entering no collective even while a process
             group is initialized (as ``dcp.save(no_dist=True)``); its state dict must hold
             every tensor whole.

@@ -258,7 +258,7 @@ class HuggingFaceStorageWriter(StorageWriter):
 
     @property
     def report(self) -> object:
-        """The last save's :class:`~hyperckpt.SaveReport` (after ``dcp.save`` returned)."""
+        """The last save's :class:`~hyperckpt.types.SaveReport` (after ``dcp.save`` returned)."""
         return None if self._staged is None else self._staged.report()
 
 

@@ -73,7 +73,7 @@ def verify(
         threads: Files read at once, 1 to 1024; by default as many as the read engine uses.
         chunk_bytes: Bytes each thread reads at a time, from 4096 to 2**30 (memory is
             ``threads x chunk_bytes``).
-        progress: Called with a :class:`~hyperckpt.Progress` at most ten times a second
+        progress: Called with a :class:`~hyperckpt.types.Progress` at most ten times a second
             and once at the end, from one thread at a time.
 
     Returns:

@@ -5,7 +5,7 @@ any dimension and ``Replicate``, uneven and empty local shards, plain tensors, s
 dtypes that the destination keeps or converts, a checkpoint of two files.  Each layout is
 loaded by ``hyperckpt.load`` (its plan stays on the rank as rows, read without a
 ``ReadItem`` each where the destination allows) and by ``dcp.load`` with
-``hyperckpt.LoadPlanner`` (a list of items), into destinations poisoned first; both must
+``hyperckpt.SafetensorsLoadPlanner`` (a list of items), into destinations poisoned first; both must
 equal ``distribute_tensor(original, mesh, placements).to_local()`` bit for bit.
 """
 
@@ -22,7 +22,7 @@ from helpers import device_mesh, poison_, run_ranks, sample_tensor, write_hf_che
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 import hyperckpt
-from hyperckpt import HuggingFaceStorageReader, LoadPlanner
+from hyperckpt import HuggingFaceStorageReader, SafetensorsLoadPlanner
 from hyperckpt._planner.compact import CompactItems
 from hyperckpt._read import engine as engine_module
 
@@ -90,7 +90,7 @@ def _check(rank: int, world_size: int, root: str, seed: int) -> list[str]:
                 hyperckpt.load(state, path, exchange="off")
             else:
                 reader = HuggingFaceStorageReader(path, exchange="off")
-                dcp.load(state, storage_reader=reader, planner=LoadPlanner())
+                dcp.load(state, storage_reader=reader, planner=SafetensorsLoadPlanner())
             for name, value in state.items():
                 local = value.to_local() if isinstance(value, DTensor) else value
                 if _bits(local) != _bits(truth[name]):

@@ -20,8 +20,9 @@ import torch
 from helpers import run_ranks, sample_tensor
 from sharded_cases import Pieces, grid, split, write_sharded
 
-from hyperckpt import CheckpointError, Progress, consolidate, describe
+from hyperckpt import CheckpointError, consolidate, describe
 from hyperckpt._consolidate.run import MARKER_NAME
+from hyperckpt.types import Progress
 
 ROOT = Path(__file__).resolve().parents[2]
 

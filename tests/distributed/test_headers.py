@@ -28,9 +28,9 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 import hyperckpt
-from hyperckpt import FileStamp
 from hyperckpt._format import header as header_format
 from hyperckpt._layout.directory import describe_directory as describe_locally
+from hyperckpt.types import FileStamp
 
 WORLD = 4
 SHAPES = {"a.w": (64, 16), "b.w": (40, 8), "c.w": (9,), "d.w": (12, 3)}

@@ -12,7 +12,8 @@ from helpers import device_mesh, mismatch, poison_, run_ranks, sample_tensor, wr
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 import hyperckpt
-from hyperckpt import CheckpointError, Progress
+from hyperckpt import CheckpointError
+from hyperckpt.types import Progress
 
 pytestmark = [pytest.mark.distributed]
 
@@ -88,7 +89,7 @@ def test_two_ranks_report_progress_times_and_refuse_narrowing_together(tmp_path:
         assert final.bytes_done == final.bytes_total == result["local_bytes"]
         assert final.tensors_done == final.tensors_total == 2
         report = result["report"]
-        assert isinstance(report, hyperckpt.LoadReport)
+        assert isinstance(report, hyperckpt.types.LoadReport)
         assert len(report.rank_seconds) == WORLD
         assert all(s > 0 for s in report.rank_seconds)
         assert report.slowest_rank == max(range(WORLD), key=lambda r: report.rank_seconds[r])

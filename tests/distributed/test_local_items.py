@@ -29,7 +29,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.placement_types import _StridedShard
 
-from hyperckpt import CheckpointError, LoadPlanner
+from hyperckpt import CheckpointError, SafetensorsLoadPlanner
 from hyperckpt._exchange.rank_requests import ChunkOrder, rank_requests
 from hyperckpt._planner.compact import CompactItems
 from hyperckpt._planner.local_items import local_read_items, mark_whole
@@ -62,7 +62,7 @@ def _check_items(rank: int, world_size: int) -> bool:
         )
         expected = create_default_local_load_plan(state, metadata, True).items
         assert local_read_items(state, metadata, strict=True) == expected, (rank, pieces)
-        compact = LoadPlanner()
+        compact = SafetensorsLoadPlanner()
         compact.compact_items = True
         compact.set_up_planner(dict(state), metadata, is_coordinator=False)
         assert list(compact.create_local_plan().items) == expected, (rank, pieces)
@@ -73,7 +73,7 @@ def _check_items(rank: int, world_size: int) -> bool:
     metadata.state_dict_metadata["flat.(8, 6).1.again"] = stored_in_rows((8, 7), 1)
     with pytest.raises(ValueError, match=r"Size mismatch between saved torch.Size\(\[8, 7\]\)"):
         local_read_items(state, metadata, strict=True)
-    planner = LoadPlanner()
+    planner = SafetensorsLoadPlanner()
     planner.set_up_planner(dict(state), metadata, is_coordinator=False)
     with pytest.raises(CheckpointError, match=r"flat\.\(8, 6\)\.1\.again"):
         planner.create_local_plan()
@@ -101,7 +101,7 @@ def _check_compact(rank: int, world_size: int, seed: int) -> bool:
     )
     pieces = {fqn: draw.choice([1, 1, 3]) for fqn in state}
     metadata = Metadata({fqn: stored_in_rows(v.size(), pieces[fqn]) for fqn, v in state.items()})  # type: ignore[attr-defined]
-    listed, compact = LoadPlanner(), LoadPlanner()
+    listed, compact = SafetensorsLoadPlanner(), SafetensorsLoadPlanner()
     compact.compact_items = True
     plans = []
     for planner in (listed, compact):
@@ -172,7 +172,7 @@ def _layouts_state(
 def _check_destinations(rank: int, world_size: int) -> bool:
     _, state = _layouts_state(((8, 8), (16, 4)))
     metadata = Metadata({fqn: stored_in_rows(v.size(), 1) for fqn, v in state.items()})  # type: ignore[attr-defined]
-    planner = LoadPlanner()
+    planner = SafetensorsLoadPlanner()
     planner.set_up_planner(dict(state), metadata, is_coordinator=False)
     found_any = False
     for item in planner.create_local_plan().items:
@@ -212,7 +212,7 @@ def _check_in_place(rank: int, world_size: int) -> bool:
         for fqn, md in metadata.state_dict_metadata.items()
         for chunk in md.chunks  # type: ignore[union-attr]
     }
-    planner = LoadPlanner()
+    planner = SafetensorsLoadPlanner()
     planner.set_up_planner(dict(state), metadata, is_coordinator=False)
     items = planner.create_local_plan().items
     # Every item resolved by the planner, against the same items routed in place where
@@ -282,7 +282,7 @@ def _check_strided_rows(rank: int, world_size: int) -> bool:
             mark_whole(metadata)
         plans = []
         for compact in (False, True):
-            planner = LoadPlanner()
+            planner = SafetensorsLoadPlanner()
             planner.compact_items = compact
             planner.set_up_planner(dict(state), metadata, is_coordinator=False)
             plans.append(planner.create_local_plan().items)
@@ -306,7 +306,7 @@ def _check_strided_rows(rank: int, world_size: int) -> bool:
             assert sorted(map(repr, items)) == sorted(map(repr, expected)), (rank, whole)
         assert list(plans[1]) == plans[0]
         # Each row's destination, found in place, is the planner's.
-        planner = LoadPlanner()
+        planner = SafetensorsLoadPlanner()
         planner.set_up_planner(dict(state), metadata, is_coordinator=False)
         for item in plans[1]:
             found = local_destination(item, planner.state_dict)
@@ -325,7 +325,7 @@ def _check_strided_rows(rank: int, world_size: int) -> bool:
             stride=(16, 1),
         )
     metadata = Metadata({fqn: stored_in_rows(v.size(), 1) for fqn, v in bad.items()})  # type: ignore[attr-defined]
-    planner = LoadPlanner()
+    planner = SafetensorsLoadPlanner()
     planner.set_up_planner(bad, metadata, is_coordinator=False)
     with pytest.raises(CheckpointError, match=r"^z\.1: .*to_local\(\) has shape \[3, 16\]"):
         planner.create_local_plan()
@@ -365,7 +365,7 @@ def _check_strided_rows_in_place(rank: int, world_size: int) -> bool:
         for fqn, md in metadata.state_dict_metadata.items()
         for chunk in md.chunks  # type: ignore[union-attr]
     }
-    planner = LoadPlanner()
+    planner = SafetensorsLoadPlanner()
     planner.compact_items = True
     planner.set_up_planner(dict(state), metadata, is_coordinator=False)
     rows = planner.create_local_plan().items

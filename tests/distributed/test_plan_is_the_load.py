@@ -2,7 +2,7 @@
 
 On 4 spawned gloo ranks, for every layout ``hyperckpt plan`` knows (FSDP, TP, FSDP x TP with
 ``_StridedShard``, HSDP, replicate), a Llama-like Hugging Face checkpoint of uneven shapes
-is planned twice on each rank: by ``hyperckpt.LoadPlanner`` over real DTensors of the
+is planned twice on each rank: by ``hyperckpt.SafetensorsLoadPlanner`` over real DTensors of the
 layout's placements, as ``dcp.load`` plans, and by :func:`placed_items` from the
 placements and the rank's coordinate alone, as ``hyperckpt plan`` does.  The items must be
 equal, in order, and so must the request columns the coordinator prices.
@@ -18,7 +18,7 @@ from helpers import device_mesh, run_ranks, sample_tensor
 from safetensors.torch import save_file
 from torch.distributed.tensor import distribute_tensor
 
-from hyperckpt import LoadPlanner, describe
+from hyperckpt import SafetensorsLoadPlanner, describe
 from hyperckpt._cli import dryrun
 from hyperckpt._exchange.rank_requests import ChunkOrder, rank_requests
 from hyperckpt._load.metadata import to_metadata
@@ -59,7 +59,7 @@ def _plans_agree(rank: int, world: int, root: str) -> bool:
             )
             for name in metadata.state_dict_metadata
         }
-        planner = LoadPlanner()
+        planner = SafetensorsLoadPlanner()
         planner.set_up_planner(state, metadata, is_coordinator=False)
         loads = planner.create_local_plan().items
         coordinate = tuple(mesh.get_coordinate() or ())

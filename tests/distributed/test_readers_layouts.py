@@ -29,7 +29,11 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.placement_types import _StridedShard
 
-from hyperckpt import HuggingFaceStorageReader, LoadPlanner, TorchShardedSafetensorsReader
+from hyperckpt import (
+    HuggingFaceStorageReader,
+    SafetensorsLoadPlanner,
+    TorchShardedSafetensorsReader,
+)
 from hyperckpt._read.engine import MAX_GAP
 
 WORLD = 4
@@ -64,8 +68,8 @@ SAVED_AS = {
 }
 # Each checkpoint is loaded with hyperckpt's planner and through the plain call (no planner:
 # torch's DefaultLoadPlanner, whose _StridedShard reads the reader re-plans).
-PLANNERS: dict[str, Callable[[], LoadPlanner | None]] = {
-    "LoadPlanner()": LoadPlanner,
+PLANNERS: dict[str, Callable[[], SafetensorsLoadPlanner | None]] = {
+    "SafetensorsLoadPlanner()": SafetensorsLoadPlanner,
     "plain dcp.load": lambda: None,
 }
 

@@ -145,7 +145,7 @@ def _qkv_rank(rank: int, world: int, root: str) -> tuple[int, ...]:
 
 def _columns(mesh: DeviceMesh, root: Path) -> None:
     """A concatenation of columns (3 + 4 of 7) cut from rows, columns and strided columns."""
-    split = hyperckpt.Fuse("{m}.ab", ("{m}.a", "{m}.b"), dim=1, split=(3, None))
+    split = hyperckpt.mapping.Fuse("{m}.ab", ("{m}.a", "{m}.b"), dim=1, split=(3, None))
     mapping = hyperckpt.Mapping((split,))
     held: list[list[Placement]] = [[Shard(0)], [Shard(1)], [_StridedShard(1, split_factor=2)]]
     full = {f"l{n}.ab": sample_tensor((5, 7), torch.float32, seed=40 + n) for n in range(3)}

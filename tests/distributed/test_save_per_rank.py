@@ -104,7 +104,7 @@ def _dcp_save(rank: int, world: int, root: str) -> list[str]:
     writer = hyperckpt.HuggingFaceStorageWriter("ckpt", per_rank=True)
     dcp.save(state, storage_writer=writer)
     report = writer.report
-    assert isinstance(report, hyperckpt.SaveReport)
+    assert isinstance(report, hyperckpt.types.SaveReport)
     assert not report.indexed
     return sorted(os.listdir("ckpt"))
 

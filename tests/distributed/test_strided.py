@@ -54,7 +54,7 @@ import hyperckpt
 from hyperckpt import (
     CheckpointError,
     HuggingFaceStorageReader,
-    LoadPlanner,
+    SafetensorsLoadPlanner,
     TorchShardedSafetensorsReader,
 )
 from hyperckpt._planner import load_planner
@@ -245,11 +245,11 @@ def _strided_ranks(rank: int, world_size: int, root: str, cases: list[Case]) -> 
     # reader re-plans its _StridedShard reads.  Forced broadcast: the coordinator schedules
     # the stock planner's items, so the ranks must drop that schedule together.
     planners = {
-        "LoadPlanner(strided_layout='dtensor')": (
+        "SafetensorsLoadPlanner(strided_layout='dtensor')": (
             cases,
-            lambda: LoadPlanner(strided_layout="dtensor"),
+            lambda: SafetensorsLoadPlanner(strided_layout="dtensor"),
         ),
-        "LoadPlanner()": (plain, LoadPlanner),
+        "SafetensorsLoadPlanner()": (plain, SafetensorsLoadPlanner),
         "plain dcp.load": (plain, lambda: None),
     }
     for label, make_reader in readers.items():
@@ -258,7 +258,7 @@ def _strided_ranks(rank: int, world_size: int, root: str, cases: list[Case]) -> 
             dcp.load(state, storage_reader=make_reader(), planner=make_planner())
             failures += _check(f"{label}, {how}", subset, state, meshes)
     broadcast: dict[str, bool] = {}
-    for how in ("LoadPlanner()", "plain dcp.load"):
+    for how in ("SafetensorsLoadPlanner()", "plain dcp.load"):
         subset, make_planner = planners[how]
         state = {case.name: _destination(case, meshes) for case in subset}
         reader = HuggingFaceStorageReader(hf, exchange="replicated")
@@ -418,7 +418,7 @@ def _assert_plain_call_drops_a_stale_broadcast_schedule_on_every_rank(
     # With hyperckpt's planner the forced broadcast runs; after the plain call re-planned
     # some rank's _StridedShard reads, every rank read its own slices instead.
     for result in strided_results:
-        assert result["broadcast"] == {"LoadPlanner()": True, "plain dcp.load": False}
+        assert result["broadcast"] == {"SafetensorsLoadPlanner()": True, "plain dcp.load": False}
 
 
 def _assert_torch_stock_planner_loads_wrong_rows(
@@ -626,7 +626,7 @@ def _assert_opaque_planner_refused(results: list[dict[str, object]]) -> None:
     for result in results:
         refusal = str(result["refusal"])
         assert "gate_up_proj.weight" in refusal, refusal
-        assert "planner=hyperckpt.LoadPlanner()" in refusal, refusal
+        assert "planner=hyperckpt.SafetensorsLoadPlanner()" in refusal, refusal
         assert "nothing was read" in refusal, refusal
     assert sum(results[0]["bytes_read"]) > 0  # type: ignore[arg-type]
 

@@ -5,7 +5,7 @@ uneven row counts, bf16 stored and loaded as fp32, a 0-d scalar, 1-D tensors, 40
 and a torch sharded directory (each tensor cut into column pieces across 3 files, written
 with ``safetensors.torch.save_file``) are loaded with ``exchange="striped"`` as FSDP
 (``Shard(0)``), TP column slices (``Shard(1)``), FSDP x TP (2x2 mesh,
-``[_StridedShard(0, 2), Shard(0)]`` through ``hyperckpt.LoadPlanner``), HSDP (2x2
+``[_StridedShard(0, 2), Shard(0)]`` through ``hyperckpt.SafetensorsLoadPlanner``), HSDP (2x2
 ``[Replicate(), Shard(0)]``) and plain whole tensors behind transposed views, with large
 and with tiny rounds.  Destinations are poisoned first and compared bit for bit with
 ``distribute_tensor(original).to_local()``; the bytes each rank read and received come from
@@ -32,7 +32,11 @@ from torch.distributed.tensor import Placement, Replicate, Shard, distribute_ten
 from torch.distributed.tensor.placement_types import _StridedShard
 
 import hyperckpt
-from hyperckpt import HuggingFaceStorageReader, LoadPlanner, TorchShardedSafetensorsReader
+from hyperckpt import (
+    HuggingFaceStorageReader,
+    SafetensorsLoadPlanner,
+    TorchShardedSafetensorsReader,
+)
 from hyperckpt._load.readers import _SafetensorsReader
 
 WORLD = 4
@@ -111,7 +115,7 @@ def _load(root: Path, case: str, exchange: str) -> dict[str, Any]:
         reader = TorchShardedSafetensorsReader(
             root / "sharded", exchange=exchange, staging_bytes=staging, thread_count=2
         )
-    dcp.load(state, storage_reader=reader, planner=LoadPlanner())
+    dcp.load(state, storage_reader=reader, planner=SafetensorsLoadPlanner())
     problems = []
     for name, value in state.items():
         local = value.to_local() if hasattr(value, "to_local") else value

@@ -68,8 +68,9 @@ from surface_cases import (
 )
 
 import hyperckpt
-from hyperckpt import CheckpointError, Mapping, Rename, describe
+from hyperckpt import CheckpointError, Mapping, describe
 from hyperckpt._cli.main import main
+from hyperckpt.mapping import Rename
 from hyperckpt.testing import encode_file, write_files
 
 logger = logging.getLogger("surface_fuzzer")

@@ -1,7 +1,7 @@
 """A compact plan's rows read exactly the bytes its ``ReadItem``s read, into poisoned destinations.
 
 One process, ``dcp.load`` without a process group (DCP then hands the planner's own plan
-to ``read_data``): the same drawn checkpoint loaded with ``hyperckpt.LoadPlanner`` planning
+to ``read_data``): the same drawn checkpoint loaded with ``hyperckpt.SafetensorsLoadPlanner`` planning
 compact rows and planning a list, each into destinations filled with ``0xFF`` bytes; both
 must hold the stored values, converted where the destination's dtype differs.  Destinations
 of the stored dtype go through the rows' in-place path, the others (another dtype, a
@@ -20,7 +20,7 @@ from helpers import sample_tensor, write_hf_checkpoint
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hyperckpt import HuggingFaceStorageReader, LoadPlanner
+from hyperckpt import HuggingFaceStorageReader, SafetensorsLoadPlanner
 from hyperckpt._planner.compact import CompactItems
 from hyperckpt._read import engine as engine_module
 
@@ -78,7 +78,7 @@ def test_compact_rows_read_exactly_the_bytes_the_read_items_read(
             state = {
                 name: _poisoned(tuple(t.shape), t.dtype, kinds[name]) for name, t in stored.items()
             }
-            planner = LoadPlanner()
+            planner = SafetensorsLoadPlanner()
             planner.compact_items = compact
             engine_module.routed = spy  # type: ignore[assignment]
             try:

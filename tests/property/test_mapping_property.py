@@ -33,7 +33,6 @@ from torch.distributed.tensor import Placement, Replicate
 
 from hyperckpt import (
     CheckpointError,
-    Fuse,
     HuggingFaceStorageReader,
     Mapping,
     ReadOptions,
@@ -44,6 +43,7 @@ from hyperckpt._planner.region_items import read_items
 from hyperckpt._planner.regions import local_regions
 from hyperckpt._read.boxes import narrow
 from hyperckpt._read.engine import ReadEngine
+from hyperckpt.mapping import Fuse
 
 DTYPES = [torch.float32, torch.bfloat16, torch.int16, torch.uint8, torch.float64]
 

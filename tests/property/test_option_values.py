@@ -27,8 +27,9 @@ from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
 import hyperckpt
-from hyperckpt import CostModel, ReadOptions, consolidate, verify
+from hyperckpt import ReadOptions, consolidate, verify
 from hyperckpt._read.storage_info import StorageInfo
+from hyperckpt.types import CostModel
 
 #: Values that break naive checks: NaN passes ``x <= 0``, ``True`` passes ``isinstance(x,
 #: int)``, a 400-digit int overflows ``float()``, a string or a list is not a number.
@@ -257,7 +258,7 @@ def test_verify_refuses_a_hostile_option_by_name_or_verifies(
     checkpoint: Path, data: st.DataObject, keyword: str
 ) -> None:
     value = data.draw(NOT_A_PATH if keyword in PATHS else HOSTILE, label=keyword)
-    reports: list[hyperckpt.VerifyReport] = []
+    reports: list[hyperckpt.types.VerifyReport] = []
     if _refused_by_name(keyword, lambda: reports.append(verify(checkpoint, **{keyword: value}))):
         return
     assert reports[0].ok()

@@ -20,7 +20,8 @@ from safetensors import safe_open
 from test_mapping_property import Fusion, fusions
 
 import hyperckpt
-from hyperckpt import Fuse, Mapping
+from hyperckpt import Mapping
+from hyperckpt.mapping import Fuse
 
 
 @given(fusion=fusions(), data=st.data())

@@ -14,7 +14,7 @@ from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
 import hyperckpt
-from hyperckpt import CostModel, HuggingFaceStorageReader
+from hyperckpt import HuggingFaceStorageReader
 from hyperckpt._dist.headers import decode_layout, encode_layout
 from hyperckpt._exchange.costs import pick
 from hyperckpt._exchange.pricing import choose_exchange, price
@@ -22,6 +22,7 @@ from hyperckpt._exchange.requests import requests_of
 from hyperckpt._read.storage_info import StorageInfo
 from hyperckpt._torch_internals import dcp_group
 from hyperckpt.testing import shard_file
+from hyperckpt.types import CostModel
 
 
 def test_exchange_accepts_its_four_values_and_refuses_others(tmp_path: Path) -> None:

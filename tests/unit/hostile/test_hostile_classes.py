@@ -45,9 +45,8 @@ import hyperckpt
 from hyperckpt import (
     CheckpointError,
     CheckpointNotFoundError,
-    FileStamp,
     HuggingFaceStorageReader,
-    LoadPlanner,
+    SafetensorsLoadPlanner,
     TorchShardedSafetensorsReader,
     consolidate,
     describe,
@@ -61,6 +60,7 @@ from hyperckpt._layout.model import Piece
 from hyperckpt._layout.problems import find_problems
 from hyperckpt._verify.checksums import write_checksums
 from hyperckpt.testing import encode_file, write_files
+from hyperckpt.types import FileStamp
 
 INDEX = "model.safetensors.index.json"
 SHARD = "shard-00001-model-00001-of-00001.safetensors"
@@ -710,7 +710,7 @@ def test_one_reader_serves_two_threads_loading_different_checkpoints_each_its_ow
     results: dict[int, torch.Tensor] = {}
     errors: list[BaseException] = []
 
-    class Interleaving(LoadPlanner):
+    class Interleaving(SafetensorsLoadPlanner):
         def create_local_plan(self) -> object:  # type: ignore[override]
             both_planned.wait()  # both threads have reset and read metadata: interleave
             return super().create_local_plan()
@@ -775,7 +775,7 @@ def test_dcp_load_with_our_planner_into_a_larger_destination_says_a_shard_is_mis
         dcp.load(
             {"w": torch.zeros(wanted, dtype=torch.uint8)},
             storage_reader=TorchShardedSafetensorsReader(root),
-            planner=LoadPlanner(),
+            planner=SafetensorsLoadPlanner(),
             no_dist=True,
         )
     text = str(caught.value)

@@ -42,12 +42,13 @@ from surface_cases import (
 )
 
 import hyperckpt
-from hyperckpt import CheckpointError, CheckpointNotFoundError, Fuse, Mapping, Rename, describe
+from hyperckpt import CheckpointError, CheckpointNotFoundError, Mapping, describe
 from hyperckpt._cli import dryrun
 from hyperckpt._cli.main import main
 from hyperckpt._exchange import stripes
 from hyperckpt._layout.templates import Template
 from hyperckpt._verify.checksums import read_checksums, write_checksums
+from hyperckpt.mapping import Fuse, Rename
 from hyperckpt.testing import encode_file, write_files
 
 # ---- helpers -------------------------------------------------------------------------

@@ -21,17 +21,9 @@ from helpers import mismatch, poison_, sample_tensor, write_hf_checkpoint
 from safetensors.torch import save_file
 
 import hyperckpt
-from hyperckpt import (
-    AddPrefix,
-    CheckpointError,
-    Fuse,
-    Mapping,
-    Rename,
-    Replace,
-    StripPrefix,
-    describe,
-)
+from hyperckpt import CheckpointError, Mapping, describe
 from hyperckpt._layout.mapping import as_mapping
+from hyperckpt.mapping import AddPrefix, Fuse, Rename, Replace, StripPrefix
 
 E, INNER, H = 3, 4, 5  # experts, intermediate, hidden
 
@@ -132,7 +124,7 @@ def test_a_reader_with_a_mapping_loads_through_plain_dcp(tmp_path: Path) -> None
     expected = _fused(tensors)
     got = _poisoned(expected)
     reader = hyperckpt.HuggingFaceStorageReader(tmp_path, mapping=Mapping.preset("qwen2-moe"))
-    dcp.load(got, storage_reader=reader, planner=hyperckpt.LoadPlanner())
+    dcp.load(got, storage_reader=reader, planner=hyperckpt.SafetensorsLoadPlanner())
     _assert_equal(got, expected)
     assert reader.mapped is not None
     assert reader.mapped.layout is reader.layout

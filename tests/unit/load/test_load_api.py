@@ -12,10 +12,11 @@ from helpers import mismatch, poison_, sample_tensor, write_hf_checkpoint
 from torch.distributed.checkpoint import HuggingFaceStorageWriter
 
 import hyperckpt
-from hyperckpt import CheckpointError, CheckpointNotFoundError, LoadPlanner, LoadReport
+from hyperckpt import CheckpointError, CheckpointNotFoundError, SafetensorsLoadPlanner
 from hyperckpt._load.readers import reader_for
 from hyperckpt._planner.compact import CompactItems
 from hyperckpt._torch_internals import USE_INTERNALS
+from hyperckpt.types import LoadReport
 
 
 def _model() -> dict[str, torch.Tensor]:
@@ -184,7 +185,7 @@ def test_broken_checkpoint_raises_our_typed_error_not_dcp_text(tmp_path: Path) -
     assert type(info.value) is not dcp.api.CheckpointException
 
 
-class _FailingPlanner(LoadPlanner):
+class _FailingPlanner(SafetensorsLoadPlanner):
     def __init__(self, error: Exception) -> None:
         super().__init__()
         self.error = error
@@ -239,7 +240,7 @@ def test_load_hands_its_planner_and_options_to_dcp_load_and_the_reader(
         return Recording
 
     monkeypatch.setattr("hyperckpt._load.api.reader_for", recording)
-    planner = LoadPlanner(strided_layout="dtensor")
+    planner = SafetensorsLoadPlanner(strided_layout="dtensor")
     options = hyperckpt.ReadOptions(staging_bytes=64, thread_count=3)
     hyperckpt.load(state, tmp_path, planner=planner, options=options)
     for name, tensor in model.items():
@@ -283,10 +284,10 @@ def test_load_holds_the_collector_while_dcp_runs_and_restores_it_after_success_a
 
 def test_load_planner_refuses_an_unknown_strided_layout() -> None:
     with pytest.raises(ValueError, match="strided_layout must be"):
-        LoadPlanner(strided_layout="rows")  # type: ignore[arg-type]
+        SafetensorsLoadPlanner(strided_layout="rows")  # type: ignore[arg-type]
 
 
-class _Watching(LoadPlanner):
+class _Watching(SafetensorsLoadPlanner):
     """Records the type of each local plan's items."""
 
     def __init__(self) -> None:

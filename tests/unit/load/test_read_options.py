@@ -46,7 +46,11 @@ def test_bad_values_are_refused_when_the_options_are_made() -> None:
         ({"thread_count": 10**30}, ValueError, "thread_count must be an int from 1 to 1024"),
         ({"staging_bytes": math.nan}, TypeError, "staging_bytes must be an int"),
         ({"staging_bytes": "64"}, TypeError, "staging_bytes must be an int .* of type str"),
-        ({"cost_model": "fast"}, TypeError, "cost_model must be a hyperckpt.CostModel or None"),
+        (
+            {"cost_model": "fast"},
+            TypeError,
+            "cost_model must be a hyperckpt.types.CostModel or None",
+        ),
         ({"progress": 3}, TypeError, "progress must be a function \\(or None\\), got 3"),
         ({"process_group": "world"}, TypeError, "process_group must be a torch.distributed"),
         ({"exchange": ["off"]}, ValueError, "exchange must be one of"),
@@ -174,7 +178,9 @@ def test_load_applies_the_mapping_once_and_hands_the_reader_the_mapped_layout(
     applied: list[Mapping] = []
     apply = Mapping.apply
 
-    def counting(self: Mapping, layout: hyperckpt.CheckpointLayout) -> hyperckpt.MappedLayout:
+    def counting(
+        self: Mapping, layout: hyperckpt.types.CheckpointLayout
+    ) -> hyperckpt.mapping.MappedLayout:
         applied.append(self)
         return apply(self, layout)
 
@@ -200,7 +206,7 @@ def test_a_reader_given_a_layout_reads_no_header_for_its_first_load(
     assert torch.equal(out["w"], tensors["w"])
     assert reads == []
     assert reader.layout is mapped.layout
-    with pytest.raises(TypeError, match=r"layout must be a hyperckpt.MappedLayout or None"):
+    with pytest.raises(TypeError, match=r"layout must be a hyperckpt.mapping.MappedLayout or None"):
         HuggingFaceStorageReader(tmp_path, layout=mapped.layout)  # type: ignore[arg-type]
 
 

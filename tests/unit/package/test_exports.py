@@ -10,50 +10,61 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 import hyperckpt
 
 PUBLIC = [
-    "AddPrefix",
-    "Fuse",
-    "MappedLayout",
-    "Mapping",
-    "Rename",
-    "Replace",
-    "StripPrefix",
     "CheckpointChangedError",
     "CheckpointError",
-    "CheckpointLayout",
     "CheckpointNotFoundError",
-    "ConsolidateReport",
-    "Conversion",
-    "CostModel",
-    "FileCheck",
-    "FileHeader",
-    "FileStamp",
     "HuggingFaceStorageReader",
     "HuggingFaceStorageWriter",
-    "SaveOptions",
-    "SaveReport",
-    "LoadPlanner",
-    "LoadReport",
-    "LoadStats",
-    "Piece",
-    "Progress",
+    "Mapping",
     "ReadOptions",
-    "StorageInfo",
-    "TensorEntry",
-    "TensorCheck",
-    "TensorLayout",
+    "SafetensorsLoadPlanner",
+    "SaveOptions",
     "TorchShardedSafetensorsReader",
-    "VerifyReport",
     "__version__",
     "consolidate",
     "consolidate_safetensors_files",
     "consolidate_safetensors_files_on_every_rank",
     "describe",
     "load",
-    "write_sample",
-    "verify",
     "release_pinned_memory",
     "save",
+    "verify",
+    "write_sample",
 ]
+
+#: The public submodules: the values calls return and take, and a mapping's rules.
+SUBMODULES = {
+    "types": [
+        "CheckpointLayout",
+        "ConsolidateReport",
+        "Conversion",
+        "CostModel",
+        "FileCheck",
+        "FileHeader",
+        "FileStamp",
+        "LoadReport",
+        "LoadStats",
+        "Piece",
+        "Progress",
+        "SaveReport",
+        "StorageInfo",
+        "TensorCheck",
+        "TensorEntry",
+        "TensorLayout",
+        "VerifyReport",
+    ],
+    "mapping": [
+        "HUB_PRESETS",
+        "PRESETS",
+        "AddPrefix",
+        "Fuse",
+        "MappedLayout",
+        "Mapping",
+        "Rename",
+        "Replace",
+        "StripPrefix",
+    ],
+}
 
 
 def test_the_public_names_are_exactly_the_pinned_list() -> None:
@@ -69,8 +80,27 @@ def test_public_names_say_they_come_from_the_package_root() -> None:
             assert value.__module__ == "hyperckpt", name
 
 
+def test_the_root_stays_small_and_the_values_live_in_their_public_submodules() -> None:
+    assert len(hyperckpt.__all__) <= 20
+    for module, names in SUBMODULES.items():
+        public = getattr(hyperckpt, module)  # imported with the root
+        assert sorted(public.__all__) == sorted(names), module
+        for name in names:
+            value = getattr(public, name)
+            if isinstance(value, type) and name != "Mapping":
+                assert value.__module__ == f"hyperckpt.{module}", name
+            assert name not in hyperckpt.__all__ or name == "Mapping", name
+
+
 def test_every_module_outside_the_public_ones_is_private() -> None:
-    public_modules = {"hyperckpt", "hyperckpt.errors", "hyperckpt.testing", "hyperckpt.__main__"}
+    public_modules = {
+        "hyperckpt",
+        "hyperckpt.errors",
+        "hyperckpt.mapping",
+        "hyperckpt.types",
+        "hyperckpt.testing",
+        "hyperckpt.__main__",
+    }
     for info in pkgutil.walk_packages(hyperckpt.__path__, "hyperckpt."):
         if info.name in public_modules or info.name.startswith("hyperckpt.testing."):
             continue
@@ -81,7 +111,7 @@ def test_every_module_outside_the_public_ones_is_private() -> None:
 def test_the_readers_and_planner_plug_into_torch_distributed_checkpoint() -> None:
     assert issubclass(hyperckpt.HuggingFaceStorageReader, dcp.FileSystemReader)
     assert issubclass(hyperckpt.TorchShardedSafetensorsReader, dcp.FileSystemReader)
-    assert issubclass(hyperckpt.LoadPlanner, DefaultLoadPlanner)
+    assert issubclass(hyperckpt.SafetensorsLoadPlanner, DefaultLoadPlanner)
     assert issubclass(hyperckpt.HuggingFaceStorageWriter, dcp.StorageWriter)
 
 

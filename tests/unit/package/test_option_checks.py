@@ -15,10 +15,11 @@ from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
 import hyperckpt
-from hyperckpt import CostModel, consolidate, verify
+from hyperckpt import consolidate, verify
 from hyperckpt._arguments import Limits, check_number
 from hyperckpt._consolidate.assign import parse_size
 from hyperckpt._read.storage_info import StorageInfo
+from hyperckpt.types import CostModel
 
 
 def _plans(world: int) -> list[LoadPlan]:

@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
 import hyperckpt
-from hyperckpt import LoadPlanner
+from hyperckpt import SafetensorsLoadPlanner
 from hyperckpt._torch_internals import INTERNAL, INTERNALS_ENV, PUBLIC, StridedShard
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -100,7 +100,7 @@ def test_one_rank_loads_the_same_either_way(tmp_path: Path) -> None:
     for functions in (INTERNAL, PUBLIC):
         state = {name: poison_(torch.empty_like(t)) for name, t in tensors.items()}
         reader = hyperckpt.HuggingFaceStorageReader(tmp_path)
-        functions.load_steps(state, reader, LoadPlanner())
+        functions.load_steps(state, reader, SafetensorsLoadPlanner())
         loaded.append(state)
     for name, expected in tensors.items():
         assert torch.equal(loaded[0][name], expected)

@@ -18,7 +18,7 @@ from torch.distributed.checkpoint.metadata import (
 )
 from torch.distributed.checkpoint.planner import ReadItem
 
-from hyperckpt import HuggingFaceStorageReader, LoadPlanner
+from hyperckpt import HuggingFaceStorageReader, SafetensorsLoadPlanner
 from hyperckpt._exchange.rank_requests import ChunkOrder, rank_requests
 from hyperckpt._planner.compact import CompactItems
 from hyperckpt._planner.local_items import mark_whole
@@ -69,8 +69,8 @@ def test_the_compact_plan_selects_exactly_the_items_of_the_list_plan(
     expected = _plan(DefaultLoadPlanner(), state, md)
     if all(len(stored.chunks) == 1 for stored in known.values()):  # type: ignore[union-attr]
         mark_whole(md)  # as hyperckpt's reader marks a checkpoint of whole tensors
-    listed = _plan(LoadPlanner(), state, md)
-    compact_planner = LoadPlanner()
+    listed = _plan(SafetensorsLoadPlanner(), state, md)
+    compact_planner = SafetensorsLoadPlanner()
     compact_planner.compact_items = True
     compact = _plan(compact_planner, state, md)
     assert isinstance(listed, list)
@@ -88,7 +88,7 @@ def test_compact_items_are_made_once_and_travel_as_a_plain_list() -> None:
         name: stored_in_rows(shape, 2 if name == "d" else 1) for name, shape in shapes.items()
     }
     md = Metadata(known)
-    planner = LoadPlanner()
+    planner = SafetensorsLoadPlanner()
     planner.compact_items = True
     items = _plan(planner, state, md)
     assert isinstance(items, CompactItems)
@@ -120,11 +120,11 @@ def test_request_columns_of_compact_items_equal_those_of_the_items(tmp_path: Pat
     write_hf_checkpoint(tmp_path / "hf", tensors)
     md = HuggingFaceStorageReader(tmp_path / "hf").read_metadata()
     state: dict[str, object] = {name: torch.empty_like(t) for name, t in tensors.items()}
-    planner = LoadPlanner()
+    planner = SafetensorsLoadPlanner()
     planner.compact_items = True
     compact = _plan(planner, state, md)
     assert isinstance(compact, CompactItems)
-    listed = _plan(LoadPlanner(), state, md)
+    listed = _plan(SafetensorsLoadPlanner(), state, md)
     compact.extend(listed[:1])  # a whole item after the rows
     listed = [*listed, listed[0]]
     order = ChunkOrder.of(md.storage_data)
@@ -141,7 +141,7 @@ def test_each_row_keeps_its_destinations_local_tensor_beside_its_key() -> None:
     known: dict[str, TensorStorageMetadata | BytesStorageMetadata] = {
         name: stored_in_rows(shape, 2 if name == "d" else 1) for name, shape in shapes.items()
     }
-    planner = LoadPlanner()
+    planner = SafetensorsLoadPlanner()
     planner.compact_items = True
     items = _plan(planner, state, Metadata(known))
     assert isinstance(items, CompactItems)

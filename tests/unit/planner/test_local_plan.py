@@ -1,4 +1,4 @@
-"""One process's plan: ``LoadPlanner`` sets up and plans exactly as torch's default planner."""
+"""One process's plan: ``SafetensorsLoadPlanner`` sets up and plans exactly as torch's default planner."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from hyperckpt import CheckpointError, LoadPlanner
+from hyperckpt import CheckpointError, SafetensorsLoadPlanner
 from hyperckpt._planner.compact import CompactItems
 from hyperckpt._planner.local_items import flat_state_dict
 
@@ -38,8 +38,10 @@ def metadata(shapes: dict[str, tuple[int, ...]], *, split: str | None = None) ->
     return Metadata(known)
 
 
-def both(state: dict[str, object], md: Metadata) -> tuple[DefaultLoadPlanner, LoadPlanner]:
-    theirs, ours = DefaultLoadPlanner(), LoadPlanner()
+def both(
+    state: dict[str, object], md: Metadata
+) -> tuple[DefaultLoadPlanner, SafetensorsLoadPlanner]:
+    theirs, ours = DefaultLoadPlanner(), SafetensorsLoadPlanner()
     theirs.set_up_planner(dict(state), md, is_coordinator=False)
     ours.set_up_planner(dict(state), md, is_coordinator=False)
     return theirs, ours
@@ -113,7 +115,7 @@ def test_a_flat_state_dict_that_is_part_of_the_checkpoint_is_planned_as_torch_pl
     _, strict = both(state, md)
     with pytest.raises(RuntimeError, match=r"Missing key in checkpoint state_dict: z\.extra"):
         strict.create_local_plan()
-    partial = LoadPlanner(allow_partial_load=True)
+    partial = SafetensorsLoadPlanner(allow_partial_load=True)
     partial.set_up_planner(dict(state), md, is_coordinator=False)
     assert [repr(item) for item in partial.create_local_plan().items] == [
         repr(item) for item in expected
@@ -132,7 +134,7 @@ def test_a_plan_made_ahead_is_the_plan_the_next_set_up_hands_out(
     md = metadata(SHAPES, split="c.weight")
     theirs, _ = both(state, md)
     expected = sorted(map(repr, theirs.create_local_plan().items))
-    ours = LoadPlanner()
+    ours = SafetensorsLoadPlanner()
     ours.plan_ahead(state, md)
 
     def scans(*args: object, **kwargs: object) -> object:
@@ -151,7 +153,7 @@ def test_a_plan_made_ahead_is_the_plan_the_next_set_up_hands_out(
 def test_a_plan_made_ahead_is_not_handed_to_another_set_up() -> None:
     state: dict[str, object] = {name: torch.zeros(shape) for name, shape in SHAPES.items()}
     md = metadata(SHAPES)
-    ours = LoadPlanner()
+    ours = SafetensorsLoadPlanner()
     # Other metadata (here: c.weight stored as two chunks): planned afresh against it.
     ours.plan_ahead(state, md)
     ours.set_up_planner(_sorted(state), metadata(SHAPES, split="c.weight"), is_coordinator=False)
@@ -173,7 +175,7 @@ def test_a_plan_made_ahead_keeps_torchs_refusal_of_a_missing_key_for_the_plan() 
     state: dict[str, object] = {name: torch.zeros(shape) for name, shape in SHAPES.items()}
     state["z.extra"] = torch.zeros(2)
     md = metadata(SHAPES)
-    ours = LoadPlanner()
+    ours = SafetensorsLoadPlanner()
     ours.plan_ahead(state, md)  # not refused here: the plan is where torch refuses it
     ours.set_up_planner(_sorted(state), md, is_coordinator=False)
     with pytest.raises(RuntimeError, match=r"Missing key in checkpoint state_dict: z\.extra"):
@@ -190,7 +192,7 @@ def test_a_state_dict_dcp_would_flatten_or_fill_is_only_checked_ahead() -> None:
     with_meta: dict[str, object] = {name: torch.zeros(shape) for name, shape in SHAPES.items()}
     with_meta["c.weight"] = torch.empty(6, 2, device="meta")
     for state in (nested, with_meta):
-        ours = LoadPlanner()
+        ours = SafetensorsLoadPlanner()
         ours.plan_ahead(state, md)
         assert ours._ahead is None
         assert ours.checked_regions == {}
@@ -200,10 +202,10 @@ def test_a_size_that_differs_is_refused_ahead_with_our_error() -> None:
     state: dict[str, object] = {name: torch.zeros(shape) for name, shape in SHAPES.items()}
     state["a.bias"] = torch.zeros(5)
     with pytest.raises(CheckpointError, match=r"a\.bias"):
-        LoadPlanner().plan_ahead(state, metadata(SHAPES))
+        SafetensorsLoadPlanner().plan_ahead(state, metadata(SHAPES))
 
 
-class _Swapping(LoadPlanner):
+class _Swapping(SafetensorsLoadPlanner):
     """Sets up with one tensor of the state dict replaced by its own."""
 
     def __init__(self, key: str, tensor: torch.Tensor) -> None:

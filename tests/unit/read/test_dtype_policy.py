@@ -12,10 +12,11 @@ from helpers import mismatch, poison_, sample_tensor, write_hf_checkpoint
 from torch.distributed.checkpoint.api import CheckpointException
 
 import hyperckpt
-from hyperckpt import CheckpointError, Conversion, HuggingFaceStorageReader
+from hyperckpt import CheckpointError, HuggingFaceStorageReader
 from hyperckpt._cli.main import main
 from hyperckpt._format.header import DTYPES
 from hyperckpt._read.dtype_policy import DTYPE_POLICIES, is_widening
+from hyperckpt.types import Conversion
 
 CODE = {getattr(torch, info.torch_name): code for code, info in DTYPES.items() if info.torch_name}
 

@@ -12,12 +12,13 @@ from helpers import poison_, write_hf_checkpoint
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
-from hyperckpt import LoadStats, ReadOptions
+from hyperckpt import ReadOptions
 from hyperckpt._layout.directory import huggingface_layout
 from hyperckpt._load.readers import to_metadata
 from hyperckpt._read import sysio as _sysio
 from hyperckpt._read.engine import ReadEngine
 from hyperckpt._read.storage_info import StorageInfo
+from hyperckpt.types import LoadStats
 
 
 class _Planner:

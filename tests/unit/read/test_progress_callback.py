@@ -12,8 +12,9 @@ import torch.distributed.checkpoint as dcp
 from helpers import mismatch, poison_, sample_tensor, write_hf_checkpoint
 
 import hyperckpt
-from hyperckpt import HuggingFaceStorageReader, Progress
+from hyperckpt import HuggingFaceStorageReader
 from hyperckpt._read.tracker import ProgressLine, ProgressTracker, render
+from hyperckpt.types import Progress
 
 
 def model() -> dict[str, torch.Tensor]:

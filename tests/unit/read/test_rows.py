@@ -1,4 +1,4 @@
-"""A compact plan's rows: read as rows only under a planner whose steps are LoadPlanner's,
+"""A compact plan's rows: read as rows only under a planner whose steps are SafetensorsLoadPlanner's,
 committed and counted like items otherwise, and counted by progress either way."""
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import ReadItem
 
 import hyperckpt
-from hyperckpt import HuggingFaceStorageReader, LoadPlanner, Progress
+from hyperckpt import HuggingFaceStorageReader, SafetensorsLoadPlanner
 from hyperckpt._planner.load_planner import resolves_in_place
 from hyperckpt._read.dtype_policy import Conversion
+from hyperckpt.types import Progress
 
 _STORED = {
     "embed.weight": (torch.bfloat16, (16, 8)),
@@ -27,7 +28,7 @@ _STORED = {
 }
 
 
-class _Committing(LoadPlanner):
+class _Committing(SafetensorsLoadPlanner):
     """Records every commit (so its rows must be made into items and committed)."""
 
     def __init__(self) -> None:
@@ -57,7 +58,7 @@ def _poisoned(
 
 
 def test_only_loadplanners_own_lookup_and_commit_read_rows_in_place() -> None:
-    assert resolves_in_place(LoadPlanner())
+    assert resolves_in_place(SafetensorsLoadPlanner())
     assert not resolves_in_place(_Committing())
     assert not resolves_in_place(DefaultLoadPlanner())
 
@@ -113,7 +114,7 @@ def test_the_rows_walk_refuses_a_narrowing_before_writing_a_byte_and_reports_the
     stored = _checkpoint(tmp_path)
     narrowed = _poisoned(stored)
     narrowed["layer.0.weight"] = poison_(torch.empty(8, 8, dtype=torch.bfloat16))
-    planner = LoadPlanner()
+    planner = SafetensorsLoadPlanner()
     planner.compact_items = compact
     reader = HuggingFaceStorageReader(tmp_path / "ckpt", dtype_policy="no-narrowing")
     with pytest.raises(CheckpointException, match="refuses 1 tensor") as caught:
@@ -122,7 +123,7 @@ def test_the_rows_walk_refuses_a_narrowing_before_writing_a_byte_and_reports_the
     for name, value in narrowed.items():
         assert _bits(value) == _bits(poison_(torch.empty_like(value))), name
     widened = _poisoned(stored, wider="layer.0.weight")
-    planner = LoadPlanner()
+    planner = SafetensorsLoadPlanner()
     planner.compact_items = compact
     dcp.load(widened, storage_reader=reader, planner=planner, no_dist=True)
     assert reader.last_conversions == (Conversion("F32", "float64", 1, 8 * 8 * 4, True),)

@@ -136,7 +136,7 @@ def test_reverse_cuts_qkv_at_q_width_read_from_o_proj_and_equal_k_v() -> None:
 
 def test_reverse_takes_fixed_split_sizes_and_stacked_experts_of_unequal_parts() -> None:
     fixed = hyperckpt.Mapping(
-        (hyperckpt.Fuse("{m}.qkv", ("{m}.q", "{m}.k", "{m}.v"), dim=0, split=(4, 1, None)),)
+        (hyperckpt.mapping.Fuse("{m}.qkv", ("{m}.q", "{m}.k", "{m}.v"), dim=0, split=(4, 1, None)),)
     )
     saved = reverse(fixed, {"x.qkv": (7, 2)}, path="p")
     assert [(t.name, t.offsets, t.sizes) for t in saved] == [
@@ -145,7 +145,11 @@ def test_reverse_takes_fixed_split_sizes_and_stacked_experts_of_unequal_parts() 
         ("x.v", (5, 0), (2, 2)),
     ]
     stacked = hyperckpt.Mapping(
-        (hyperckpt.Fuse("{m}.wide", ("{m}.{e}.a", "{m}.{e}.b"), dim=1, stack="e", split=(3, 1)),)
+        (
+            hyperckpt.mapping.Fuse(
+                "{m}.wide", ("{m}.{e}.a", "{m}.{e}.b"), dim=1, stack="e", split=(3, 1)
+            ),
+        )
     )
     saved = reverse(stacked, {"x.wide": (2, 4, 5)}, path="p")
     assert [(t.name, t.offsets, t.sizes, t.shape) for t in saved] == [
@@ -194,7 +198,7 @@ def test_qkv_proj_without_o_proj_is_refused_naming_the_tensor_and_the_fix(tmp_pa
 
 
 def test_a_fuse_without_sizes_is_refused_on_save(tmp_path: Path) -> None:
-    mapping = hyperckpt.Mapping((hyperckpt.Fuse("{m}.ab", ("{m}.a", "{m}.b")),))
+    mapping = hyperckpt.Mapping((hyperckpt.mapping.Fuse("{m}.ab", ("{m}.a", "{m}.b")),))
     with pytest.raises(CheckpointError, match=r"sizes along that dimension are not in") as info:
         hyperckpt.save({"x.ab": torch.ones(6, 2)}, tmp_path / "c", mapping=mapping)
     assert info.value.rule == "mapping.split_unknown"
@@ -218,7 +222,7 @@ def test_split_sizes_that_do_not_cut_the_tensor_are_refused(
         state["x.o_proj.weight"] = torch.ones(o_proj)
     mapping: object = "qkv-proj"
     if split is not None:
-        fuse = hyperckpt.Fuse(
+        fuse = hyperckpt.mapping.Fuse(
             "{m}.qkv_proj.{p}", ("{m}.q.{p}", "{m}.k.{p}", "{m}.v.{p}"), split=split
         )
         mapping = hyperckpt.Mapping((fuse,))
@@ -232,17 +236,17 @@ def test_split_sizes_that_do_not_cut_the_tensor_are_refused(
 def test_fuse_checks_its_split_when_made() -> None:
     sources = ("{m}.q", "{m}.k")
     with pytest.raises(ValueError, match="not both"):
-        hyperckpt.Fuse("{m}.qk", sources, equal=True, split=(1, 1))
+        hyperckpt.mapping.Fuse("{m}.qk", sources, equal=True, split=(1, 1))
     with pytest.raises(ValueError, match="one size per source"):
-        hyperckpt.Fuse("{m}.qk", sources, split=(1,))
+        hyperckpt.mapping.Fuse("{m}.qk", sources, split=(1,))
     with pytest.raises(ValueError, match="negative"):
-        hyperckpt.Fuse("{m}.qk", sources, split=(-1, None))
+        hyperckpt.mapping.Fuse("{m}.qk", sources, split=(-1, None))
     with pytest.raises(TypeError, match="an int, None or"):
-        hyperckpt.Fuse("{m}.qk", sources, split=(1.5, None))  # type: ignore[arg-type]
+        hyperckpt.mapping.Fuse("{m}.qk", sources, split=(1.5, None))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="the string"):
-        hyperckpt.Fuse("{m}.qk", sources, split="12")  # type: ignore[arg-type]
+        hyperckpt.mapping.Fuse("{m}.qk", sources, split="12")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"uses \['n'\]"):
-        hyperckpt.Fuse("{m}.qk", sources, split=(("{n}.o", 1), None))
+        hyperckpt.mapping.Fuse("{m}.qk", sources, split=(("{n}.o", 1), None))
 
 
 def test_reverse_gives_each_expert_a_box_of_the_fused_tensor() -> None:
@@ -350,7 +354,7 @@ def test_a_concatenation_of_columns_is_saved_column_by_column(tmp_path: Path) ->
     # state dict's memory (found by the split property test; saved as the first rows before).
     fused = sample_tensor((3, 5), torch.float32, seed=21)
     mapping = hyperckpt.Mapping(
-        (hyperckpt.Fuse("{m}.ab", ("{m}.a", "{m}.b"), dim=1, split=(2, 3)),)
+        (hyperckpt.mapping.Fuse("{m}.ab", ("{m}.a", "{m}.b"), dim=1, split=(2, 3)),)
     )
     hyperckpt.save({"x.ab": fused}, tmp_path / "ckpt", mapping=mapping)
     with safe_open(str(tmp_path / "ckpt" / "model.safetensors"), "pt") as f:

@@ -8,7 +8,7 @@ import torch
 from helpers import sample_tensor
 
 import hyperckpt
-from hyperckpt import Progress
+from hyperckpt.types import Progress
 
 
 def test_the_last_progress_call_counts_every_byte_and_tensor_written(tmp_path: Path) -> None:

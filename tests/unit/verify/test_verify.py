@@ -14,12 +14,13 @@ from helpers import sample_tensor, write_hf_checkpoint
 from safetensors.torch import save_file
 
 import hyperckpt
-from hyperckpt import CheckpointChangedError, CheckpointError, Progress
+from hyperckpt import CheckpointChangedError, CheckpointError
 from hyperckpt._cli.main import main
 from hyperckpt._format.header import read_header
 from hyperckpt._verify.checksums import format_checksums, parse_checksums
 from hyperckpt.testing import write_files
 from hyperckpt.testing._directories import shard_file, shard_file_name
+from hyperckpt.types import Progress
 
 NAN = float("nan")
 
