@@ -47,9 +47,9 @@ from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from hyperckpt._cli.dryrun import hosts_of, load_plans
 from hyperckpt._exchange.rank_requests import ChunkOrder, rank_requests
 from hyperckpt._exchange.schedule import ExchangeReady
+from hyperckpt._layout.gcpause import collector_paused
 from hyperckpt._load.exchange_plan import share_plans
 from hyperckpt._load.options import ReadOptions
-from hyperckpt._planner.gc_hold import without_gc
 from hyperckpt._read.storage_info import StorageInfo
 
 
@@ -60,7 +60,7 @@ def _cpu(work: Callable[[], object], repeats: int) -> tuple[object, float]:
     for _ in range(repeats):
         gc.collect()
         begin = time.process_time()
-        with without_gc():
+        with collector_paused():
             result = work()
         spent.append(time.process_time() - begin)
     return result, statistics.median(spent)
@@ -72,7 +72,7 @@ def measure(model: str, layout: str, world: int, exchange: str, repeats: int) ->
     checkpoint = synthetic_layout(shapes(), files)
     hosts = max(1, world // RANKS_PER_HOST)
     tp = min(RANKS_PER_HOST, world)
-    with without_gc():
+    with collector_paused():
         plans, infos = load_plans(checkpoint, layout, world, tp=tp, replicas=hosts)
     names = hosts_of(world, hosts)
     order = ChunkOrder.of(infos)
@@ -86,7 +86,7 @@ def measure(model: str, layout: str, world: int, exchange: str, repeats: int) ->
     per_rank = []
     columns = []
     gc.collect()  # once: a full collection per rank would walk every rank's items
-    with without_gc():
+    with collector_paused():
         for plan in plans:
             begin = time.process_time()
             columns.append(rank_requests(plan.items, order))
@@ -99,7 +99,7 @@ def measure(model: str, layout: str, world: int, exchange: str, repeats: int) ->
         dataclasses.replace(p, storage_data=ExchangeReady(r, world, names[r], c))
         for r, (p, c) in enumerate(zip(plans, columns, strict=True))
     ]
-    with without_gc():
+    with collector_paused():
         gathered_bare = [pickle.dumps(p) for p in bare]
         gathered_carried = [pickle.dumps(p) for p in carried]
         columns_bytes = sum(len(pickle.dumps(c)) for c in columns)

@@ -29,7 +29,7 @@ from hyperckpt._cli.dryrun import hosts_of
 from hyperckpt._exchange.pricing import price_and_plan
 from hyperckpt._exchange.stripe_plan import chunk_table, plan_stripe_arrays
 from hyperckpt._exchange.stripe_shares import cut_shares
-from hyperckpt._planner.gc_hold import without_gc
+from hyperckpt._layout.gcpause import collector_paused
 from hyperckpt.types import CostModel
 
 
@@ -69,7 +69,7 @@ def main() -> None:
     for run in range(args.repeat):
         gc.collect()
         before = resource.getrusage(resource.RUSAGE_SELF)
-        with without_gc():
+        with collector_paused():
             best, shares, _ = price_and_plan(
                 requests,
                 names,

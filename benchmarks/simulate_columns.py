@@ -42,7 +42,7 @@ from hyperckpt._exchange.schedule import ExchangeReady, replicated_transfers
 from hyperckpt._exchange.stripe_plan import chunk_table, plan_stripe_arrays
 from hyperckpt._exchange.stripe_shares import cut_shares
 from hyperckpt._exchange.stripes import StripesTooLarge
-from hyperckpt._planner.gc_hold import without_gc
+from hyperckpt._layout.gcpause import collector_paused
 from hyperckpt._read.storage_info import StorageInfo
 from hyperckpt.types import CheckpointLayout, CostModel
 
@@ -54,7 +54,7 @@ SAMPLED_RANKS = 8
 def _cpu(work: Callable[[], object]) -> tuple[object, float]:
     gc.collect()
     begin = time.process_time()
-    with without_gc():
+    with collector_paused():
         result = work()
     return result, time.process_time() - begin
 

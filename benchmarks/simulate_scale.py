@@ -51,8 +51,8 @@ from hyperckpt._exchange.strategy import plan_exchange
 from hyperckpt._exchange.stripe_plan import StripeShare
 from hyperckpt._exchange.stripes import StripeSchedule
 from hyperckpt._format.header import DTYPES
+from hyperckpt._layout.gcpause import collector_paused
 from hyperckpt._load.readers import BATCH_BYTES
-from hyperckpt._planner.gc_hold import without_gc
 from hyperckpt.types import CheckpointLayout, CostModel, Piece, TensorLayout
 
 # The planned price (plan every strategy, read the cost off the schedules) lives in the
@@ -175,7 +175,7 @@ def simulate(
     gather_bytes = sum(len(pickle.dumps(plan)) for plan in plans)
     gc.collect()
     begin = time.process_time()
-    with without_gc():  # as choose_exchange runs them
+    with collector_paused():  # as choose_exchange runs them
         requests = requests_of(plans, storage)  # type: ignore[arg-type]
         requests_seconds = time.process_time() - begin
         priced = price(

@@ -48,7 +48,7 @@ STEPS: tuple[tuple[str, str], ...] = (
     ("hyperckpt._load.api", "_options"),
     ("hyperckpt._load.api", "_check_arguments"),
     ("hyperckpt._planner.load_planner", "SafetensorsLoadPlanner.__init__"),
-    ("hyperckpt._load.api", "without_gc"),
+    ("hyperckpt._load.api", "collector_paused"),
     ("hyperckpt._load.api", "load_one_rank"),
     ("hyperckpt._load.api", "validate"),
     ("hyperckpt._load.keys", "describe"),

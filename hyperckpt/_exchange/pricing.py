@@ -41,7 +41,7 @@ from hyperckpt._exchange.strategy import Strategy, plan_exchange, shared_slices_
 from hyperckpt._exchange.stripe_columns import row_bytes_of
 from hyperckpt._exchange.stripe_plan import BLOCK_BOXES, cut_stripes, part_rows
 from hyperckpt._exchange.stripes import ChunkKey, StripesTooLarge, routing_limit
-from hyperckpt._planner.gc_hold import without_gc
+from hyperckpt._layout.gcpause import collector_paused
 from hyperckpt._read.engine import CHUNK_BYTES
 from hyperckpt._read.storage_info import StorageInfo
 
@@ -598,7 +598,7 @@ def choose_exchange(
         return "off", plan_exchange(
             plans, "off", storage, round_bytes=round_bytes, batch_bytes=batch_bytes
         )
-    with without_gc():
+    with collector_paused():
         joined = None if requests is None else requests()
         found = joined if joined is not None else requests_of(plans, storage)
 
@@ -613,7 +613,7 @@ def choose_exchange(
             table=table,
         )
 
-    with without_gc():
+    with collector_paused():
         best, planned, _ = price_and_plan(
             found, hosts, model, plan, round_bytes=round_bytes, batch_bytes=batch_bytes
         )

@@ -29,7 +29,7 @@ from hyperckpt._exchange.stripe_columns import columns_of_requests
 from hyperckpt._exchange.stripe_plan import plan_stripe_arrays
 from hyperckpt._exchange.stripe_shares import cut_shares
 from hyperckpt._exchange.stripes import ChunkKey, ChunkRows
-from hyperckpt._planner.gc_hold import without_gc
+from hyperckpt._layout.gcpause import collector_paused
 from hyperckpt._read.dtypes import to_torch_dtype
 from hyperckpt._read.storage_info import StorageInfo
 
@@ -98,7 +98,7 @@ def plan_exchange(
             else plan
             for plan in plans
         ]
-    with without_gc():
+    with collector_paused():
         if requests is None:
             requests = requests_of(plans, storage)
         return _plan(

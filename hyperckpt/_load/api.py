@@ -20,6 +20,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from hyperckpt._arguments import check_path, check_type
 from hyperckpt._dist.agreement import Failure, agree, distributed
 from hyperckpt._exchange.strategy import Exchange
+from hyperckpt._layout.gcpause import collector_paused
 from hyperckpt._layout.mapping import MappingLike
 from hyperckpt._layout.model import Kind
 from hyperckpt._load.keys import check_allow_missing, validate
@@ -27,7 +28,6 @@ from hyperckpt._load.one_rank import load_one_rank
 from hyperckpt._load.options import ReadOptions, keyword_options, one_options
 from hyperckpt._load.readers import reader_for
 from hyperckpt._load.tied import check_tied, untied_error, untied_keys
-from hyperckpt._planner.gc_hold import without_gc
 from hyperckpt._planner.load_planner import SafetensorsLoadPlanner
 from hyperckpt._planner.tied import Difference, differences, tied_groups, with_scratch
 from hyperckpt._read.dtype_policy import Conversion, DtypePolicy, enforce
@@ -231,7 +231,7 @@ def load(
             # items live until DCP returns, and the first collection after the planner's
             # own hold would walk every one of them (~0.15 s of a DeepSeek-V3 rank's
             # planning); after the call they are garbage, freed by reference counting.
-            with without_gc():
+            with collector_paused():
                 if not distributed() or dist.get_world_size(process_group) == 1:
                     # A group of one has no plan to exchange: DCP's steps are run here,
                     # without dcp.load's plan exchange and its wrappers around each step

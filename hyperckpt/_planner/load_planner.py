@@ -28,8 +28,8 @@ from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from torch.distributed.checkpoint.planner import LoadPlanner as DcpLoadPlanner
 from torch.distributed.tensor import DTensor, Placement
 
+from hyperckpt._layout.gcpause import collector_paused
 from hyperckpt._planner.compact import CompactItems
-from hyperckpt._planner.gc_hold import without_gc
 from hyperckpt._planner.local_items import (
     DeferredLayout,
     OwnPaths,
@@ -146,7 +146,7 @@ class SafetensorsLoadPlanner(DefaultLoadPlanner):
         makes meta tensors real runs only when there is one; anything else goes through
         torch's own walks.
         """
-        with without_gc():
+        with collector_paused():
             ahead, self._ahead = self._ahead, None
             self._planned = None
             if (
@@ -190,7 +190,7 @@ class SafetensorsLoadPlanner(DefaultLoadPlanner):
     def create_local_plan(self) -> LoadPlan:
         """The default plan, with each ``_StridedShard`` DTensor planned by region.
 
-        Made with the cyclic collector held (see :func:`~hyperckpt._planner.gc_hold.without_gc`).
+        Made with the cyclic collector held (see :func:`~hyperckpt._layout.gcpause.collector_paused`).
 
         Raises:
             CheckpointError: A destination's shape differs from the checkpoint's tensor
@@ -198,7 +198,7 @@ class SafetensorsLoadPlanner(DefaultLoadPlanner):
                 larger), a DTensor is ``Partial``, or its regions cannot be matched to its
                 local tensor; the message names the parameter, placements and mesh.
         """
-        with without_gc():
+        with collector_paused():
             planned, self._planned = self._planned, None
             if planned is None:
                 return self._local_plan()
@@ -235,7 +235,7 @@ class SafetensorsLoadPlanner(DefaultLoadPlanner):
             cls.set_up_planner is SafetensorsLoadPlanner.set_up_planner
             and cls.create_local_plan is SafetensorsLoadPlanner.create_local_plan
         )
-        with without_gc():
+        with collector_paused():
             flat, meta = flat_state_dict(state_dict)
             if not own_steps or not flat or meta or not self.flatten_state_dict:
                 regions = strided_regions(
