@@ -49,9 +49,14 @@ class Spec:
         return math.prod(self.shape) * 2
 
 
-def llama_specs(size_gb: float) -> list[Spec]:
-    """A TinyLlama-shaped model (hidden 2048, 4 KV heads) with as many layers as fit."""
-    hidden, inter, kv, vocab = 2048, 5632, 256, 32000
+#: Model shapes by name: hidden size, MLP size, key/value width, vocabulary.  ``tinyllama``
+#: has about 100 tensors per GB; ``narrow``, half as wide, about 4 times as many.
+SHAPES = {"tinyllama": (2048, 5632, 256, 32000), "narrow": (1024, 2816, 256, 32000)}
+
+
+def llama_specs(size_gb: float, shape: str = "tinyllama") -> list[Spec]:
+    """A Llama-shaped model of ``shape`` (untied ``lm_head``) with as many layers as fit."""
+    hidden, inter, kv, vocab = SHAPES[shape]
     layer = [
         ("input_layernorm.weight", (hidden,)),
         ("self_attn.q_proj.weight", (hidden, hidden)),
@@ -89,14 +94,15 @@ def expected(
     return (value % _MODULUS - _MODULUS // 2).to(torch.bfloat16)
 
 
-def write_checkpoint(directory: Path, specs: list[Spec]) -> int:
-    """Write ``specs`` as a sharded Hugging Face checkpoint; return its tensor bytes."""
+def write_checkpoint(directory: Path, specs: list[Spec], file_bytes: int = _FILE_BYTES) -> int:
+    """Write ``specs`` as a sharded Hugging Face checkpoint, files of at most ``file_bytes``
+    (a larger tensor alone in one); return its tensor bytes."""
     from safetensors.torch import save_file
 
     directory.mkdir(parents=True, exist_ok=True)
     groups: list[list[Spec]] = [[]]
     for spec in specs:
-        if groups[-1] and sum(s.nbytes for s in groups[-1]) + spec.nbytes > _FILE_BYTES:
+        if groups[-1] and sum(s.nbytes for s in groups[-1]) + spec.nbytes > file_bytes:
             groups.append([])
         groups[-1].append(spec)
     weight_map: dict[str, str] = {}

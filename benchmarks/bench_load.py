@@ -1,10 +1,17 @@
 """Side-by-side load benchmark: hyperckpt vs torch's reader, safetensors, the peers, raw ``preadv``.
 
 Generates a Llama-like bf16 checkpoint outside the checkout, then for 1 / 2 / 4 spawned gloo
-ranks and FSDP ``Shard(0)``, TP ``Shard(1)`` and ``Replicate`` DTensors loads it, alternating
-the loaders, with a warm and a cold page cache.  Destinations are pre-faulted; every tensor
-of the first repetition of each case is compared with the generator's values.  Writes a
-table, JSON and a plot into ``docs/benchmarks/``.
+ranks and FSDP ``Shard(0)``, TP ``Shard(1)`` and ``Replicate`` DTensors loads it, the loaders
+in an order rotated each repetition, with a warm and a cold page cache.  Measured as users
+run it: ranks as torchrun starts them (``--intra-op torchrun``, the default: one intra-op
+thread per rank when several share the host, as torchrun sets ``OMP_NUM_THREADS=1``;
+``LOCAL_WORLD_SIZE`` set), every reader with its own defaults (torch's ``thread_count=1``,
+ours chosen from the host), and a fresh state dict for every load, pre-faulted as a model's
+parameters are (allocated outside the timing).  ``--intra-op cores`` is the labelled extra
+row: every rank with as many intra-op threads as the host has cores (a plain
+``torch.multiprocessing`` start), which oversubscribes the cores.  Every tensor of the first
+repetition of each case is compared with the generator's values.  Writes a table, JSON and
+a plot into ``--out``.
 
 ``hyperckpt`` is the plain ``dcp.load`` call with our reader, ``hyperckpt-api`` our own
 ``hyperckpt.load`` (which skips DCP's plan exchange in a group of one rank); both let the
@@ -46,6 +53,7 @@ from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
+    SHAPES,
     Spec,
     drop_cache,
     expected,
@@ -231,22 +239,27 @@ def _rank(
     cold: bool,
     threads: int,
     cold_repeats: int = 1,
+    intra_op: str = "torchrun",
 ) -> list[dict[str, object]]:
+    if intra_op == "torchrun" and world > 1:
+        torch.set_num_threads(1)  # as OMP_NUM_THREADS=1, which torchrun sets for each rank
     directory = Path(path)
     total = sum(spec.nbytes for spec in specs)
     rows: list[dict[str, object]] = []
     limit_buffer = torch.empty(total // world + 2**24, dtype=torch.uint8).fill_(0)
     caches = ("warm", "cold") if cold else ("warm",)
+    readers = [r for r in READERS if _available(r)]
+    state: dict[str, DTensor] = {}
     for layout in LAYOUTS:
-        state = _state_dict(layout, specs, world)
         for cache in caches:
             for repeat in range(repeats if cache == "warm" else cold_repeats):
-                for reader in [r for r in READERS if _available(r)]:
+                shift = repeat % len(readers)  # no reader always first, or always last
+                for reader in readers[shift:] + readers[:shift]:
                     if cache == "cold" and reader in WARM_ONLY:
                         continue
-                    if repeat == 0 and reader not in LIMITS:
-                        for tensor in state.values():
-                            tensor.to_local().fill_(_POISON)
+                    state = {}  # the previous one freed first
+                    if reader not in LIMITS:  # a fresh model's parameters, pre-faulted
+                        state = _state_dict(layout, specs, world)
                     if cache == "cold":
                         dist.barrier()
                         if rank == 0:
@@ -257,13 +270,13 @@ def _rank(
                     begin = time.perf_counter()
                     stats = None
                     if reader == "hyperckpt":
-                        ours = HuggingFaceStorageReader(directory, thread_count=threads)
+                        ours = HuggingFaceStorageReader(directory)
                         dcp.load(state, storage_reader=ours)
                         stats = ours.last_stats
                     elif reader == "hyperckpt-preadv":
                         _readers.ReadEngine = _preadv_engine  # type: ignore[misc, assignment]
                         try:
-                            ours = HuggingFaceStorageReader(directory, thread_count=threads)
+                            ours = HuggingFaceStorageReader(directory)
                             dcp.load(state, storage_reader=ours)
                         finally:
                             _readers.ReadEngine = ReadEngine  # type: ignore[misc]
@@ -278,15 +291,13 @@ def _rank(
                                 os.environ["LOCAL_WORLD_SIZE"] = launcher
                         stats = ours.last_stats
                     elif reader == "hyperckpt-api":
-                        hyperckpt.load(state, directory, thread_count=threads)
+                        hyperckpt.load(state, directory)
                     elif reader == "dcp-floor":
                         _readers.ReadEngine = _NoReadEngine  # type: ignore[misc]
                         try:
                             dcp.load(
                                 state,
-                                storage_reader=HuggingFaceStorageReader(
-                                    directory, thread_count=threads
-                                ),
+                                storage_reader=HuggingFaceStorageReader(directory),
                             )
                         finally:
                             _readers.ReadEngine = ReadEngine  # type: ignore[misc]
@@ -297,9 +308,7 @@ def _rank(
                     elif reader == "torch":
                         dcp.load(
                             state,
-                            storage_reader=dcp.HuggingFaceStorageReader(
-                                str(directory), thread_count=threads
-                            ),
+                            storage_reader=dcp.HuggingFaceStorageReader(str(directory)),
                         )
                     elif reader == "safetensors":
                         _safetensors_load(directory, layout, specs, state, rank, world)
@@ -326,6 +335,8 @@ def _rank(
                         {
                             "ranks": world,
                             "threads": threads,
+                            "intra_op": intra_op,
+                            "torch_threads": torch.get_num_threads(),
                             "layout": layout,
                             "cache": cache,
                             "reader": reader,
@@ -340,7 +351,7 @@ def _rank(
                             "map_scales": [g[3] for g in gathered],  # type: ignore[index]
                         }
                     )
-        del state
+    del state
     return rows if rank == 0 else []
 
 
@@ -354,7 +365,7 @@ def _summary(rows: list[dict[str, object]]) -> list[dict[str, object]]:
     cases: dict[tuple[object, ...], dict[str, float]] = {}
     mapped: dict[tuple[object, ...], list[int]] = {}
     for row in rows:
-        key = (row["ranks"], row["layout"], row["cache"])
+        key = (row["ranks"], row["layout"], row["cache"], row.get("intra_op", "cores"))
         cases.setdefault(key, {})
         if row["reader"] == "hyperckpt":
             counts = mapped.setdefault(key, [0, 0])
@@ -363,11 +374,17 @@ def _summary(rows: list[dict[str, object]]) -> list[dict[str, object]]:
         bucket = cases[key].setdefault(str(row["reader"]), [])  # type: ignore[arg-type]
         bucket.append(float(row["gbps"]))  # type: ignore[attr-defined, arg-type]
     summary = []
-    for (ranks, layout, cache), readers in sorted(
-        cases.items(), key=lambda kv: (kv[0][2] != "warm", kv[0][0], LAYOUTS.index(str(kv[0][1])))
+    for (ranks, layout, cache, intra_op), readers in sorted(
+        cases.items(),
+        key=lambda kv: (
+            kv[0][3] != "torchrun",
+            kv[0][2] != "warm",
+            kv[0][0],
+            LAYOUTS.index(str(kv[0][1])),
+        ),
     ):
         median = {reader: statistics.median(values) for reader, values in readers.items()}  # type: ignore[arg-type]
-        by_map, by_read = mapped.get((ranks, layout, cache), [0, 0])
+        by_map, by_read = mapped.get((ranks, layout, cache, intra_op), [0, 0])
         ratios = {
             "vs_today": ("hyperckpt-preadv",),
             "vs_copy_limit": ("copy-limit",),
@@ -387,6 +404,7 @@ def _summary(rows: list[dict[str, object]]) -> list[dict[str, object]]:
                 "ranks": ranks,
                 "layout": layout,
                 "cache": cache,
+                "intra_op": intra_op,
                 **{f"{reader}_gbps": round(value, 3) for reader, value in median.items()},
                 "vs_torch": round(median["hyperckpt"] / median["torch"], 2),
                 "vs_safetensors": round(median["hyperckpt"] / median["safetensors"], 2),
@@ -406,11 +424,11 @@ def _table(summary: list[dict[str, object]]) -> str:
     readers = [r for r in READERS if any(f"{r}_gbps" in row for row in summary)]
     names = {"limit": "preadv limit", "copy-limit": "copy limit", "dcp-floor": "DCP floor"}
     lines = [
-        "| ranks | layout | cache | "
+        "| ranks | intra-op threads | layout | cache | "
         + " | ".join(names.get(r, r) for r in readers)
         + " | vs torch | vs safetensors | vs today | vs preadv limit | vs copy limit"
         + " | vs limit + floor | api vs safetensors | map |",
-        "|---:|---|---|" + "---:|" * (len(readers) + 8),
+        "|---:|---|---|---|" + "---:|" * (len(readers) + 8),
     ]
     for row in summary:
         cells = " | ".join(
@@ -418,7 +436,8 @@ def _table(summary: list[dict[str, object]]) -> str:
             for r in readers
         )
         lines.append(
-            f"| {row['ranks']} | {row['layout']} | {row['cache']} | {cells} | "
+            f"| {row['ranks']} | {_INTRA_OP[str(row['intra_op'])]} | {row['layout']} | "
+            f"{row['cache']} | {cells} | "
             f"{row['vs_torch']:.2f}x | {row['vs_safetensors']:.2f}x | "
             f"{_ratio(row, 'vs_today', 'x')} | {row['vs_limit']:.2f} | "
             f"{_ratio(row, 'vs_copy_limit', '')} | {_ratio(row, 'vs_limit_floor', '')} | "
@@ -428,8 +447,12 @@ def _table(summary: list[dict[str, object]]) -> str:
     return (
         "\n".join(lines)
         + "\n\nGB/s of checkpoint (its bytes / wall time of the slowest rank), median of the "
-        "repeats; `hyperckpt` (plain `dcp.load`) and `hyperckpt-api` (`hyperckpt.load`) with the benchmark's thread count, `hyperckpt-auto` with its "
-        "defaults and no LOCAL_WORLD_SIZE, `hyperckpt-preadv` with the memory map off (the "
+        "repeats, a fresh pre-faulted state dict for every load, every reader with its "
+        "defaults; `intra-op threads`: torch's threads per rank, 1 where several ranks share "
+        "the host as under torchrun (the headline), or the host's cores in every rank (a plain "
+        "torch.multiprocessing start: oversubscribed); `hyperckpt` (plain `dcp.load`) and "
+        "`hyperckpt-api` (`hyperckpt.load`), `hyperckpt-auto` with no LOCAL_WORLD_SIZE, "
+        "`hyperckpt-preadv` with the memory map off (the "
         "path before issue 26: `vs today`); `preadv limit` / `copy-limit`: each rank's share "
         "of the files by 8 MiB `preadv` / by `memcpy` from memory maps; `map`: the share of "
         "hyperckpt's bytes the cost rule copied from maps; `DCP floor`: `dcp.load` with our "
@@ -437,6 +460,13 @@ def _table(summary: list[dict[str, object]]) -> str:
         "are a fixed cost); `vs limit + floor`: ours against the preadv limit's seconds plus "
         "the floor's; min-max of every reader in the JSON (`spread`).\n"
     )
+
+
+#: How each ``--intra-op`` reads in the table.
+_INTRA_OP = {
+    "torchrun": "1 per rank (torchrun)",
+    "cores": "cores per rank (oversubscribed)",
+}
 
 
 def _ratio(row: dict[str, object], key: str, unit: str) -> str:
@@ -486,6 +516,22 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, default=Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
     )
     parser.add_argument("--keep", action="store_true", help="keep the generated checkpoint")
+    parser.add_argument(
+        "--intra-op",
+        nargs="+",
+        choices=sorted(_INTRA_OP),
+        default=["torchrun"],
+        help="torch's intra-op threads per rank: torchrun's 1 (default), or the host's cores",
+    )
+    parser.add_argument(
+        "--shape",
+        choices=sorted(SHAPES),
+        default="tinyllama",
+        help="the model's shape: TinyLlama's (102 tensors per GB) or a narrow one (4x as many)",
+    )
+    parser.add_argument(
+        "--file-mb", type=int, default=512, help="most MiB per checkpoint file (default 512)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     checkout = Path(__file__).resolve().parent.parent
@@ -493,9 +539,10 @@ def main(argv: list[str] | None = None) -> int:
     directory = Path(tempfile.mkdtemp(prefix="hyperckpt-bench-", dir=base))
     if directory.resolve().is_relative_to(checkout):
         parser.error(f"--dir {base} is inside the checkout; pick a directory outside it")
-    specs = llama_specs(args.size)
+    specs = llama_specs(args.size, shape=args.shape)
     begin = time.perf_counter()
-    total = write_checkpoint(directory, specs)
+    total = write_checkpoint(directory, specs, file_bytes=args.file_mb * 2**20)
+    files = len(list(directory.glob("*.safetensors")))
     logger.info(
         "wrote %.2f GB, %d tensors in %.1f s to %s",
         total / 1e9,
@@ -505,21 +552,35 @@ def main(argv: list[str] | None = None) -> int:
     )
     rows: list[dict[str, object]] = []
     try:
-        for world in args.ranks:
-            threads = max(1, len(os.sched_getaffinity(0)) // world)
-            logger.info("%d rank(s), %d thread(s) each ...", world, threads)
-            results = _spawn.spawn_ranks(
-                _rank,
-                world,
-                str(directory),
-                specs,
-                args.repeats,
-                world in args.cold_ranks,
-                threads,
-                args.cold_repeats,
-                timeout=3600,
-            )
-            rows += results[0]  # type: ignore[operator]
+        for intra_op in args.intra_op:
+            for world in args.ranks:
+                threads = max(1, len(os.sched_getaffinity(0)) // world)
+                logger.info("%d rank(s), intra-op %s ...", world, _INTRA_OP[intra_op])
+                torchrun = intra_op == "torchrun" and world > 1
+                before = os.environ.get("OMP_NUM_THREADS")
+                if torchrun:  # what torchrun sets for every rank it starts
+                    os.environ["OMP_NUM_THREADS"] = "1"
+                else:
+                    os.environ.pop("OMP_NUM_THREADS", None)
+                try:
+                    results = _spawn.spawn_ranks(
+                        _rank,
+                        world,
+                        str(directory),
+                        specs,
+                        args.repeats,
+                        world in args.cold_ranks,
+                        threads,
+                        args.cold_repeats,
+                        intra_op,
+                        timeout=3600,
+                    )
+                finally:
+                    if before is None:
+                        os.environ.pop("OMP_NUM_THREADS", None)
+                    else:
+                        os.environ["OMP_NUM_THREADS"] = before
+                rows += results[0]  # type: ignore[operator]
     finally:
         if not args.keep:
             for path in directory.iterdir():
@@ -535,6 +596,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         "checkpoint_bytes": total,
         "tensors": len(specs),
+        "shape": args.shape,
+        "files": files,
         "load_average": os.getloadavg(),
         "summary": summary,
         "runs": rows,
