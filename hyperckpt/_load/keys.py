@@ -15,6 +15,7 @@ from hyperckpt._dist.headers import HeaderReads
 from hyperckpt._format.preview import preview
 from hyperckpt._layout.mapping import MappedLayout
 from hyperckpt._layout.mapping import Mapping as _Mapping
+from hyperckpt._layout.mapping.presets import FUSED_EXPERTS
 from hyperckpt._layout.model import CheckpointLayout
 from hyperckpt._layout.whole import WholeTensors
 from hyperckpt._load.describe import describe
@@ -192,7 +193,7 @@ def file_of(layout: CheckpointLayout, name: str) -> str:
 
 def _mapping_hint(refused: list[str], layout: CheckpointLayout) -> str:
     """A suggestion when the state dict holds fused MoE experts and the checkpoint does not."""
-    if not any(name.endswith((".experts.gate_up_proj", ".experts.down_proj")) for name in refused):
+    if not any(name.endswith(FUSED_EXPERTS) for name in refused):
         return ""
     mixtral = any(".block_sparse_moe.experts." in name for name in layout.tensors)
     preset = "mixtral" if mixtral else "qwen3-moe"

@@ -36,6 +36,7 @@ import torch.distributed as dist
 from hyperckpt._arguments import check_callable
 from hyperckpt._exchange.rounds import transfer_device
 from hyperckpt._layout.mapping import Mapping as NameMapping
+from hyperckpt._layout.mapping.presets import FUSED_EXPERTS
 from hyperckpt._read.tracker import ProgressCallback, ProgressTracker
 from hyperckpt._save.bands import Band, ColumnCosts, plan_bands
 from hyperckpt._save.boxes import LocalTensor, TensorSummary
@@ -325,11 +326,7 @@ def stage(
 def _warn_fused(summaries: list[TensorSummary]) -> None:
     """Say so when fused transformers-5 experts are saved as held: most MoE models' Hub
     checkpoints hold one tensor per expert, the names ``save_pretrained`` writes."""
-    fused = [
-        s.name
-        for s in summaries
-        if s.name.endswith((".experts.gate_up_proj", ".experts.down_proj")) and len(s.shape) == 3
-    ]
+    fused = [s.name for s in summaries if s.name.endswith(FUSED_EXPERTS) and len(s.shape) == 3]
     if fused:
         logger.warning(
             "hyperckpt: %d fused expert tensor(s) such as %r are saved under the state dict's "

@@ -10,7 +10,7 @@ from hyperckpt._layout.mapping.fuse import Fuse
 from hyperckpt._layout.mapping.names import AddPrefix, Replace, StripPrefix
 from hyperckpt._layout.mapping.rule import Rule
 
-__all__ = ["HUB_PRESETS", "PRESETS", "hub_preset"]
+__all__ = ["FUSED_EXPERTS", "HUB_PRESETS", "PRESETS", "hub_preset"]
 
 
 def _experts(gate: str, up: str, down: str, *, before: tuple[Rule, ...] = ()) -> tuple[Rule, ...]:
@@ -26,6 +26,9 @@ def _experts(gate: str, up: str, down: str, *, before: tuple[Rule, ...] = ()) ->
         Fuse("{m}.experts.down_proj", (f"{{m}}.experts.{{e}}.{down}.weight",), stack="e"),
     )
 
+
+#: How transformers 5 names a MoE layer's fused experts in memory (``[E, 2I, H]``, ``[E, H, I]``).
+FUSED_EXPERTS: Final = (".experts.gate_up_proj", ".experts.down_proj")
 
 _QWEN_MOE = _experts("gate_proj", "up_proj", "down_proj")
 
