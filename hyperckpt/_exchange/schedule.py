@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
 if TYPE_CHECKING:
     from hyperckpt._exchange.rank_requests import RankRequests
+    from hyperckpt._storage.stamp import FileStamp
 
 __all__ = [
     "ALIGN",
@@ -66,12 +67,16 @@ class ExchangeReady:
             tell whether the ranks span several nodes.
         requests: The rank's read items as columns, which the coordinator joins instead
             of walking every rank's items; ``None`` when the rank did not make them.
+        stamps: Each file's name and this rank's ``stat`` of it, when the rank read the
+            headers itself (the coordinator checks that the ranks of a host read the same
+            files); ``None`` when another rank read them and this one checked its stamps.
     """
 
     rank: int
     world_size: int
     host: str = ""
     requests: RankRequests | None = None
+    stamps: tuple[tuple[str, FileStamp], ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,8 +21,10 @@ from hyperckpt._exchange.stripes import ChunkKey
 from hyperckpt._load.options import ReadOptions
 from hyperckpt._read.storage_info import StorageInfo
 from hyperckpt._read.threads import HostShare, ranks_per_host
+from hyperckpt._storage.stamp import FileStamp, stamp_changes
+from hyperckpt.errors import CheckpointChangedError
 
-__all__ = ["BATCH_BYTES", "mark_plan", "share_plans"]
+__all__ = ["BATCH_BYTES", "check_same_files", "mark_plan", "share_plans"]
 
 # The readers' logger: these messages read as the reader's own.
 logger = logging.getLogger("hyperckpt._load.readers")
@@ -36,19 +38,61 @@ def mark_plan(
     group: dist.ProcessGroup,
     dcp_rank: object,
     requests: Callable[[], RankRequests] | None = None,
+    stamps: tuple[tuple[str, FileStamp], ...] | None = None,
 ) -> LoadPlan:
     """``plan`` marked with this rank and host, unless ``group`` has one rank or is not the
     group DCP runs (``dcp_rank``, DCP's own rank or ``None``, is not this rank in it).
 
     ``requests``, when given, makes the rank's items as columns to carry in the mark (the
-    coordinator then joins arrays instead of walking every rank's items).
+    coordinator then joins arrays instead of walking every rank's items); ``stamps``, each
+    file's ``stat`` when this rank read the headers itself, lets the coordinator check that
+    the ranks of a host read the same files.
     """
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     # DCP's rank is its own group's; a different group than dcp.load's disables broadcast.
     if size < 2 or dcp_rank not in (None, rank):
         return plan
-    ready = ExchangeReady(rank, size, host_name(), None if requests is None else requests())
+    columns = None if requests is None else requests()
+    ready = ExchangeReady(rank, size, host_name(), columns, stamps)
     return dataclasses.replace(plan, storage_data=ready)
+
+
+def check_same_files(marks: Sequence[ExchangeReady]) -> None:
+    """Refuse a load whose ranks of one host read their headers from different files (a
+    file replaced between their reads, or ranks pointed at different copies): the
+    coordinator's side of ``header_reads`` ``"auto"`` on one host and ``"every-rank"``.
+
+    Raises:
+        CheckpointChangedError: Naming the file, the two ranks and what differs.
+    """
+    first: dict[str, tuple[int, dict[str, FileStamp]]] = {}
+    for mark in marks:
+        if mark.stamps is None:
+            continue
+        rank, theirs = first.setdefault(mark.host, (mark.rank, dict(mark.stamps)))
+        mine = dict(mark.stamps)
+        if mine == theirs:
+            continue
+        for name in sorted(mine.keys() | theirs.keys()):
+            if name not in mine or name not in theirs:
+                lacking = mark.rank if name not in mine else rank
+                raise CheckpointChangedError(
+                    f"{name}: rank {lacking} does not see it, though rank "
+                    f"{rank if lacking == mark.rank else mark.rank} read its header; every "
+                    f"rank must see the same checkpoint",
+                    path=name,
+                )
+            differs = stamp_changes(
+                theirs[name], mine[name], there=f" on rank {rank}", here=f" on rank {mark.rank}"
+            )
+            if differs:
+                raise CheckpointChangedError(
+                    f"{name}: rank {mark.rank} sees another file than rank {rank} "
+                    f"({'; '.join(differs)}): the file was replaced or changed between their "
+                    f"reads of its header, or the ranks load different copies of the "
+                    f"checkpoint; make every rank load the same files, unchanged",
+                    path=name,
+                )
 
 
 def share_plans(
@@ -69,6 +113,7 @@ def share_plans(
     ``chunk_info``, a stored chunk by name and offsets, are given) they are joined instead
     of walking the items.
     """
+    check_same_files([p.storage_data for p in plans if isinstance(p.storage_data, ExchangeReady)])
     marked = all(
         isinstance(plan.storage_data, ExchangeReady)
         and plan.storage_data.rank == index

@@ -94,6 +94,8 @@ class _SafetensorsReader(FileSystemReader):
     metadata = PerThread()
     chunks = PerThread()
     kept_items = PerThread()
+    #: Whether this rank read the headers of its last ``read_metadata`` itself.
+    read_alone = PerThread()
 
     def __init__(
         self,
@@ -175,6 +177,7 @@ class _SafetensorsReader(FileSystemReader):
         self.metadata = None
         self.chunks = None
         self.kept_items = None
+        self.read_alone = False
         #: Set by :func:`hyperckpt.load` when its planner's global step leaves the items
         #: alone: each rank then keeps its read items and DCP gathers only the marks.
         self._items_stay = False
@@ -236,6 +239,7 @@ class _SafetensorsReader(FileSystemReader):
         self.mapped = None
         self.last_stats = None
         self.last_broadcast = None
+        self.read_alone = False
 
     def read_metadata(self) -> Metadata:
         """Validate the checkpoint from its headers and describe it for DCP.
@@ -252,12 +256,13 @@ class _SafetensorsReader(FileSystemReader):
             self.mapped = given
             layout = given.layout
         else:
-            layout = reader_layout(
+            layout, alone = reader_layout(
                 self.path,
                 self._describe,
                 header_reads=self.options.header_reads,
                 group=self.options.process_group,
             )
+            self.read_alone = alone
             if self.options.mapping is not None:
                 self.mapped = self.options.mapping.apply(layout)
                 layout = self.mapped.layout
@@ -420,7 +425,11 @@ class _SafetensorsReader(FileSystemReader):
 
         # Under "off" nobody exchanges: the coordinator never looks at the requests.
         wanted = None if self.options.exchange == "off" else columns
-        marked = mark_plan(plan, self._group(), getattr(self, "rank", None), wanted)
+        layout = self.layout
+        stamps = None
+        if self.read_alone and layout is not None:
+            stamps = tuple((name, header.stamp) for name, header in layout.files.items())
+        marked = mark_plan(plan, self._group(), getattr(self, "rank", None), wanted, stamps)
         if self._items_stay and marked is not plan:
             # The coordinator plans from the marks alone: the items need not travel.
             self.kept_items = plan.items

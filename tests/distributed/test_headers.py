@@ -1,8 +1,9 @@
-"""Headers read once per job, on 4 spawned gloo ranks: one rank reads them, the others ``stat``.
+"""Who reads the headers, on 4 spawned gloo ranks: one rank (the others ``stat``), or each.
 
 One spawn runs every case.  Each rank counts the header bytes it reads (every header read
 goes through the file ``open_regular`` gives ``read_header``) and the ``rchar`` of ``/proc/self/io``
-around each case.  Cases: ``dcp.load`` with the default reader (``header_reads="auto"``),
+around each case.  Cases: ``dcp.load`` with the default reader (``header_reads="auto"``:
+every rank reads while the 4 run on one host, one rank when ``LOCAL_WORLD_SIZE`` says 2),
 ``header_reads="per-host"`` with the ranks posing as two hosts, ``"every-rank"``,
 ``hyperckpt.load``, ``hyperckpt.describe(process_group=...)``; a checkpoint with a broken
 header (every rank raises the same message); rank 3 loading a copy of the checkpoint
@@ -138,6 +139,11 @@ def _run_ranks(rank: int, world_size: int, root: str) -> dict[str, Any]:
         return action
 
     out["dcp auto"] = _measure(counter, dcp_load())
+    # The launcher says only 2 of the 4 ranks run on this host: "auto" shares the headers.
+    local = os.environ["LOCAL_WORLD_SIZE"]
+    os.environ["LOCAL_WORLD_SIZE"] = "2"
+    out["dcp auto, two hosts"] = _measure(counter, dcp_load())
+    os.environ["LOCAL_WORLD_SIZE"] = local
     os.environ["HYPERCKPT_HOST"] = f"host{rank // 2}"
     out["dcp per-host"] = _measure(counter, dcp_load(header_reads="per-host"))
     del os.environ["HYPERCKPT_HOST"]
@@ -204,13 +210,14 @@ def test_every_load_is_bit_exact_into_poisoned_destinations(ranks: list[dict[str
     for rank, out in enumerate(ranks):
         problems = {k: v for k, v in out.items() if k.startswith("problems:") and v}
         assert not problems, f"rank {rank}: {problems}"
-        for case in ("dcp auto", "dcp per-host", "dcp every-rank", "hyperckpt.load", "describe"):
+        cases = ("dcp auto", "dcp auto, two hosts", "dcp per-host", "dcp every-rank")
+        for case in (*cases, "hyperckpt.load", "describe"):
             assert out[case]["error"] is None, (rank, case, out[case]["message"])
     assert "problems:no_dist" in ranks[1]
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("case", ["dcp auto", "hyperckpt.load", "describe"])
+@pytest.mark.parametrize("case", ["dcp auto, two hosts", "hyperckpt.load", "describe"])
 def test_one_rank_reads_the_headers_and_the_others_read_none(
     ranks: list[dict[str, Any]], case: str
 ) -> None:
@@ -227,8 +234,13 @@ def test_per_host_reads_the_headers_once_on_each_host(ranks: list[dict[str, Any]
 
 
 @pytest.mark.distributed
-def test_every_rank_mode_reads_the_headers_on_every_rank(ranks: list[dict[str, Any]]) -> None:
-    counts = [out["dcp every-rank"]["header_bytes"] for out in ranks]
+@pytest.mark.parametrize("case", ["dcp every-rank", "dcp auto"])
+def test_every_rank_mode_and_auto_on_one_host_read_the_headers_on_every_rank(
+    ranks: list[dict[str, Any]], case: str
+) -> None:
+    # "auto" with every rank of the load on this host (LOCAL_WORLD_SIZE covers the group)
+    # reads from the one page cache rather than broadcasting the headers.
+    counts = [out[case]["header_bytes"] for out in ranks]
     assert counts == [counts[0]] * WORLD
     assert counts[0] > 0
 

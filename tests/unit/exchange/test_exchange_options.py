@@ -19,8 +19,12 @@ from hyperckpt._dist.headers import decode_layout, encode_layout
 from hyperckpt._exchange.costs import pick
 from hyperckpt._exchange.pricing import choose_exchange, price
 from hyperckpt._exchange.requests import requests_of
+from hyperckpt._exchange.schedule import ExchangeReady
+from hyperckpt._load.exchange_plan import check_same_files
 from hyperckpt._read.storage_info import StorageInfo
+from hyperckpt._storage.stamp import FileStamp
 from hyperckpt._torch_internals import dcp_group
+from hyperckpt.errors import CheckpointChangedError
 from hyperckpt.testing import shard_file
 from hyperckpt.types import CostModel
 
@@ -154,3 +158,25 @@ def test_auto_plans_the_next_fastest_exchange_when_the_striped_winner_is_past_it
     )
     assert strategy == min(("off", "replicated"), key=lambda s: (closed[s].seconds, s != "off"))
     assert len(planned) == world
+
+
+def _mark(rank: int, host: str, stamps: dict[str, FileStamp] | None) -> ExchangeReady:
+    return ExchangeReady(rank, 3, host, None, None if stamps is None else tuple(stamps.items()))
+
+
+def test_the_coordinator_refuses_ranks_of_one_host_that_read_other_files() -> None:
+    # header_reads "auto" on one host: each rank read the headers itself and sent its stat.
+    a = FileStamp(100, 1, 7, 1, 1, "", "")
+    b = dataclasses.replace(a, inode=8)
+    same = {"model.safetensors": a}
+    check_same_files([_mark(0, "h", same), _mark(1, "h", same), _mark(2, "h", None)])
+    # Other hosts number inodes their own way: ranks are compared within their host.
+    check_same_files([_mark(0, "h", same), _mark(1, "g", {"model.safetensors": b})])
+    with pytest.raises(
+        CheckpointChangedError,
+        match=r"model.safetensors: rank 1 sees another "
+        r"file than rank 0 \(inode 7 on rank 0, 8 on rank 1\)",
+    ):
+        check_same_files([_mark(0, "h", same), _mark(1, "h", {"model.safetensors": b})])
+    with pytest.raises(CheckpointChangedError, match=r"extra.safetensors: rank 0 does not see it"):
+        check_same_files([_mark(0, "h", same), _mark(1, "h", {**same, "extra.safetensors": a})])
