@@ -79,7 +79,10 @@ class ReadOptions:
             torch.distributed is initialized and the group has several ranks.
         header_reads: Who reads the headers: ``"auto"`` (the default) reads them on one
             rank inside a distributed ``dcp.load`` and sends the layout to the others,
-            which only ``stat`` their files; ``"once"`` does so also outside ``dcp.load``;
+            which only ``stat`` their files, except when every rank of the load runs on
+            this host (``LOCAL_WORLD_SIZE``) and the files are local: each rank then reads
+            them itself and the coordinator compares the ranks' ``stat`` of each file;
+            ``"once"`` shares them also outside ``dcp.load``;
             ``"per-host"`` reads them on the lowest rank of each host; ``"every-rank"`` on
             every rank.
         cost_model: Bandwidths (bytes per second) and latencies (seconds) that
