@@ -35,7 +35,6 @@ from hyperckpt._format.header import EntryTable, FileHeader
 from hyperckpt._format.table import Packed
 from hyperckpt._layout.model import CheckpointLayout, Piece, TensorLayout
 from hyperckpt._layout.whole import WholeTensors
-from hyperckpt._read.threads import local_ranks
 from hyperckpt._storage.files import LocalStorage
 from hyperckpt._storage.places import is_remote
 from hyperckpt._storage.stamp import FileStamp, stamp_changes
@@ -214,9 +213,9 @@ def reader_layout(
 def _one_host(path: str | os.PathLike[str], group: dist.ProcessGroup | None) -> bool:
     """Whether the files are local and every rank of ``group`` runs on this host (the
     launcher's ``LOCAL_WORLD_SIZE`` covers the group; without it, not known: no)."""
-    return not is_remote(path) and local_ranks(os.environ, from_plans=None) >= dist.get_world_size(
-        group
-    )
+    local = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
+    ranks = int(local) if local.isdigit() else 0
+    return not is_remote(path) and ranks >= dist.get_world_size(group)
 
 
 def shared_layout(

@@ -272,6 +272,7 @@ def make_jobs(
             than finding each buffer's owner (a search per read, ~1 µs each).
     """
     jobs: list[Job] = []
+    threads = budget.threads * max(1, ranks)
     may_ask = mappable is not never_mapped
     may_map = may_ask and strategy in (None, Strategy.MAP)
     for name, extents in routes.direct.items():
@@ -288,7 +289,7 @@ def make_jobs(
                 by_map = rule.get(length)
                 if by_map is None:
                     by_map = rule[length] = strategy is Strategy.MAP or maps_run(
-                        length, ranks=ranks, threads=budget.threads, costs=costs
+                        length, ranks=ranks, threads=threads, costs=costs
                     )
                 mapped[row] = by_map
             if mapped.any():
