@@ -55,8 +55,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: How many ranks read the headers: ``"once"`` (one rank of the group), ``"per-host"`` (the
-#: lowest rank of each host), ``"every-rank"``, or ``"auto"`` (inside a distributed
-#: ``dcp.load`` of files in a bucket or on several hosts ``"once"``, else ``"every-rank"``).
+#: lowest rank of each host), ``"every-rank"``, or ``"auto"`` (``"once"`` inside a
+#: distributed ``dcp.load``, unless its ranks all run on this host and the files are local;
+#: else ``"every-rank"``).
 HeaderReads = Literal["auto", "once", "per-host", "every-rank"]
 HEADER_READS: tuple[str, ...] = ("auto", "once", "per-host", "every-rank")
 
@@ -191,7 +192,7 @@ def reader_layout(
     ``header_reads="every-rank"`` and, under ``"auto"``, when its ranks all run on this host
     and the files are local: each rank then reads the few header bytes from the one page
     cache (0.5 ms for two files, against 4-5 ms for the broadcast and the agreement at 2
-    ranks; docs/benchmarks/bench_load.md), and the coordinator compares every rank's
+    ranks; docs/scale.md), and the coordinator compares every rank's
     ``stat`` of each file in the plans DCP gathers anyway
     (:func:`hyperckpt._load.exchange_plan.share_plans`).  Inside a ``no_dist=True`` load
     every rank reads alone; outside ``dcp.load`` only an explicit ``"once"`` or

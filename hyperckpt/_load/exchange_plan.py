@@ -75,11 +75,10 @@ def check_same_files(marks: Sequence[ExchangeReady]) -> None:
             continue
         for name in sorted(mine.keys() | theirs.keys()):
             if name not in mine or name not in theirs:
-                lacking = mark.rank if name not in mine else rank
+                lacks, has = (mark.rank, rank) if name not in mine else (rank, mark.rank)
                 raise CheckpointChangedError(
-                    f"{name}: rank {lacking} does not see it, though rank "
-                    f"{rank if lacking == mark.rank else mark.rank} read its header; every "
-                    f"rank must see the same checkpoint",
+                    f"{name}: rank {lacks} does not see it, though rank {has} read its "
+                    f"header; every rank must see the same checkpoint",
                     path=name,
                 )
             differs = stamp_changes(
